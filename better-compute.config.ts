@@ -1,0 +1,8 @@
+// The default deployment: what `npm start` runs and `wrangler deploy` ships. A real
+// deployment edits this file: add modules, plugins, drivers, attestors and sinks here.
+import { betterCompute } from "better-compute";
+
+export const compute = betterCompute({
+  modules: [],
+  plugins: [],
+});

@@ -1,0 +1,127 @@
+// betterCompute(): the one entry a deployment calls. It checks every registration at once
+// (INVALID_CONFIG naming the offender), resolves the ports and builds the API Worker.
+import type { Hono } from "hono";
+import { createApi, type AppEnv, type Env } from "./api.ts";
+import { coreModule } from "./core-module.ts";
+import {
+  databaseClock,
+  databaseEvents,
+  databaseSecrets,
+  databaseWork,
+  type Clock,
+  type ModuleContext,
+  type SecretStore,
+} from "./context.ts";
+import type { Migration, Module } from "./contracts.ts";
+import { invalidConfig } from "./errors.ts";
+import { builtinIam, mintApiKey, type IamPort, type IamProvider, type Principal } from "./iam.ts";
+import { createLogger } from "./log.ts";
+import { openApiDocument } from "./openapi.ts";
+import { buildRegistry, type Registry, type RegistryInput } from "./registry.ts";
+import { postgres, type DatabasePort, type Store } from "./store/database.ts";
+import { applyMigrations, type MigrationReport } from "./store/migrate.ts";
+
+export interface PkiOptions {
+  /** Keys whose quorum must approve a workflow's destructive commands. */
+  approvers?: { keys: string[]; quorum: number };
+}
+
+export interface ComputeOptions extends RegistryInput {
+  /** The system of record; default postgres() (env.DATABASE_URL). */
+  database?: DatabasePort;
+  /** Deployment secret sealing stored secrets and signing credentials; default env.BC_SECRET. */
+  secret?: string;
+  /** Public URL of the API, as written into the OpenAPI document. */
+  baseURL?: string;
+  /** default builtinIam() */
+  iam?: IamProvider;
+  /** Business time; default compute_now() in the database. */
+  clock?: (store: Store) => Clock;
+  /** Where secrets are sealed; default the bc_secrets table. */
+  secrets?: (store: Store, secret: string) => SecretStore;
+  pki?: PkiOptions;
+  limits?: { maxBodyBytes?: number };
+}
+
+export interface Compute {
+  readonly registry: Registry;
+  readonly iam: IamPort;
+  readonly app: Hono<AppEnv>;
+  readonly options: Readonly<ComputeOptions>;
+  /** The Worker's fetch handler: `export default compute`. */
+  fetch(request: Request, env: object, ctx?: ExecutionContext): Promise<Response>;
+  /** Module migrations in apply order (core migrations live in migrations/core). */
+  migrations(): Migration[];
+  openapi(): Record<string, unknown>;
+  /** A module's ports outside a request (Durable Objects, reconcilers, scripts). */
+  moduleContext(moduleId: string, env: object, store: Store): ModuleContext;
+  /** Opens the system of record through the deployment's database port. */
+  openStore(env: object): Store;
+  /** Applies the modules' migrations (core migrations are applied by `npm run migrate`). */
+  applyModuleMigrations(store: Store): Promise<MigrationReport>;
+  /** Mints an API key in its own transaction (npm start, tests, operators' scripts). */
+  mintApiKey(store: Store, input: { name: string; roles: string[]; createdBy?: string }): Promise<{ id: string; key: string }>;
+}
+
+const DEFAULT_MAX_BODY_BYTES = 1024 * 1024;
+
+export function betterCompute(options: ComputeOptions = {}): Compute {
+  let registry: Registry | undefined;
+  let iam: IamPort | undefined;
+  const core = coreModule({ registry: () => registry!, iam: () => iam! });
+  registry = buildRegistry(core, options);
+  iam = (options.iam ?? builtinIam())(registry.catalog);
+  const database = options.database ?? postgres();
+  const maxBodyBytes = options.limits?.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  if (!Number.isInteger(maxBodyBytes) || maxBodyBytes <= 0) throw invalidConfig("limits.maxBodyBytes must be a positive integer");
+
+  const reg = registry;
+  const contextFor = (mod: Module, env: Env, store: Store, principal?: Principal, requestId?: string): ModuleContext => {
+    const log = createLogger({ module: mod.id, ...(requestId ? { requestId } : {}) });
+    const ctx: ModuleContext = {
+      moduleId: mod.id,
+      env,
+      store,
+      events: databaseEvents(mod.id, principal?.id, requestId),
+      work: databaseWork(mod.id),
+      clock: (options.clock ?? databaseClock)(store),
+      get secrets() {
+        return (options.secrets ?? databaseSecrets)(store, deploymentSecret(options, env));
+      },
+      log,
+    };
+    mod.setup?.(ctx);
+    return ctx;
+  };
+
+  let openapi: Record<string, unknown> | undefined;
+  const openapiDoc = () => (openapi ??= openApiDocument(reg, { baseURL: options.baseURL }));
+  const app = createApi({ registry: reg, iam, database, maxBodyBytes, openapi: openapiDoc, moduleContext: contextFor });
+
+  return {
+    registry: reg,
+    iam,
+    app,
+    options,
+    fetch: (request, env, ctx) => Promise.resolve(app.fetch(request, env as Env, ctx)),
+    migrations: () => reg.migrations,
+    openapi: openapiDoc,
+    openStore: (env) => database.open(env),
+    applyModuleMigrations: (store) => applyMigrations(store, reg.migrations),
+    mintApiKey: (store, input) =>
+      store.transaction((tx) => mintApiKey(tx, { ...input, createdBy: input.createdBy ?? "system:operator" }, iam!.roles())),
+    moduleContext(moduleId, env, store) {
+      const mod = reg.modules.find((m) => m.id === moduleId);
+      if (!mod) throw invalidConfig(`no module ${moduleId} is registered`);
+      return contextFor(mod, env as Env, store);
+    },
+  };
+}
+
+function deploymentSecret(options: ComputeOptions, env: Env): string {
+  const secret = options.secret ?? env.BC_SECRET;
+  if (typeof secret !== "string" || secret.length < 32) {
+    throw invalidConfig("the deployment secret is missing or shorter than 32 characters: set BC_SECRET (wrangler secret put BC_SECRET)");
+  }
+  return secret;
+}

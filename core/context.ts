@@ -1,0 +1,153 @@
+// ModuleContext: the ports a module meets the platform (and other modules) through.
+// Every port that writes takes the caller's transaction, so state, events and work commit
+// or roll back together.
+import { sql } from "drizzle-orm";
+import { ComputeError, notFound } from "./errors.ts";
+import type { Principal } from "./iam.ts";
+import type { Logger } from "./log.ts";
+import type { Store, Tx } from "./store/database.ts";
+
+export interface EventInput {
+  /** Dotted type, e.g. "widget.created". */
+  type: string;
+  /** What the event is about, e.g. "widgets/w-1". */
+  subject?: string;
+  /** Facts only: never a secret value (use a SecretRef). */
+  data?: Record<string, unknown>;
+}
+
+export interface WorkInput {
+  queue: string;
+  /** One pending item per (queue, key): enqueueing the same key again changes nothing. */
+  key: string;
+  payload?: Record<string, unknown>;
+  /** Run no earlier than this many seconds from now (database time). */
+  delaySeconds?: number;
+}
+
+export interface EventsPort {
+  publish(tx: Tx, event: EventInput): Promise<string>;
+}
+
+export interface WorkPort {
+  enqueue(tx: Tx, item: WorkInput): Promise<void>;
+}
+
+/** Business time: read from the database (compute_now()), never from the isolate. */
+export interface Clock {
+  now(tx?: Tx): Promise<Date>;
+}
+
+/** "secret://<id>": how a secret travels in rows, commands, events and errors. */
+export type SecretRef = `secret://${string}`;
+
+export interface SecretStore {
+  put(tx: Tx, input: { module: string; name: string; value: string }): Promise<SecretRef>;
+  /** Only code that hands the value to its final consumer resolves a reference. */
+  resolve(ref: SecretRef, tx?: Tx): Promise<string>;
+}
+
+export interface ModuleContext {
+  readonly moduleId: string;
+  readonly env: Readonly<Record<string, unknown>>;
+  readonly store: Store;
+  readonly events: EventsPort;
+  readonly work: WorkPort;
+  readonly clock: Clock;
+  readonly secrets: SecretStore;
+  readonly log: Logger;
+}
+
+export interface MethodContext extends ModuleContext {
+  readonly principal: Principal;
+  readonly requestId: string;
+  /**
+   * IAM for composite methods: decide a sub-call before the transaction opens.
+   * Throws PERMISSION_DENIED; throws INTERNAL if called inside the handler's transaction.
+   */
+  check(action: string, resource?: string): Promise<void>;
+}
+
+// ---------------------------------------------------------------- default implementations
+
+export function databaseEvents(moduleId: string, actor: string | undefined, requestId: string | undefined): EventsPort {
+  return {
+    async publish(tx, event) {
+      const eventId = crypto.randomUUID();
+      await tx.execute(sql`
+        INSERT INTO bc_events (event_id, type, module, subject, data, actor, request_id)
+        VALUES (${eventId}, ${event.type}, ${moduleId}, ${event.subject ?? null},
+                ${JSON.stringify(event.data ?? {})}::jsonb, ${actor ?? null}, ${requestId ?? null})`);
+      return eventId;
+    },
+  };
+}
+
+export function databaseWork(moduleId: string): WorkPort {
+  return {
+    async enqueue(tx, item) {
+      const delay = Math.max(0, item.delaySeconds ?? 0);
+      // A pending item stays as it is (level-triggered: one pass sees the latest state anyway);
+      // a finished one is armed again.
+      await tx.execute(sql`
+        INSERT INTO bc_work_items (queue, key, module, payload, run_at)
+        VALUES (${item.queue}, ${item.key}, ${moduleId}, ${JSON.stringify(item.payload ?? {})}::jsonb,
+                compute_now() + make_interval(secs => ${delay}))
+        ON CONFLICT (queue, key) DO UPDATE
+          SET state = 'pending', payload = excluded.payload, run_at = excluded.run_at,
+              attempts = 0, last_error = NULL, updated_at = compute_now()
+          WHERE bc_work_items.state <> 'pending'`);
+    },
+  };
+}
+
+export function databaseClock(store: Store): Clock {
+  return {
+    async now(tx) {
+      const result = await (tx ?? store.db).execute(sql`SELECT compute_now() AS now`);
+      const value = (result.rows[0] as { now: string | Date } | undefined)?.now;
+      if (value === undefined) throw new ComputeError("UNAVAILABLE", "the database returned no time");
+      return new Date(value);
+    },
+  };
+}
+
+/** Secrets sealed with AES-GCM under a key derived from the deployment secret. */
+export function databaseSecrets(store: Store, deploymentSecret: string): SecretStore {
+  const key = deriveKey(deploymentSecret, "bc-secrets-v1");
+  return {
+    async put(tx, { module, name, value }) {
+      const id = crypto.randomUUID();
+      const iv = crypto.getRandomValues(new Uint8Array(12));
+      const sealed = await crypto.subtle.encrypt({ name: "AES-GCM", iv, additionalData: enc(id) }, await key, enc(value));
+      await tx.execute(sql`
+        INSERT INTO bc_secrets (id, module, name, sealed)
+        VALUES (${id}, ${module}, ${name}, ${`v1.${b64(iv)}.${b64(new Uint8Array(sealed))}`})`);
+      return `secret://${id}`;
+    },
+    async resolve(ref, tx) {
+      const id = ref.slice("secret://".length);
+      const result = await (tx ?? store.db).execute(sql`SELECT sealed FROM bc_secrets WHERE id = ${id}`);
+      const row = result.rows[0] as { sealed: string } | undefined;
+      if (!row) throw notFound(`secret ${ref} does not exist`);
+      const [, iv, data] = row.sealed.split(".");
+      const plain = await crypto.subtle.decrypt({ name: "AES-GCM", iv: unb64(iv!), additionalData: enc(id) }, await key, unb64(data!));
+      return new TextDecoder().decode(plain);
+    },
+  };
+}
+
+async function deriveKey(secret: string, purpose: string): Promise<CryptoKey> {
+  const material = await crypto.subtle.importKey("raw", enc(secret), "HKDF", false, ["deriveKey"]);
+  return crypto.subtle.deriveKey(
+    { name: "HKDF", hash: "SHA-256", salt: enc("better-compute"), info: enc(purpose) },
+    material,
+    { name: "AES-GCM", length: 256 },
+    false,
+    ["encrypt", "decrypt"],
+  );
+}
+
+const enc = (s: string) => new TextEncoder().encode(s);
+const b64 = (bytes: Uint8Array) => btoa(String.fromCharCode(...bytes));
+const unb64 = (s: string) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));

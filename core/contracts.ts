@@ -1,0 +1,169 @@
+// The typed contracts a module, plugin or extension is declared with. define* helpers check
+// what can be checked alone (ids, names); the registry checks what needs the whole picture.
+import type { z } from "zod";
+import type { MethodContext, ModuleContext } from "./context.ts";
+import { invalidConfig } from "./errors.ts";
+import type { Tx } from "./store/database.ts";
+
+const ID = /^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*$/;
+const METHOD_NAME = /^[a-z][a-zA-Z0-9]*(\.[a-z][a-zA-Z0-9]*)+$/;
+
+// ---------------------------------------------------------------- methods
+
+export interface MethodDefinition<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {
+  /** Route name: POST /v1/<name>. Dotted, e.g. "widgets.create". */
+  name: string;
+  /** IAM action; must be in the catalog of a registered module. */
+  action: string;
+  /** The resource the action is checked against; default "*". */
+  resource?: (input: z.output<I>) => string;
+  description?: string;
+  /** A read-only method writes no audit row. */
+  readOnly?: boolean;
+  input: I;
+  output: O;
+  /** Runs after validation and IAM, before the transaction opens (may call ctx.check). */
+  admission?: (ctx: MethodContext, input: z.output<I>) => void | Promise<void>;
+  handler: (ctx: MethodContext, input: z.output<I>, tx: Tx) => Promise<z.input<O>>;
+}
+
+export function defineMethod<I extends z.ZodType, O extends z.ZodType>(def: MethodDefinition<I, O>): MethodDefinition<I, O> {
+  assertName(def.name, METHOD_NAME, "method name");
+  assertName(def.action, METHOD_NAME, "method action");
+  return def;
+}
+
+// ---------------------------------------------------------------- modules
+
+export interface Migration {
+  /** "<module id>/<NNNN>_<what>", e.g. "acme-widgets/0001_widgets". Applied in name order. */
+  name: string;
+  sql: string;
+}
+
+export interface IamCatalog {
+  /** action → what it allows. Every method's action must be listed by some module. */
+  actions: Record<string, string>;
+  /** role → action patterns ("widgets.*", "*"), merged into the IAM port's roles. */
+  roles?: Record<string, string[]>;
+}
+
+export interface ModuleDefinition {
+  id: string;
+  version?: string;
+  description?: string;
+  iam?: IamCatalog;
+  migrations?: Migration[];
+  api?: MethodDefinition<any, any>[];
+  extensions?: Extension[];
+  /** Called once per request context; a module keeps no state of its own between requests. */
+  setup?: (ctx: ModuleContext) => void;
+}
+
+export interface Module extends Required<Pick<ModuleDefinition, "id" | "version">>, Omit<ModuleDefinition, "id" | "version"> {
+  contract: "module" | "plugin";
+}
+
+export function defineModule(def: ModuleDefinition): Module {
+  assertName(def.id, ID, "module id");
+  return { ...def, version: def.version ?? "1", contract: "module" };
+}
+
+/** A plugin is a module shipped by a third party; it registers through options.plugins. */
+export function definePlugin(def: ModuleDefinition): Module {
+  assertName(def.id, ID, "plugin id");
+  return { ...def, version: def.version ?? "1", contract: "plugin" };
+}
+
+// ---------------------------------------------------------------- extensions
+// Typed contracts whose engines arrive with the modules that run them (metal, join, sinks,
+// placer). Registering them here is already checked: kind:id@version is unique.
+
+interface ExtensionBase {
+  id: string;
+  version: string;
+}
+
+export type DriverKind = "power" | "management" | "boot" | "deploy" | "media" | "bios" | "raid" | "firmware" | "runtime";
+
+export interface DriverDefinition extends ExtensionBase {
+  contract: "driver";
+  kinds: DriverKind[];
+  /** Where the driver's code runs. */
+  runsOn: "control-plane" | "site" | "node" | "ramdisk";
+  /** Schema of a binding's configuration (a row validated by this manifest). */
+  manifest?: z.ZodType;
+  /** Fields of the binding that hold secret references, never values. */
+  secretFields?: string[];
+}
+
+export interface AttestationResult {
+  nodeId: string;
+  role: "node" | "site" | "ramdisk";
+  labels?: Record<string, string>;
+}
+
+export interface AttestorDefinition extends ExtensionBase {
+  contract: "attestor";
+  /** Verifies a joining agent's evidence; throws PERMISSION_DENIED when it does not hold. */
+  verify(ctx: ModuleContext, evidence: unknown, tx: Tx): Promise<AttestationResult>;
+}
+
+export interface SinkEvent {
+  id: number;
+  eventId: string;
+  type: string;
+  module: string;
+  subject: string | null;
+  data: Record<string, unknown>;
+  occurredAt: string;
+}
+
+export interface SinkDefinition extends ExtensionBase {
+  contract: "sink";
+  kind: "events" | "audit";
+  /** At-least-once: a batch may be delivered again after a crash; deliver idempotently. */
+  deliver(batch: SinkEvent[]): Promise<void>;
+}
+
+export interface SchedulerPluginDefinition extends ExtensionBase {
+  contract: "scheduler-plugin";
+  filters?: Array<(candidate: Record<string, unknown>, request: Record<string, unknown>) => boolean>;
+  scorers?: Array<(candidate: Record<string, unknown>, request: Record<string, unknown>) => number>;
+}
+
+/** Any contract registered by kind:id@version (providers, steps and profiles join this union). */
+export interface GenericExtension extends ExtensionBase {
+  contract: string;
+}
+
+export type Extension = DriverDefinition | AttestorDefinition | SinkDefinition | SchedulerPluginDefinition | GenericExtension;
+
+type Declared<T extends { contract: string; version: string }> = Omit<T, "contract" | "version"> & { version?: string };
+
+export function defineDriver(def: Declared<DriverDefinition>): DriverDefinition {
+  assertName(def.id, ID, "driver id");
+  return { ...def, version: def.version ?? "1", contract: "driver" };
+}
+
+export function defineAttestor(def: Declared<AttestorDefinition>): AttestorDefinition {
+  assertName(def.id, ID, "attestor id");
+  return { ...def, version: def.version ?? "1", contract: "attestor" };
+}
+
+export function defineSink(def: Declared<SinkDefinition>): SinkDefinition {
+  assertName(def.id, ID, "sink id");
+  return { ...def, version: def.version ?? "1", contract: "sink" };
+}
+
+export function defineSchedulerPlugin(def: Declared<SchedulerPluginDefinition>): SchedulerPluginDefinition {
+  assertName(def.id, ID, "scheduler plugin id");
+  return { ...def, version: def.version ?? "1", contract: "scheduler-plugin" };
+}
+
+
+function assertName(value: unknown, pattern: RegExp, what: string): void {
+  if (typeof value !== "string" || !pattern.test(value)) {
+    throw invalidConfig(`${what} ${JSON.stringify(value)} is not valid (expected ${pattern.source})`, { [what]: value });
+  }
+}

@@ -1,0 +1,24 @@
+// better-compute: the root entry. Declare modules and extensions, and compose a deployment.
+export { betterCompute, type Compute, type ComputeOptions, type PkiOptions } from "./compute.ts";
+export {
+  defineAttestor,
+  defineDriver,
+  defineModule,
+  definePlugin,
+  defineSchedulerPlugin,
+  defineSink,
+  type AttestationResult,
+  type AttestorDefinition,
+  type DriverDefinition,
+  type DriverKind,
+  type Extension,
+  type IamCatalog,
+  type Migration,
+  type Module,
+  type ModuleDefinition,
+  type SchedulerPluginDefinition,
+  type SinkDefinition,
+  type SinkEvent,
+} from "./contracts.ts";
+export { builtinIam, type BuiltinIamOptions, type IamPort, type IamProvider, type Principal } from "./iam.ts";
+export { postgres, type DatabasePort, type PostgresOptions } from "./store/database.ts";

@@ -1,0 +1,90 @@
+// The store: drizzle on @neondatabase/serverless's Pool (Postgres over WebSocket), with
+// interactive transactions. Locally the same driver reaches a plain Postgres (or PGlite)
+// through a WebSocket-to-TCP bridge, so the production path is the tested path.
+import { neonConfig, Pool } from "@neondatabase/serverless";
+import type { ExtractTablesWithRelations } from "drizzle-orm";
+import { drizzle, type NeonDatabase } from "drizzle-orm/neon-serverless";
+import type { NeonTransaction } from "drizzle-orm/neon-serverless";
+import { ComputeError, invalidConfig } from "../errors.ts";
+
+export type Db = NeonDatabase<Record<string, never>>;
+/** The transaction handed to handlers and ports: state, events, work and commands share it. */
+export type Tx = NeonTransaction<Record<string, never>, ExtractTablesWithRelations<Record<string, never>>>;
+
+/** A connection to the system of record, opened per request (or per Durable Object). */
+export interface Store {
+  readonly db: Db;
+  transaction<T>(fn: (tx: Tx) => Promise<T>): Promise<T>;
+  close(): Promise<void>;
+}
+
+/** The database port: how the platform opens a Store from the Worker's environment. */
+export interface DatabasePort {
+  open(env: object): Store;
+}
+
+export interface PostgresOptions {
+  /** Connection string; default: env.DATABASE_URL. */
+  url?: string;
+  /** host:port of a local WebSocket-to-TCP bridge; default: env.BC_DB_WS_PROXY. Unset for Neon. */
+  wsProxy?: string;
+  /** Connections per Store (per request); default 4. */
+  maxConnections?: number;
+}
+
+export function postgres(options: PostgresOptions = {}): DatabasePort {
+  return {
+    open(env) {
+      const url = options.url ?? stringVar(env, "DATABASE_URL");
+      if (!url) throw invalidConfig("no database configured: set DATABASE_URL or pass database: postgres({ url })");
+      const wsProxy = options.wsProxy ?? stringVar(env, "BC_DB_WS_PROXY");
+      if (wsProxy) useBridge(wsProxy);
+      return openStore(url, options.maxConnections ?? 4);
+    },
+  };
+}
+
+/** Points the driver at a local bridge (plain ws:// on loopback, no pipelined auth). */
+export function useBridge(bridge: string): void {
+  neonConfig.wsProxy = (host, port) => `${bridge}/v1?address=${host}:${port}`;
+  neonConfig.useSecureWebSocket = false;
+  neonConfig.pipelineConnect = false;
+  neonConfig.pipelineTLS = false;
+}
+
+function openStore(connectionString: string, max: number): Store {
+  const pool = new Pool({ connectionString, max });
+  // An idle client that drops (server restart, bridge gone) must not crash the isolate.
+  pool.on("error", () => {});
+  const db: Db = drizzle({ client: pool });
+  let closed: Promise<void> | undefined;
+  return {
+    db,
+    transaction: (fn) => db.transaction(fn),
+    close: () => (closed ??= pool.end().catch(() => {})),
+  };
+}
+
+function stringVar(env: object, name: string): string | undefined {
+  const value = (env as Record<string, unknown>)[name];
+  return typeof value === "string" && value !== "" ? value : undefined;
+}
+
+/** Postgres error → typed error, without the driver's message (it may quote row values). */
+export function fromPostgresError(err: unknown): ComputeError | undefined {
+  // drizzle wraps the driver's error; the SQLSTATE is on the cause.
+  for (let e = err, depth = 0; e && depth < 4; e = (e as { cause?: unknown }).cause, depth++) {
+    const mapped = fromSqlState((e as { code?: unknown }).code);
+    if (mapped) return mapped;
+  }
+  return undefined;
+}
+
+function fromSqlState(code: unknown): ComputeError | undefined {
+  if (typeof code !== "string" || !/^[0-9A-Z]{5}$/.test(code)) return undefined;
+  if (code === "23505") return new ComputeError("CONFLICT", "the resource already exists");
+  if (code.startsWith("23")) return new ComputeError("FAILED_PRECONDITION", "a database constraint refused the change", { sqlstate: code });
+  if (code === "40001" || code === "40P01") return new ComputeError("UNAVAILABLE", "the transaction conflicted with another; retry", { sqlstate: code });
+  if (code.startsWith("08") || code === "57P01") return new ComputeError("UNAVAILABLE", "the database is unreachable");
+  return undefined;
+}

@@ -1,0 +1,10 @@
+import { exports } from "cloudflare:workers";
+import { describe, expect, it } from "vitest";
+
+describe("the default deployment", () => {
+  it("answers /v1/health with the database reachable", async () => {
+    const res = await exports.default.fetch("http://bc.test/v1/health");
+    expect(res.status).toBe(200);
+    expect(await res.json()).toMatchObject({ status: "ok", database: "reachable" });
+  });
+});

@@ -1,0 +1,13 @@
+// Bindings the workers test project gives the Worker (see vitest.config.ts).
+declare namespace Cloudflare {
+  interface Env {
+    DATABASE_URL: string;
+    BC_DB_WS_PROXY: string;
+    BC_SECRET: string;
+  }
+}
+declare namespace Cloudflare {
+  interface GlobalProps {
+    mainModule: typeof import("../../workers/api/index.ts");
+  }
+}

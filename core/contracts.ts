@@ -141,26 +141,18 @@ export type Extension = DriverDefinition | AttestorDefinition | SinkDefinition |
 
 type Declared<T extends { contract: string; version: string }> = Omit<T, "contract" | "version"> & { version?: string };
 
-export function defineDriver(def: Declared<DriverDefinition>): DriverDefinition {
-  assertName(def.id, ID, "driver id");
-  return { ...def, version: def.version ?? "1", contract: "driver" };
+/** One definer per contract: checks the id, defaults the version to "1", stamps the contract. */
+function extensionDefiner<T extends Extension & { contract: string }>(contract: T["contract"]) {
+  return (def: Declared<T>): T => {
+    assertName(def.id, ID, `${contract} id`);
+    return { ...def, version: def.version ?? "1", contract } as T;
+  };
 }
 
-export function defineAttestor(def: Declared<AttestorDefinition>): AttestorDefinition {
-  assertName(def.id, ID, "attestor id");
-  return { ...def, version: def.version ?? "1", contract: "attestor" };
-}
-
-export function defineSink(def: Declared<SinkDefinition>): SinkDefinition {
-  assertName(def.id, ID, "sink id");
-  return { ...def, version: def.version ?? "1", contract: "sink" };
-}
-
-export function defineSchedulerPlugin(def: Declared<SchedulerPluginDefinition>): SchedulerPluginDefinition {
-  assertName(def.id, ID, "scheduler plugin id");
-  return { ...def, version: def.version ?? "1", contract: "scheduler-plugin" };
-}
-
+export const defineDriver = extensionDefiner<DriverDefinition>("driver");
+export const defineAttestor = extensionDefiner<AttestorDefinition>("attestor");
+export const defineSink = extensionDefiner<SinkDefinition>("sink");
+export const defineSchedulerPlugin = extensionDefiner<SchedulerPluginDefinition>("scheduler-plugin");
 
 function assertName(value: unknown, pattern: RegExp, what: string): void {
   if (typeof value !== "string" || !pattern.test(value)) {

@@ -78,6 +78,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   const reg = registry;
   const contextFor = (mod: Module, env: Env, store: Store, principal?: Principal, requestId?: string): ModuleContext => {
     const log = createLogger({ module: mod.id, ...(requestId ? { requestId } : {}) });
+    let secrets: SecretStore | undefined;
     const ctx: ModuleContext = {
       moduleId: mod.id,
       env,
@@ -85,8 +86,9 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
       events: databaseEvents(mod.id, principal?.id, requestId),
       work: databaseWork(mod.id),
       clock: (options.clock ?? databaseClock)(store),
+      // Resolved on first use: a deployment without BC_SECRET serves everything that needs no secret.
       get secrets() {
-        return (options.secrets ?? databaseSecrets)(store, deploymentSecret(options, env));
+        return (secrets ??= (options.secrets ?? databaseSecrets)(store, deploymentSecret(options, env)));
       },
       log,
     };

@@ -54,6 +54,21 @@ const widgetsExplode = defineMethod({
   },
 });
 
+/** Takes a secret by value once, keeps only its reference. */
+const widgetsSetPassword = defineMethod({
+  name: "widgets.setPassword",
+  action: "widgets.create",
+  resource: (input) => `widgets/${input.id}`,
+  input: z.object({ id: z.string(), password: z.string().min(8) }),
+  output: z.object({ ref: z.string() }),
+  handler: async (ctx, input, tx) => {
+    const ref = await ctx.secrets.put(tx, { module: ctx.moduleId, name: `widgets/${input.id}/password`, value: input.password });
+    await tx.execute(sql`UPDATE acme_widgets SET password_ref = ${ref} WHERE id = ${input.id}`);
+    await ctx.events.publish(tx, { type: "widget.passwordSet", subject: `widgets/${input.id}`, data: { ref } });
+    return { ref };
+  },
+});
+
 const acmeWidgets = definePlugin({
   id: "acme-widgets",
   version: "1.2.0",
@@ -65,11 +80,11 @@ const acmeWidgets = definePlugin({
     {
       name: "acme-widgets/0001_widgets",
       sql: `CREATE TABLE IF NOT EXISTS acme_widgets (
-              id text PRIMARY KEY, name text NOT NULL, color text NOT NULL,
+              id text PRIMARY KEY, name text NOT NULL, color text NOT NULL, password_ref text,
               created_at timestamptz NOT NULL DEFAULT compute_now());`,
     },
   ],
-  api: [widgetsCreate, widgetsGet, widgetsExplode],
+  api: [widgetsCreate, widgetsGet, widgetsExplode, widgetsSetPassword],
 });
 
 // ---------------------------------------------------------------- @acme/bc-notes
@@ -132,7 +147,7 @@ describe("a deployment with two third-party plugins", () => {
     const modules = await client.call("modules.list");
     expect(modules.body.modules).toEqual(
       expect.arrayContaining([
-        { id: "acme-widgets", version: "1.2.0", kind: "plugin", methods: ["widgets.create", "widgets.get", "widgets.explode"] },
+        { id: "acme-widgets", version: "1.2.0", kind: "plugin", methods: ["widgets.create", "widgets.get", "widgets.explode", "widgets.setPassword"] },
         { id: "acme-notes", version: "1", kind: "plugin", methods: ["notes.attach", "notes.sloppy"] },
       ]),
     );
@@ -194,6 +209,25 @@ describe("a deployment with two third-party plugins", () => {
     expect(res.status).toBe(500);
     const notes = await client.store.db.execute(sql`SELECT 1 FROM acme_notes WHERE widget_id = ${id}`);
     expect(notes.rows).toHaveLength(0);
+  });
+
+  it("keeps a secret only by reference in rows, events and audit, and resolves it for its consumer", async () => {
+    const id = `w-${uid()}`;
+    const password = `pw-${crypto.randomUUID()}`;
+    await client.call("widgets.create", { id, name: "Safe", color: "red" });
+    const res = await client.call("widgets.setPassword", { id, password });
+    expect(res.status).toBe(200);
+    expect(res.body.ref).toMatch(/^secret:\/\//);
+    const everywhere = await client.store.db.execute(sql`
+      SELECT (SELECT json_agg(w) FROM acme_widgets w WHERE id = ${id}) AS widget,
+             (SELECT json_agg(e) FROM bc_events e WHERE subject = ${`widgets/${id}`}) AS events,
+             (SELECT json_agg(a) FROM bc_audit a WHERE resource = ${`widgets/${id}`}) AS audit,
+             (SELECT json_agg(s) FROM bc_secrets s WHERE name = ${`widgets/${id}/password`}) AS sealed`);
+    const dump = JSON.stringify(everywhere.rows);
+    expect(dump).toContain(res.body.ref);
+    expect(dump).not.toContain(password);
+    const ctx = compute.moduleContext("acme-widgets", env, client.store);
+    expect(await ctx.secrets.resolve(res.body.ref)).toBe(password);
   });
 
   it("applies the plugins' migrations once", async () => {

@@ -2,6 +2,7 @@
 // Every port that writes takes the caller's transaction, so state, events and work commit
 // or roll back together.
 import { sql } from "drizzle-orm";
+import { base64 as b64, unbase64 as unb64, utf8 } from "./encoding.ts";
 import { ComputeError, notFound } from "./errors.ts";
 import type { Principal } from "./iam.ts";
 import type { Logger } from "./log.ts";
@@ -119,7 +120,7 @@ export function databaseSecrets(store: Store, deploymentSecret: string): SecretS
     async put(tx, { module, name, value }) {
       const id = crypto.randomUUID();
       const iv = crypto.getRandomValues(new Uint8Array(12));
-      const sealed = await crypto.subtle.encrypt({ name: "AES-GCM", iv, additionalData: enc(id) }, await key, enc(value));
+      const sealed = await crypto.subtle.encrypt({ name: "AES-GCM", iv, additionalData: utf8(id) }, await key, utf8(value));
       await tx.execute(sql`
         INSERT INTO bc_secrets (id, module, name, sealed)
         VALUES (${id}, ${module}, ${name}, ${`v1.${b64(iv)}.${b64(new Uint8Array(sealed))}`})`);
@@ -131,16 +132,16 @@ export function databaseSecrets(store: Store, deploymentSecret: string): SecretS
       const row = result.rows[0] as { sealed: string } | undefined;
       if (!row) throw notFound(`secret ${ref} does not exist`);
       const [, iv, data] = row.sealed.split(".");
-      const plain = await crypto.subtle.decrypt({ name: "AES-GCM", iv: unb64(iv!), additionalData: enc(id) }, await key, unb64(data!));
+      const plain = await crypto.subtle.decrypt({ name: "AES-GCM", iv: unb64(iv!), additionalData: utf8(id) }, await key, unb64(data!));
       return new TextDecoder().decode(plain);
     },
   };
 }
 
 async function deriveKey(secret: string, purpose: string): Promise<CryptoKey> {
-  const material = await crypto.subtle.importKey("raw", enc(secret), "HKDF", false, ["deriveKey"]);
+  const material = await crypto.subtle.importKey("raw", utf8(secret), "HKDF", false, ["deriveKey"]);
   return crypto.subtle.deriveKey(
-    { name: "HKDF", hash: "SHA-256", salt: enc("better-compute"), info: enc(purpose) },
+    { name: "HKDF", hash: "SHA-256", salt: utf8("better-compute"), info: utf8(purpose) },
     material,
     { name: "AES-GCM", length: 256 },
     false,
@@ -148,6 +149,3 @@ async function deriveKey(secret: string, purpose: string): Promise<CryptoKey> {
   );
 }
 
-const enc = (s: string) => new TextEncoder().encode(s);
-const b64 = (bytes: Uint8Array) => btoa(String.fromCharCode(...bytes));
-const unb64 = (s: string) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));

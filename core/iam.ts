@@ -5,6 +5,7 @@ import { createLocalJWKSet, createRemoteJWKSet, jwtVerify, type JSONWebKeySet, t
 import { ComputeError, invalidArgument, invalidConfig } from "./errors.ts";
 import type { Store, Tx } from "./store/database.ts";
 import { apiKeys } from "./store/schema.ts";
+import { base64url, constantTimeEqual, hex, sha256Hex } from "./encoding.ts";
 
 export interface Principal {
   /** "apikey:<id>", "jwt:<sub>" or "system:<name>"; recorded as the actor of audit rows and events. */
@@ -130,17 +131,3 @@ function jwksKey(jwks: JSONWebKeySet | string | undefined): JWTVerifyGetKey {
 }
 
 const unauthenticated = (message: string) => new ComputeError("UNAUTHENTICATED", message);
-
-export async function sha256Hex(value: string): Promise<string> {
-  return hex(new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(value))));
-}
-
-function constantTimeEqual(a: string, b: string): boolean {
-  if (a.length !== b.length) return false;
-  let diff = 0;
-  for (let i = 0; i < a.length; i++) diff |= a.charCodeAt(i) ^ b.charCodeAt(i);
-  return diff === 0;
-}
-
-const hex = (bytes: Uint8Array) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
-const base64url = (bytes: Uint8Array) => btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");

@@ -4,7 +4,7 @@
 import { sql } from "drizzle-orm";
 import type { Migration } from "../contracts.ts";
 import { invalidConfig } from "../errors.ts";
-import { sha256Hex } from "../iam.ts";
+import { sha256Hex } from "../encoding.ts";
 import type { Store } from "./database.ts";
 
 const LOCK_ID = 0x6263_6d67; // "bcmg"

@@ -1,0 +1,184 @@
+// The agent protocol: what crosses the WebSocket between an agent and its NodeDO.
+//
+// Frames are JSON text, one object per WebSocket message, discriminated by `t`. JSON because
+// every frame is small control traffic (bulk data such as images never rides this socket),
+// workerd parses it natively, and an operator can read a capture. A frame over
+// MAX_FRAME_BYTES closes the socket with 1009; anything that is not a known frame closes it
+// with MALFORMED_FRAME. A well-formed frame that is refused (a forged signature, another
+// node's command) is answered with an `error` frame and the connection stays up.
+import { z } from "zod";
+import { base64url, sha256Hex, unbase64url, utf8 } from "./encoding.ts";
+
+export const PROTOCOL_VERSION = 1;
+export const MAX_FRAME_BYTES = 64 * 1024;
+/** Heartbeat: the NodeDO answers this exact text without waking from hibernation. */
+export const PING = '{"t":"ping"}';
+export const PONG = '{"t":"pong"}';
+
+export const CloseCode = {
+  /** The frame was larger than MAX_FRAME_BYTES (RFC 6455 "message too big"). */
+  FRAME_TOO_LARGE: 1009,
+  /** Not JSON, or not a frame this protocol knows. */
+  MALFORMED_FRAME: 4400,
+  /** The hello's proof of possession did not verify (wrong key, or a nonce not issued to this socket). */
+  PROOF_FAILED: 4401,
+  /** A frame other than hello before the hello was accepted. */
+  HELLO_REQUIRED: 4402,
+  /** The node's credential was revoked. */
+  REVOKED: 4403,
+  /** A newer connection of the same node took over. */
+  REPLACED: 4409,
+} as const;
+
+/** Codes of `error` frames: the refused frame is dropped, the connection stays. */
+export const FrameError = {
+  BAD_SIGNATURE: "BAD_SIGNATURE",
+  NOT_YOUR_COMMAND: "NOT_YOUR_COMMAND",
+  UNKNOWN_COMMAND: "UNKNOWN_COMMAND",
+  UNAVAILABLE: "UNAVAILABLE",
+} as const;
+
+const labels = z.record(z.string().max(253), z.string().max(253));
+const errorBody = z.object({ code: z.string().max(64), message: z.string().max(4096) });
+
+// ---------------------------------------------------------------- agent → NodeDO
+
+export const helloFrame = z.object({
+  t: z.literal("hello"),
+  protocol: z.literal(PROTOCOL_VERSION),
+  nonce: z.string().max(128),
+  /** Ed25519 over helloMessage(nodeId, nonce, bootId), base64url. */
+  signature: z.string().max(256),
+  role: z.enum(["node", "site", "ramdisk"]),
+  version: z.string().max(64),
+  bootId: z.string().max(128),
+  labels: labels.default({}),
+  drivers: z.array(z.object({ id: z.string().max(128), version: z.string().max(64) })).max(256).default([]),
+});
+
+export const ackFrame = z.object({ t: z.literal("ack"), id: z.string().max(64) });
+
+export const resultFrame = z.object({
+  t: z.literal("result"),
+  id: z.string().max(64),
+  key: z.string().max(256),
+  ok: z.boolean(),
+  output: z.unknown().optional(),
+  error: errorBody.optional(),
+  /** Ed25519 over resultMessage(...), base64url; required for attested kinds. */
+  signature: z.string().max(256).optional(),
+});
+
+export const agentFrame = z.discriminatedUnion("t", [helloFrame, ackFrame, resultFrame]);
+export type AgentFrame = z.infer<typeof agentFrame>;
+export type HelloFrame = z.infer<typeof helloFrame>;
+export type ResultFrame = z.infer<typeof resultFrame>;
+
+// ---------------------------------------------------------------- NodeDO → agent
+
+export const challengeFrame = z.object({ t: z.literal("challenge"), protocol: z.literal(PROTOCOL_VERSION), nonce: z.string() });
+export const welcomeFrame = z.object({ t: z.literal("welcome"), nodeId: z.string(), sessionId: z.string() });
+export const commandFrame = z.object({
+  t: z.literal("command"),
+  id: z.string(),
+  seq: z.number().int(),
+  kind: z.string(),
+  /** Idempotency key: the agent runs a key at most once, and answers a redelivery from its record. */
+  key: z.string(),
+  body: z.record(z.string(), z.unknown()),
+  /** The result must be signed with the node's key. */
+  attested: z.boolean(),
+  deadline: z.string().nullable(),
+});
+export const resultAckFrame = z.object({ t: z.literal("result-ack"), id: z.string() });
+export const errorFrame = z.object({ t: z.literal("error"), code: z.string(), message: z.string(), ref: z.string().optional() });
+
+export const serverFrame = z.discriminatedUnion("t", [challengeFrame, welcomeFrame, commandFrame, resultAckFrame, errorFrame]);
+export type ServerFrame = z.infer<typeof serverFrame>;
+export type CommandFrame = z.infer<typeof commandFrame>;
+
+// ---------------------------------------------------------------- signatures (Ed25519, WebCrypto)
+
+/** What a hello signs: the nonce this socket was issued, bound to the node and its boot. */
+export const helloMessage = (nodeId: string, nonce: string, bootId: string) => `bc-hello/v${PROTOCOL_VERSION}\n${nodeId}\n${nonce}\n${bootId}`;
+
+/** What a result signs: the command, its key, and a digest of exactly what the agent reports. */
+export async function resultMessage(nodeId: string, frame: Pick<ResultFrame, "id" | "key" | "ok" | "output" | "error">): Promise<string> {
+  const digest = await sha256Hex(canonicalJson(frame.ok ? (frame.output ?? null) : (frame.error ?? null)));
+  return `bc-result/v${PROTOCOL_VERSION}\n${nodeId}\n${frame.id}\n${frame.key}\n${frame.ok ? "ok" : "error"}\n${digest}`;
+}
+
+/** JSON with object keys sorted at every level, so both ends digest the same bytes. */
+export function canonicalJson(value: unknown): string {
+  if (value === null || typeof value !== "object") return JSON.stringify(value) ?? "null";
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
+  const entries = Object.entries(value as Record<string, unknown>)
+    .filter(([, v]) => v !== undefined)
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonicalJson(v)}`).join(",")}}`;
+}
+
+export interface NodeKeyPair {
+  /** Raw Ed25519 public key, base64url: what the control plane records for the node. */
+  publicKey: string;
+  privateKey: CryptoKey;
+}
+
+export async function generateNodeKey(): Promise<NodeKeyPair & { privateJwk: JsonWebKey }> {
+  const pair = (await crypto.subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"])) as CryptoKeyPair;
+  const raw = new Uint8Array((await crypto.subtle.exportKey("raw", pair.publicKey)) as ArrayBuffer);
+  return { publicKey: base64url(raw), privateKey: pair.privateKey, privateJwk: (await crypto.subtle.exportKey("jwk", pair.privateKey)) as JsonWebKey };
+}
+
+export async function importNodeKey(privateJwk: JsonWebKey): Promise<NodeKeyPair> {
+  const privateKey = await crypto.subtle.importKey("jwk", privateJwk, { name: "Ed25519" }, false, ["sign"]);
+  if (!privateJwk.x) throw new Error("the node key has no public half");
+  return { publicKey: privateJwk.x, privateKey };
+}
+
+export async function signMessage(privateKey: CryptoKey, message: string): Promise<string> {
+  return base64url(new Uint8Array(await crypto.subtle.sign({ name: "Ed25519" }, privateKey, utf8(message))));
+}
+
+export async function verifyMessage(publicKey: string, message: string, signature: string): Promise<boolean> {
+  try {
+    const key = await crypto.subtle.importKey("raw", unbase64url(publicKey), { name: "Ed25519" }, false, ["verify"]);
+    return await crypto.subtle.verify({ name: "Ed25519" }, key, unbase64url(signature), utf8(message));
+  } catch {
+    return false;
+  }
+}
+
+// ---------------------------------------------------------------- joining (HTTPS, JoinService)
+
+export const JOIN_PATH = "/join/v1/join";
+export const RENEW_PATH = "/join/v1/renew";
+export const CONNECT_PATH = "/agent/v1/connect";
+
+export const joinRequest = z.object({
+  /** Which attestor verifies the evidence: "join-token", "provisioned", "discovery", ... */
+  attestor: z.string().max(64),
+  evidence: z.record(z.string(), z.unknown()),
+  /** The agent's Ed25519 public key (raw, base64url); the credential is bound to it. */
+  publicKey: z.string().regex(/^[A-Za-z0-9_-]{43}$/, "an Ed25519 public key, raw and base64url"),
+  role: z.enum(["node", "site", "ramdisk"]),
+  hostname: z.string().max(253).optional(),
+  /** Proof of possession: Ed25519 over joinMessage(publicKey, attestor), base64url. */
+  signature: z.string().max(256),
+});
+export type JoinRequest = z.infer<typeof joinRequest>;
+
+export const joinResponse = z.object({
+  nodeId: z.string(),
+  role: z.enum(["node", "site", "ramdisk"]),
+  /** Short-lived JWT bound to the agent's key; present as `Authorization: Bearer` to renew and connect. */
+  credential: z.string(),
+  expiresAt: z.string(),
+});
+export type JoinResponse = z.infer<typeof joinResponse>;
+
+/** Renewal: the current (unexpired) credential as bearer, plus a fresh signature. */
+export const renewRequest = z.object({ timestamp: z.string(), signature: z.string().max(256) });
+
+export const joinMessage = (publicKey: string, attestor: string) => `bc-join/v${PROTOCOL_VERSION}\n${attestor}\n${publicKey}`;
+export const renewMessage = (nodeId: string, timestamp: string) => `bc-renew/v${PROTOCOL_VERSION}\n${nodeId}\n${timestamp}`;

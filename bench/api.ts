@@ -1,0 +1,116 @@
+// Section "API": requests per second and p50/p99 latency of an authenticated read method
+// (POST /v1/iam.whoami: API key lookup, IAM, an empty read-only transaction, zod on both
+// sides) under `wrangler dev`, beside a bare hono route on the same Worker that opens the
+// store the same way and runs one SELECT 1 (GET /bench/select1). The ratio between them is
+// what the platform's envelope costs over the cheapest possible database round trip.
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { startStack, type Stack } from "../scripts/local/stack.ts";
+import { runLoad, type CpuShare, type LoadResult, type LoadTarget } from "./load.ts";
+import type { BenchContext, BenchSection } from "./run.ts";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+
+export const apiSection: BenchSection = {
+  title: "API under wrangler dev: authenticated read vs bare SELECT 1",
+  async run(ctx) {
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-bench-api-"));
+    const wranglerLines: string[] = [];
+    let stack: Stack | undefined;
+    const interrupted = async () => {
+      await stack?.stop();
+      fs.rmSync(dataDir, { recursive: true, force: true });
+      process.exit(130);
+    };
+    process.once("SIGINT", interrupted);
+    try {
+      const started = performance.now();
+      stack = await startStack({
+        dataDir,
+        databaseUrl: ctx.databaseUrl,
+        wranglerConfig: path.join(here, "wrangler.toml"),
+        onOutput: (line) => {
+          wranglerLines.push(line);
+          if (wranglerLines.length > 20) wranglerLines.shift();
+        },
+      });
+      ctx.log(`stack up in ${((performance.now() - started) / 1000).toFixed(1)} s (${stack.embedded ? "PGlite" : "DATABASE_URL"} → WebSocket bridge → wrangler dev at ${stack.url})`);
+
+      const api: LoadTarget = {
+        label: "POST /v1/iam.whoami (API)",
+        url: `${stack.url}/v1/iam.whoami`,
+        method: "POST",
+        headers: { authorization: `Bearer ${stack.adminKey}`, "content-type": "application/json" },
+        body: "{}",
+      };
+      const bare: LoadTarget = { label: "GET /bench/select1 (bare)", url: `${stack.url}/bench/select1` };
+      const floor: LoadTarget = { label: "GET /bench/noop (no database)", url: `${stack.url}/bench/noop` };
+      await expectOk(api, (body) => typeof (body as { principal?: unknown }).principal === "string");
+      await expectOk(bare, (body) => (body as { one?: unknown }).one === 1);
+      await expectOk(floor, (body) => (body as { ok?: unknown }).ok === true);
+
+      const results: LoadResult[] = [];
+      const cpu: string[] = [];
+      // The floor, the baseline, then the API: each gets its own warm-up and measured window.
+      for (const target of [floor, bare, api]) {
+        const result = await runLoad(target, { concurrency: ctx.concurrency, warmupSeconds: ctx.warmupSeconds, seconds: ctx.seconds });
+        cpu.push(`${target.label}: ${cpuLine(result.cpu)}`);
+        results.push(result);
+      }
+      const [floorResult, bareResult, apiResult] = results as [LoadResult, LoadResult, LoadResult];
+
+      ctx.table(
+        ["target", "requests", "errors", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms"],
+        [apiResult, bareResult, floorResult].map((r) => [r.label, String(r.requests), String(r.errors), r.rps.toFixed(0), ms(r.p50), ms(r.p90), ms(r.p99), ms(r.max)]),
+      );
+      ctx.log(
+        `ratio API / bare: req/s ${(apiResult.rps / bareResult.rps).toFixed(2)}×, p50 ${(apiResult.p50 / bareResult.p50).toFixed(2)}×, p99 ${(apiResult.p99 / bareResult.p99).toFixed(2)}×` +
+          ` (p50 ${signed(apiResult.p50 - bareResult.p50)} ms; the bare route's p50 is ${signed(bareResult.p50 - floorResult.p50)} ms over no database)`,
+      );
+      ctx.log("CPU during each measured window (100% = one core):");
+      for (const line of cpu) ctx.log(`  ${line}`);
+
+      const failed = results.filter((r) => r.errors > 0 || r.requests === 0);
+      if (failed.length) {
+        for (const r of failed) {
+          ctx.log(`ERROR ${r.label}: ${r.errors} of ${r.requests} requests failed${r.errorSamples.length ? `; e.g.\n    ${r.errorSamples.join("\n    ")}` : ""}`);
+        }
+        if (wranglerLines.length) ctx.log(`last wrangler output:\n    ${wranglerLines.join("\n    ")}`);
+        throw new Error("requests failed under load (see above)");
+      }
+    } finally {
+      process.off("SIGINT", interrupted);
+      await stack?.stop();
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  },
+};
+
+/** One request before the load: the route answers 200 with the expected body. */
+async function expectOk(target: LoadTarget, check: (body: unknown) => boolean): Promise<void> {
+  const res = await fetch(target.url, { method: target.method, headers: target.headers, body: target.body });
+  const text = await res.text();
+  let body: unknown;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    body = undefined;
+  }
+  if (res.status !== 200 || !check(body)) throw new Error(`${target.label} answered ${res.status}: ${text.slice(0, 300)}`);
+}
+
+function signed(value: number): string {
+  return `${value >= 0 ? "+" : ""}${value.toFixed(2)}`;
+}
+
+function ms(value: number): string {
+  return Number.isFinite(value) ? value.toFixed(2) : "-";
+}
+
+function cpuLine(shares: CpuShare[]): string {
+  if (shares.length === 0) return "n/a (no /proc)";
+  const total = shares.reduce((sum, share) => sum + share.percent, 0);
+  return [...shares.map((share) => `${share.name} ${share.percent.toFixed(0)}%`), `total ${total.toFixed(0)}%`].join(", ");
+}

@@ -5,7 +5,9 @@ import { bodyLimit } from "hono/body-limit";
 import { sql } from "drizzle-orm";
 import type { z } from "zod";
 import type { MethodDefinition, Module } from "./contracts.ts";
-import type { MethodContext, ModuleContext } from "./context.ts";
+import { agentRoutes } from "./agents/join.ts";
+import type { PlatformContext } from "./compute.ts";
+import type { MethodContext } from "./context.ts";
 import { ComputeError, invalidArgument, isComputeError } from "./errors.ts";
 import type { IamPort, Principal } from "./iam.ts";
 import { createLogger } from "./log.ts";
@@ -23,7 +25,8 @@ export interface ApiDeps {
   database: DatabasePort;
   maxBodyBytes: number;
   openapi: () => unknown;
-  moduleContext: (mod: Module, env: Env, store: Store, principal?: Principal, requestId?: string) => ModuleContext;
+  agentsModule: Module;
+  moduleContext: (mod: Module, env: Env, store: Store, principal?: Principal, requestId?: string) => PlatformContext;
 }
 
 const log = createLogger({ component: "api" });
@@ -66,6 +69,8 @@ export function createApi(deps: ApiDeps): Hono<AppEnv> {
     }),
   );
 
+  app.route("/", agentRoutes({ registry: deps.registry, agentsModule: deps.agentsModule, moduleContext: deps.moduleContext }));
+
   for (const { method, module } of deps.registry.methods.values()) {
     app.post(`/v1/${method.name}`, (c) => invoke(c, deps, module, method));
   }
@@ -74,9 +79,7 @@ export function createApi(deps: ApiDeps): Hono<AppEnv> {
 
   app.onError((err, c) => {
     const error = toComputeError(err);
-    if (error.code === "INTERNAL") {
-      log.error("unhandled error", { requestId: c.var.requestId, error: err instanceof Error ? err.name : typeof err, detail: err instanceof Error ? err.message : undefined });
-    }
+    if (error.code === "INTERNAL") log.error("unhandled error", { requestId: c.var.requestId, ...describeError(err) });
     return c.json(error.toJSON(), error.status as 400);
   });
 
@@ -95,18 +98,19 @@ async function invoke(c: Context<AppEnv>, deps: ApiDeps, mod: Module, method: Me
   }
 
   let inTransaction = false;
-  const ctx: MethodContext = {
-    ...deps.moduleContext(mod, c.env ?? {}, store, principal, c.var.requestId),
+  const platform = deps.moduleContext(mod, c.env ?? {}, store, principal, c.var.requestId);
+  // Inherit rather than spread: spreading would resolve lazy ports (secrets) on every call.
+  const ctx: MethodContext = Object.assign(Object.create(platform) as PlatformContext, {
     principal,
     requestId: c.var.requestId,
-    async check(action, checkResource = "*") {
+    async check(action: string, checkResource = "*") {
       // Rule 2: IAM is decided before a transaction opens, never awaited inside one.
       if (inTransaction) throw new ComputeError("INTERNAL", `ctx.check(${action}) was called inside ${method.name}'s transaction`);
       if (!(await deps.iam.authorize(principal, action, checkResource))) {
         throw new ComputeError("PERMISSION_DENIED", `${principal.id} may not ${action} on ${checkResource}`, { action, resource: checkResource });
       }
     },
-  };
+  });
 
   await method.admission?.(ctx, input);
   const output = await store.transaction(async (tx) => {
@@ -122,6 +126,8 @@ async function invoke(c: Context<AppEnv>, deps: ApiDeps, mod: Module, method: Me
     }
   });
 
+  // Wake the NodeDOs of enqueued commands without holding the response for their delivery.
+  waitUntil(c, platform.afterCommit());
   const checked = method.output.safeParse(output);
   if (!checked.success) {
     throw new ComputeError("INTERNAL", `method ${method.name} returned a result that breaks its output schema`);
@@ -129,7 +135,7 @@ async function invoke(c: Context<AppEnv>, deps: ApiDeps, mod: Module, method: Me
   return c.json(checked.data as object);
 }
 
-async function readJson(request: Request): Promise<unknown> {
+export async function readJson(request: Request): Promise<unknown> {
   const text = await request.text();
   if (text.trim() === "") return {};
   try {
@@ -139,7 +145,7 @@ async function readJson(request: Request): Promise<unknown> {
   }
 }
 
-function parseInput<T extends z.ZodType>(schema: T, body: unknown): z.output<T> {
+export function parseInput<T extends z.ZodType>(schema: T, body: unknown): z.output<T> {
   const parsed = schema.safeParse(body);
   if (parsed.success) return parsed.data;
   const issues = parsed.error.issues.map((i) => ({ path: i.path.map(String).join("."), message: i.message, code: i.code }));
@@ -151,6 +157,21 @@ export function toComputeError(err: unknown): ComputeError {
   const fromPg = fromPostgresError(err);
   if (fromPg) return fromPg;
   return new ComputeError("INTERNAL", "internal error");
+}
+
+/**
+ * What the log may say about an unexpected error: its name, SQLSTATE and innermost message with
+ * quoted values elided. Never a wrapped driver error's text, which carries the query's parameters.
+ */
+export function describeError(err: unknown): Record<string, string | undefined> {
+  let inner = err;
+  while (inner instanceof Error && inner.cause instanceof Error) inner = inner.cause;
+  const sqlstate = (inner as { code?: unknown } | null)?.code;
+  return {
+    error: err instanceof Error ? err.name : typeof err,
+    sqlstate: typeof sqlstate === "string" ? sqlstate : undefined,
+    detail: inner instanceof Error ? inner.message.replace(/"[^"]*"|'[^']*'/g, "…") : undefined,
+  };
 }
 
 function waitUntil(c: Context<AppEnv>, promise: Promise<unknown>): void {

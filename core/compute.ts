@@ -5,6 +5,7 @@ import { createApi, type AppEnv, type Env } from "./api.ts";
 import { coreModule } from "./core-module.ts";
 import {
   databaseClock,
+  databaseCommands,
   databaseEvents,
   databaseSecrets,
   databaseWork,
@@ -12,6 +13,8 @@ import {
   type ModuleContext,
   type SecretStore,
 } from "./context.ts";
+import { agentsModule } from "./agents/module.ts";
+import { notifyNodes } from "./agents/notify.ts";
 import type { Migration, Module } from "./contracts.ts";
 import { invalidConfig } from "./errors.ts";
 import { builtinIam, mintApiKey, type IamPort, type IamProvider, type Principal } from "./iam.ts";
@@ -43,6 +46,12 @@ export interface ComputeOptions extends RegistryInput {
   limits?: { maxBodyBytes?: number };
 }
 
+/** A module's context as the platform holds it: the caller runs afterCommit once its transaction commits. */
+export interface PlatformContext extends ModuleContext {
+  /** Wakes the NodeDOs of commands enqueued in the committed transaction. */
+  afterCommit(): Promise<void>;
+}
+
 export interface Compute {
   readonly registry: Registry;
   readonly iam: IamPort;
@@ -54,7 +63,7 @@ export interface Compute {
   migrations(): Migration[];
   openapi(): Record<string, unknown>;
   /** A module's ports outside a request (Durable Objects, reconcilers, scripts). */
-  moduleContext(moduleId: string, env: object, store: Store): ModuleContext;
+  moduleContext(moduleId: string, env: object, store: Store): PlatformContext;
   /** Opens the system of record through the deployment's database port. */
   openStore(env: object): Store;
   /** Applies the modules' migrations (core migrations are applied by `npm run migrate`). */
@@ -69,22 +78,30 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   let registry: Registry | undefined;
   let iam: IamPort | undefined;
   const core = coreModule({ registry: () => registry!, iam: () => iam! });
-  registry = buildRegistry(core, options);
+  const agents = agentsModule();
+  registry = buildRegistry([core, agents], options);
   iam = (options.iam ?? builtinIam())(registry.catalog);
   const database = options.database ?? postgres();
   const maxBodyBytes = options.limits?.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
   if (!Number.isInteger(maxBodyBytes) || maxBodyBytes <= 0) throw invalidConfig("limits.maxBodyBytes must be a positive integer");
 
   const reg = registry;
-  const contextFor = (mod: Module, env: Env, store: Store, principal?: Principal, requestId?: string): ModuleContext => {
+  const contextFor = (mod: Module, env: Env, store: Store, principal?: Principal, requestId?: string): PlatformContext => {
     const log = createLogger({ module: mod.id, ...(requestId ? { requestId } : {}) });
     let secrets: SecretStore | undefined;
-    const ctx: ModuleContext = {
+    const touchedNodes = new Set<string>();
+    const ctx: PlatformContext = {
       moduleId: mod.id,
       env,
       store,
       events: databaseEvents(mod.id, principal?.id, requestId),
       work: databaseWork(mod.id),
+      commands: databaseCommands(mod.id, reg.commandKinds, (nodeId) => touchedNodes.add(nodeId)),
+      async afterCommit() {
+        const nodes = [...touchedNodes];
+        touchedNodes.clear();
+        await notifyNodes(env, nodes, log);
+      },
       clock: (options.clock ?? databaseClock)(store),
       // Resolved on first use: a deployment without BC_SECRET serves everything that needs no secret.
       get secrets() {
@@ -98,7 +115,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
 
   let openapi: Record<string, unknown> | undefined;
   const openapiDoc = () => (openapi ??= openApiDocument(reg, { baseURL: options.baseURL }));
-  const app = createApi({ registry: reg, iam, database, maxBodyBytes, openapi: openapiDoc, moduleContext: contextFor });
+  const app = createApi({ registry: reg, iam, database, maxBodyBytes, openapi: openapiDoc, moduleContext: contextFor, agentsModule: agents });
 
   return {
     registry: reg,

@@ -3,7 +3,8 @@
 // or roll back together.
 import { sql } from "drizzle-orm";
 import { base64 as b64, unbase64 as unb64, utf8 } from "./encoding.ts";
-import { ComputeError, notFound } from "./errors.ts";
+import type { CommandKind } from "./contracts.ts";
+import { ComputeError, invalidArgument, notFound } from "./errors.ts";
 import type { Principal } from "./iam.ts";
 import type { Logger } from "./log.ts";
 import type { Store, Tx } from "./store/database.ts";
@@ -48,12 +49,40 @@ export interface SecretStore {
   resolve(ref: SecretRef, tx?: Tx): Promise<string>;
 }
 
+export interface CommandInput {
+  nodeId: string;
+  /** A kind some registered module declares (CommandKind). */
+  kind: string;
+  /** Idempotency key: enqueueing the same key again returns the first command, sends nothing new. */
+  key: string;
+  body?: Record<string, unknown>;
+  /** Secrets the agent needs, by reference only. */
+  secretRefs?: SecretRef[];
+  /** The command expires if no result arrives within this many seconds. */
+  deadlineSeconds?: number;
+}
+
+export interface EnqueuedCommand {
+  id: string;
+  seq: number;
+  /** False when the key was enqueued before: nothing new will be sent. */
+  created: boolean;
+}
+
+export interface CommandsPort {
+  /** Writes the command in the caller's transaction; its NodeDO delivers it after commit. */
+  enqueue(tx: Tx, command: CommandInput): Promise<EnqueuedCommand>;
+  /** Asks the node's NodeDO to re-read the node after commit (e.g. it was revoked). */
+  wake(nodeId: string): void;
+}
+
 export interface ModuleContext {
   readonly moduleId: string;
   readonly env: Readonly<Record<string, unknown>>;
   readonly store: Store;
   readonly events: EventsPort;
   readonly work: WorkPort;
+  readonly commands: CommandsPort;
   readonly clock: Clock;
   readonly secrets: SecretStore;
   readonly log: Logger;
@@ -101,6 +130,64 @@ export function databaseWork(moduleId: string): WorkPort {
     },
   };
 }
+
+export function databaseCommands(
+  moduleId: string,
+  kinds: ReadonlyMap<string, { command: CommandKind }>,
+  onEnqueued: (nodeId: string) => void,
+): CommandsPort {
+  return {
+    wake: onEnqueued,
+    async enqueue(tx, input) {
+      const declared = kinds.get(input.kind)?.command;
+      if (!declared) throw invalidArgument(`unknown command kind ${input.kind}: no registered module declares it`, { kind: input.kind });
+      let body = input.body ?? {};
+      if (declared.input) {
+        const parsed = declared.input.safeParse(body);
+        if (!parsed.success) {
+          const issues = parsed.error.issues.map((i) => ({ path: i.path.map(String).join("."), message: i.message }));
+          throw invalidArgument(`the body of ${input.kind} does not match its schema`, { kind: input.kind, issues });
+        }
+        body = parsed.data as Record<string, unknown>;
+      }
+      const refs = input.secretRefs ?? [];
+      if (refs.some((r) => !/^secret:\/\/[\w-]+$/.test(r))) throw invalidArgument("secretRefs must be secret:// references, never values");
+
+      const existing = await tx.execute(sql`SELECT id, seq, node_id, kind FROM bc_commands WHERE idempotency_key = ${input.key}`);
+      const found = existing.rows[0] as { id: string; seq: string; node_id: string; kind: string } | undefined;
+      if (found) {
+        if (found.node_id !== input.nodeId || found.kind !== input.kind) {
+          throw new ComputeError("CONFLICT", `idempotency key ${input.key} was used for another command`, { key: input.key });
+        }
+        return { id: String(found.id), seq: Number(found.seq), created: false };
+      }
+      const next = await tx.execute(sql`
+        UPDATE bc_nodes SET command_seq = command_seq + 1 WHERE id = ${input.nodeId} AND revoked_at IS NULL RETURNING command_seq`);
+      const seq = (next.rows[0] as { command_seq: string } | undefined)?.command_seq;
+      if (seq === undefined) throw notFound(`node ${input.nodeId} does not exist or was revoked`, { nodeId: input.nodeId });
+      // The node row lock above serialises enqueues per node; a concurrent enqueue of the same key
+      // that committed first wins, and this one returns it.
+      const inserted = await tx.execute(sql`
+        INSERT INTO bc_commands (node_id, seq, kind, idempotency_key, module, body, secret_refs, attested, destructive, deadline)
+        VALUES (${input.nodeId}, ${seq}, ${input.kind}, ${input.key}, ${moduleId}, ${JSON.stringify(body)}::jsonb,
+                ${pgArray(refs)}::text[], ${declared.attested === true}, ${declared.destructive === true},
+                CASE WHEN ${input.deadlineSeconds ?? null}::float8 IS NULL THEN NULL
+                     ELSE compute_now() + make_interval(secs => ${input.deadlineSeconds ?? 0}) END)
+        ON CONFLICT (idempotency_key) DO NOTHING
+        RETURNING id`);
+      const row = inserted.rows[0] as { id: string } | undefined;
+      if (!row) return this.enqueue(tx, input);
+      onEnqueued(input.nodeId);
+      return { id: String(row.id), seq: Number(seq), created: true };
+    },
+  };
+}
+
+/**
+ * A Postgres array literal for values of a safe alphabet (checked by the caller): drizzle would
+ * expand a JS array into a parameter list.
+ */
+export const pgArray = (values: readonly string[]) => `{${values.join(",")}}`;
 
 export function databaseClock(store: Store): Clock {
   return {

@@ -48,6 +48,23 @@ export interface IamCatalog {
   roles?: Record<string, string[]>;
 }
 
+export type AgentRole = "node" | "site" | "ramdisk";
+
+/** A kind of command the module sends to agents through ctx.commands.enqueue. */
+export interface CommandKind {
+  /** Dotted, e.g. "bmc.setPower". Unique across the deployment. */
+  kind: string;
+  description?: string;
+  /** The command's body; checked at enqueue, before anything is sent. */
+  input?: z.ZodType;
+  /** The result must be signed by the node's key (verified before it is recorded). */
+  attested?: boolean;
+  /** Irreversible on the machine (a wipe, a power cycle): declared so quorum and audits can see it. */
+  destructive?: boolean;
+  /** Agent roles that run it. */
+  roles?: AgentRole[];
+}
+
 export interface ModuleDefinition {
   id: string;
   version?: string;
@@ -55,6 +72,7 @@ export interface ModuleDefinition {
   iam?: IamCatalog;
   migrations?: Migration[];
   api?: MethodDefinition<any, any>[];
+  commands?: CommandKind[];
   extensions?: Extension[];
   /** Called once per request context; a module keeps no state of its own between requests. */
   setup?: (ctx: ModuleContext) => void;
@@ -97,16 +115,27 @@ export interface DriverDefinition extends ExtensionBase {
   secretFields?: string[];
 }
 
+/** What a joining agent asked for, its key already proven (it signed the join request). */
+export interface AttestationRequest {
+  role: AgentRole;
+  publicKey: string;
+  hostname?: string;
+}
+
 export interface AttestationResult {
-  nodeId: string;
-  role: "node" | "site" | "ramdisk";
+  /** The node the agent joins as; default a new id. */
+  nodeId?: string;
+  role: AgentRole;
   labels?: Record<string, string>;
 }
 
 export interface AttestorDefinition extends ExtensionBase {
   contract: "attestor";
-  /** Verifies a joining agent's evidence; throws PERMISSION_DENIED when it does not hold. */
-  verify(ctx: ModuleContext, evidence: unknown, tx: Tx): Promise<AttestationResult>;
+  /**
+   * Verifies a joining agent's evidence; throws PERMISSION_DENIED when it does not hold.
+   * It runs its own transactions: a single-use token is consumed even when the join is refused.
+   */
+  verify(ctx: ModuleContext, evidence: Record<string, unknown>, request: AttestationRequest): Promise<AttestationResult>;
 }
 
 export interface SinkEvent {

@@ -1,6 +1,6 @@
 // The registry: everything a deployment registers, checked once when betterCompute() runs.
 // It refuses what it cannot check, with INVALID_CONFIG naming the offender.
-import type { Extension, MethodDefinition, Migration, Module, SchedulerPluginDefinition, SinkDefinition } from "./contracts.ts";
+import type { CommandKind, Extension, MethodDefinition, Migration, Module, SchedulerPluginDefinition, SinkDefinition } from "./contracts.ts";
 import { invalidConfig } from "./errors.ts";
 import type { ResolvedCatalog } from "./iam.ts";
 
@@ -19,10 +19,16 @@ export interface RegisteredMethod {
   module: Module;
 }
 
+export interface RegisteredCommandKind {
+  command: CommandKind;
+  module: Module;
+}
+
 export interface Registry {
-  /** In registration order: the core module first, then modules, then plugins. */
+  /** In registration order: the built-in modules first, then modules, then plugins. */
   modules: Module[];
   methods: ReadonlyMap<string, RegisteredMethod>;
+  commandKinds: ReadonlyMap<string, RegisteredCommandKind>;
   catalog: ResolvedCatalog;
   /** Module migrations, each module's in name order, modules in registration order. */
   migrations: Migration[];
@@ -32,7 +38,8 @@ export interface Registry {
   byContract<T extends Extension>(contract: T["contract"]): T[];
 }
 
-export function buildRegistry(core: Module, input: RegistryInput): Registry {
+/** `builtins` are the platform's own modules (core, agents), registered first, on the same contract. */
+export function buildRegistry(builtins: Module[], input: RegistryInput): Registry {
   const keys = new Set<string>();
   const claim = (key: string, where: string) => {
     if (keys.has(key)) throw invalidConfig(`duplicate registration ${key} (${where})`, { duplicate: key });
@@ -43,7 +50,7 @@ export function buildRegistry(core: Module, input: RegistryInput): Registry {
     throw invalidConfig("usage sinks are not supported: usage goes to IAM billing", { option: "sinks.usage" });
   }
 
-  const modules = [core, ...(input.modules ?? []), ...(input.plugins ?? [])];
+  const modules = [...builtins, ...(input.modules ?? []), ...(input.plugins ?? [])];
   const extensions = new Map<string, Extension>();
   const addExtension = (ext: Extension, where: string, expected?: string) => {
     if (expected && ext.contract !== expected) {
@@ -57,6 +64,7 @@ export function buildRegistry(core: Module, input: RegistryInput): Registry {
   const actions = new Map<string, { module: string; description: string; readOnly: boolean }>();
   const roles: Record<string, string[]> = {};
   const migrations: Migration[] = [];
+  const commandKinds = new Map<string, RegisteredCommandKind>();
 
   const moduleVersions = new Map<string, string>();
   for (const mod of modules) {
@@ -83,6 +91,13 @@ export function buildRegistry(core: Module, input: RegistryInput): Registry {
       migrations.push(m);
     }
     for (const ext of mod.extensions ?? []) addExtension(ext, `module ${mod.id}`);
+    for (const command of mod.commands ?? []) {
+      if (!/^[a-z][a-zA-Z0-9]*(\.[a-z][a-zA-Z0-9]*)+$/.test(command.kind)) {
+        throw invalidConfig(`command kind ${JSON.stringify(command.kind)} of module ${mod.id} is not a dotted name`, { command: command.kind });
+      }
+      claim(`command:${command.kind}`, `module ${mod.id}`);
+      commandKinds.set(command.kind, { command, module: mod });
+    }
   }
 
   const methods = new Map<string, RegisteredMethod>();
@@ -113,6 +128,7 @@ export function buildRegistry(core: Module, input: RegistryInput): Registry {
   return {
     modules,
     methods,
+    commandKinds,
     catalog: { actions, roles },
     migrations,
     extensions,

@@ -20,8 +20,8 @@ const ALLOW = 'bc:allow-now';
 // (the `_` is a word character); `'now'` is the text literal Postgres also reads as now().
 const CLOCK = String.raw`\bnow\s*\(\s*\)|\b(?:transaction_timestamp|statement_timestamp|clock_timestamp|timeofday)\s*\(|\b(?:current_timestamp|localtimestamp|current_time|localtime|current_date)\b`;
 const SQL_CLOCK = new RegExp(`${CLOCK}|'now'`, 'gi');
-// In JS/TS, `Date.now()`, `performance.now()`, `x?.now()` are method calls, not SQL.
-const CODE_CLOCK = new RegExp(`(?<!\\.\\s*)(?:${CLOCK})|'now'\\s*::`, 'gi');
+// In JS/TS, `Date.now()`, `performance.now()`, `x?.now()`, `this.#now()` are method calls, not SQL.
+const CODE_CLOCK = new RegExp(`(?<![.#]\\s*)(?:${CLOCK})|'now'\\s*::`, 'gi');
 
 /** Each line without its comments (-- …, // …, /* … *\/), so prose about now() is fine. */
 function codeLines(src) {

@@ -126,7 +126,7 @@ const cleanSql = {
   'migrations/0001_clock.sql': "create function compute_now() returns timestamptz language sql as $$ select now() $$; -- bc:allow-now\n",
   'migrations/0002_hosts.sql': 'create table hosts (id text primary key, created_at timestamptz not null default compute_now());\n',
   'core/db/hosts.ts': "export const q = sql`update hosts set seen_at = compute_now ( ) where id = ${id}`;\nexport const t = Date.now();\n",
-  'agent/main.ts': 'const started = performance.now();\nconst later = clock?.now();\n',
+  'agent/main.ts': 'const started = performance.now();\nconst later = clock?.now();\nclass C { #now() { return 0; } t() { return this.#now(); } }\n',
   // Comments may talk about the clocks.
   'migrations/0003_docs.sql': '-- never call now() directly\n/* nor current_timestamp,\n   clock_timestamp() */ select 1; /* now() */\n',
   'plugins/metal/docs.ts': '/**\n * Uses compute_now(), not now().\n */\nexport const x = 1; // not current_timestamp\n',

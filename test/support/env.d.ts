@@ -11,3 +11,8 @@ declare namespace Cloudflare {
     mainModule: typeof import("../../workers/api/index.ts");
   }
 }
+declare namespace Cloudflare {
+  interface Env {
+    NODE: DurableObjectNamespace<import("../../durable-objects/node.ts").NodeDO>;
+  }
+}

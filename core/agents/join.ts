@@ -1,0 +1,108 @@
+// JoinService and the agent gateway: the HTTPS routes an agent uses before and to open its
+// WebSocket. Join: the agent proves its key (it signs the request) and an attestor vouches for
+// the machine; it gets a node id and a short-lived credential bound to that key. Connect: the
+// credential is checked here, the socket goes to the node's own NodeDO, which asks for proof
+// of possession of the key before anything else.
+import { sql } from "drizzle-orm";
+import { Hono } from "hono";
+import { bodyLimit } from "hono/body-limit";
+import type { AttestorDefinition, Module } from "../contracts.ts";
+import type { PlatformContext } from "../compute.ts";
+import { hex } from "../encoding.ts";
+import { ComputeError, invalidArgument } from "../errors.ts";
+import { CONNECT_PATH, JOIN_PATH, joinMessage, joinRequest, RENEW_PATH, renewMessage, renewRequest, verifyMessage, type JoinResponse } from "../protocol.ts";
+import type { Registry } from "../registry.ts";
+import type { Store } from "../store/database.ts";
+import { parseInput, readJson, type AppEnv, type Env } from "../api.ts";
+import { databaseSeconds, issueCredential, verifyCredential } from "./credentials.ts";
+import { nodeNamespace } from "./notify.ts";
+
+const MAX_JOIN_BODY_BYTES = 16 * 1024;
+const RENEW_CLOCK_SKEW_SECONDS = 300;
+
+export interface JoinDeps {
+  registry: Registry;
+  agentsModule: Module;
+  moduleContext: (mod: Module, env: Env, store: Store) => PlatformContext;
+}
+
+export function agentRoutes(deps: JoinDeps): Hono<AppEnv> {
+  const app = new Hono<AppEnv>();
+  const limit = bodyLimit({
+    maxSize: MAX_JOIN_BODY_BYTES,
+    onError: () => {
+      throw new ComputeError("PAYLOAD_TOO_LARGE", `join requests are limited to ${MAX_JOIN_BODY_BYTES} bytes`);
+    },
+  });
+
+  app.post(JOIN_PATH, limit, async (c) => {
+    const request = parseInput(joinRequest, await readJson(c.req.raw));
+    if (!(await verifyMessage(request.publicKey, joinMessage(request.publicKey, request.attestor), request.signature))) {
+      throw new ComputeError("UNAUTHENTICATED", "the join request's signature does not verify with its public key");
+    }
+    const attestor = findAttestor(deps.registry, request.attestor);
+    const ctx = deps.moduleContext(deps.agentsModule, c.env ?? {}, c.var.store);
+    const attested = await attestor.verify(ctx, request.evidence, { role: request.role, publicKey: request.publicKey, hostname: request.hostname });
+    if (attested.role !== request.role) throw new ComputeError("PERMISSION_DENIED", `the attestor vouched for role ${attested.role}, not ${request.role}`);
+
+    const nodeId = attested.nodeId ?? `n-${hex(crypto.getRandomValues(new Uint8Array(8)))}`;
+    await c.var.store.transaction(async (tx) => {
+      const upserted = await tx.execute(sql`
+        INSERT INTO bc_nodes (id, role, public_key, hostname, labels, attestor)
+        VALUES (${nodeId}, ${request.role}, ${request.publicKey}, ${request.hostname ?? null},
+                ${JSON.stringify(attested.labels ?? {})}::jsonb, ${attestor.id})
+        ON CONFLICT (id) DO UPDATE
+          SET role = excluded.role, public_key = excluded.public_key, hostname = excluded.hostname,
+              labels = bc_nodes.labels || excluded.labels, attestor = excluded.attestor, joined_at = compute_now()
+          WHERE bc_nodes.revoked_at IS NULL
+        RETURNING id`);
+      if (upserted.rows.length === 0) throw new ComputeError("PERMISSION_DENIED", `node ${nodeId} was revoked`);
+      await ctx.events.publish(tx, { type: "node.joined", subject: `nodes/${nodeId}`, data: { role: request.role, attestor: attestor.id, hostname: request.hostname ?? null } });
+    });
+    const issued = await issueCredential(c.var.store, ctx.secrets, { nodeId, role: request.role, publicKey: request.publicKey });
+    return c.json({ nodeId, role: request.role, ...issued } satisfies JoinResponse);
+  });
+
+  app.post(RENEW_PATH, limit, async (c) => {
+    const node = await verifyCredential(c.var.store, bearer(c.req.raw));
+    const request = parseInput(renewRequest, await readJson(c.req.raw));
+    const now = await databaseSeconds(c.var.store);
+    const at = Date.parse(request.timestamp) / 1000;
+    if (!Number.isFinite(at) || Math.abs(now - at) > RENEW_CLOCK_SKEW_SECONDS) {
+      throw invalidArgument(`the renewal timestamp is more than ${RENEW_CLOCK_SKEW_SECONDS} s from the control plane's time`);
+    }
+    if (!(await verifyMessage(node.publicKey, renewMessage(node.nodeId, request.timestamp), request.signature))) {
+      throw new ComputeError("UNAUTHENTICATED", "the renewal is not signed by the node's key");
+    }
+    const ctx = deps.moduleContext(deps.agentsModule, c.env ?? {}, c.var.store);
+    const issued = await issueCredential(c.var.store, ctx.secrets, node);
+    return c.json({ nodeId: node.nodeId, role: node.role, ...issued } satisfies JoinResponse);
+  });
+
+  app.get(CONNECT_PATH, async (c) => {
+    if (c.req.header("upgrade")?.toLowerCase() !== "websocket") {
+      throw new ComputeError("FAILED_PRECONDITION", "the agent gateway speaks WebSocket only (send Upgrade: websocket)");
+    }
+    const node = await verifyCredential(c.var.store, bearer(c.req.raw));
+    const ns = nodeNamespace(c.env ?? {});
+    if (!ns) throw new ComputeError("UNAVAILABLE", "this deployment has no NodeDO binding (NODE)");
+    const headers = new Headers({ upgrade: "websocket", "x-bc-node-id": node.nodeId, "x-bc-node-key": node.publicKey, "x-bc-node-role": node.role });
+    return ns.get(ns.idFromName(node.nodeId)).fetch("https://node.internal/connect", { headers });
+  });
+
+  return app;
+}
+
+function findAttestor(registry: Registry, id: string): AttestorDefinition {
+  const candidates = registry.byContract<AttestorDefinition>("attestor").filter((a) => a.id === id);
+  // Several versions may be registered: the newest verifies.
+  const attestor = candidates.sort((a, b) => b.version.localeCompare(a.version, undefined, { numeric: true }))[0];
+  if (!attestor) throw invalidArgument(`no attestor ${id} is registered`, { attestor: id, registered: registry.byContract("attestor").map((a) => a.id) });
+  return attestor;
+}
+
+function bearer(request: Request): string {
+  const match = /^Bearer\s+(\S+)$/i.exec(request.headers.get("authorization") ?? "");
+  if (!match) throw new ComputeError("UNAUTHENTICATED", "a node credential is required: send 'Authorization: Bearer <credential>'");
+  return match[1]!;
+}

@@ -1,0 +1,311 @@
+// NodeDO: one per agent (idFromName(nodeId)), whatever its role. It holds the agent's
+// hibernatable WebSocket, asks for proof of possession of the node key, delivers the node's
+// commands in order and takes each result once. Postgres is the record: every transition is
+// written there with its event before it is acknowledged, and after an eviction the object
+// rebuilds everything it needs from Postgres and the socket's attachment.
+import { DurableObject } from "cloudflare:workers";
+import { sql } from "drizzle-orm";
+import { databaseEvents, pgArray } from "../core/context.ts";
+import { createLogger, type Logger } from "../core/log.ts";
+import {
+  agentFrame,
+  challengeFrame,
+  CloseCode,
+  FrameError,
+  helloMessage,
+  MAX_FRAME_BYTES,
+  PING,
+  PONG,
+  PROTOCOL_VERSION,
+  resultMessage,
+  verifyMessage,
+  type CommandFrame,
+  type HelloFrame,
+  type ResultFrame,
+  type ServerFrame,
+} from "../core/protocol.ts";
+import { postgres, type Store } from "../core/store/database.ts";
+import { base64url } from "../core/encoding.ts";
+
+/** The sweep re-reads Postgres while an agent is connected: a missed poke costs at most this. */
+const SWEEP_MS = 30_000;
+/** A socket that has not said hello by then is closed. */
+const HELLO_TIMEOUT_MS = 30_000;
+const DELIVERY_BATCH = 100;
+
+/** Per-socket state, kept with the socket across hibernation (serializeAttachment). */
+interface Attachment {
+  nodeId: string;
+  publicKey: string;
+  sessionId: string;
+  /** The challenge's nonce until a hello answers it; null afterwards, so it cannot be replayed. */
+  nonce: string | null;
+  ready: boolean;
+  openedAt: number;
+  /** Highest command seq sent on this socket. */
+  sentSeq: number;
+}
+
+export class NodeDO extends DurableObject {
+  #store: Store | undefined;
+  #delivering: Promise<void> = Promise.resolve();
+
+  constructor(ctx: DurableObjectState, env: object) {
+    super(ctx, env as never);
+    // Heartbeats are answered without waking the object.
+    ctx.setWebSocketAutoResponse(new WebSocketRequestResponsePair(PING, PONG));
+  }
+
+  /** One pool per object, reused across events; rebuilt after an eviction. */
+  private get store(): Store {
+    return (this.#store ??= postgres().open(this.env as object));
+  }
+
+  private log(att?: Attachment): Logger {
+    return createLogger({ component: "node-do", ...(att ? { nodeId: att.nodeId, sessionId: att.sessionId } : {}) });
+  }
+
+  override async fetch(request: Request): Promise<Response> {
+    const path = new URL(request.url).pathname;
+    if (path === "/connect") return this.accept(request);
+    if (path === "/poke") {
+      await this.deliver();
+      return new Response(null, { status: 204 });
+    }
+    return new Response("not found", { status: 404 });
+  }
+
+  private accept(request: Request): Response {
+    const nodeId = request.headers.get("x-bc-node-id");
+    const publicKey = request.headers.get("x-bc-node-key");
+    if (!nodeId || !publicKey || request.headers.get("upgrade")?.toLowerCase() !== "websocket") {
+      return new Response("the gateway must forward an authenticated upgrade", { status: 400 });
+    }
+    // One live connection per node: a newer one (the agent reconnected) replaces the old.
+    for (const old of this.ctx.getWebSockets()) old.close(CloseCode.REPLACED, "replaced by a newer connection");
+
+    const pair = new WebSocketPair();
+    const [client, server] = [pair[0], pair[1]];
+    this.ctx.acceptWebSocket(server);
+    const nonce = base64url(crypto.getRandomValues(new Uint8Array(32)));
+    const att: Attachment = { nodeId, publicKey, sessionId: crypto.randomUUID(), nonce, ready: false, openedAt: Date.now(), sentSeq: 0 };
+    server.serializeAttachment(att);
+    send(server, challengeFrame.parse({ t: "challenge", protocol: PROTOCOL_VERSION, nonce }));
+    this.ctx.waitUntil(this.armSweep(HELLO_TIMEOUT_MS));
+    return new Response(null, { status: 101, webSocket: client });
+  }
+
+  override async webSocketMessage(ws: WebSocket, message: string | ArrayBuffer): Promise<void> {
+    const att = ws.deserializeAttachment() as Attachment;
+    const size = typeof message === "string" ? new TextEncoder().encode(message).byteLength : message.byteLength;
+    if (size > MAX_FRAME_BYTES) return ws.close(CloseCode.FRAME_TOO_LARGE, `frames are limited to ${MAX_FRAME_BYTES} bytes`);
+    if (typeof message !== "string") return ws.close(CloseCode.MALFORMED_FRAME, "frames are JSON text");
+    let json: unknown;
+    try {
+      json = JSON.parse(message);
+    } catch {
+      return ws.close(CloseCode.MALFORMED_FRAME, "the frame is not JSON");
+    }
+    const parsed = agentFrame.safeParse(json);
+    if (!parsed.success) {
+      const t = (json as { t?: unknown } | null)?.t;
+      return ws.close(CloseCode.MALFORMED_FRAME, typeof t === "string" ? `unknown or malformed frame ${t.slice(0, 40)}` : "the frame has no type");
+    }
+    const frame = parsed.data;
+    if (frame.t === "hello") return this.hello(ws, att, frame);
+    if (!att.ready) return ws.close(CloseCode.HELLO_REQUIRED, "say hello first");
+    if (frame.t === "result") return this.result(ws, att, frame);
+    // ack: the agent journaled the command; the result is what changes the record.
+  }
+
+  private async hello(ws: WebSocket, att: Attachment, frame: HelloFrame): Promise<void> {
+    if (att.nonce === null || frame.nonce !== att.nonce) {
+      return ws.close(CloseCode.PROOF_FAILED, "the hello does not answer this socket's challenge");
+    }
+    if (!(await verifyMessage(att.publicKey, helloMessage(att.nodeId, frame.nonce, frame.bootId), frame.signature))) {
+      return ws.close(CloseCode.PROOF_FAILED, "the hello is not signed by the node's key");
+    }
+    const driverLabels = Object.fromEntries(frame.drivers.map((d) => [`bc.dev/driver.${d.id}`, d.version]));
+    let connected = false;
+    try {
+      connected = await this.store.transaction(async (tx) => {
+        // Agent-reported labels replace the previous report; driver labels are rewritten whole.
+        const updated = await tx.execute(sql`
+          UPDATE bc_nodes
+          SET state = 'connected', session_id = ${att.sessionId}, boot_id = ${frame.bootId}, agent_version = ${frame.version},
+              connected_at = compute_now(),
+              labels = (SELECT coalesce(jsonb_object_agg(k, v), '{}'::jsonb) FROM jsonb_each(labels) AS l(k, v) WHERE k NOT LIKE 'bc.dev/driver.%')
+                       || ${JSON.stringify({ ...frame.labels, ...driverLabels })}::jsonb
+          WHERE id = ${att.nodeId} AND revoked_at IS NULL AND public_key = ${att.publicKey}
+          RETURNING id`);
+        if (updated.rows.length === 0) return false;
+        await databaseEvents("agents", `node:${att.nodeId}`, undefined).publish(tx, {
+          type: "node.connected",
+          subject: `nodes/${att.nodeId}`,
+          data: { sessionId: att.sessionId, bootId: frame.bootId, version: frame.version, role: frame.role, drivers: frame.drivers },
+        });
+        return true;
+      });
+    } catch (err) {
+      this.log(att).warn("could not record the connection; the agent will retry", { error: errorText(err) });
+      return ws.close(1011, "the control plane's database is unavailable; retry");
+    }
+    if (!connected) return ws.close(CloseCode.REVOKED, "the node was revoked");
+    ws.serializeAttachment({ ...att, nonce: null, ready: true } satisfies Attachment);
+    send(ws, { t: "welcome", nodeId: att.nodeId, sessionId: att.sessionId });
+    await this.armSweep(SWEEP_MS);
+    await this.deliver();
+  }
+
+  private async result(ws: WebSocket, att: Attachment, frame: ResultFrame): Promise<void> {
+    const refuse = (code: string, message: string) => void send(ws, { t: "error", code, message, ref: frame.id });
+    if (!/^\d{1,18}$/.test(frame.id)) return refuse(FrameError.UNKNOWN_COMMAND, `no command ${frame.id}`);
+    try {
+      const outcome = await this.store.transaction(async (tx) => {
+        const found = await tx.execute(sql`
+          SELECT node_id, kind, idempotency_key, attested, state FROM bc_commands WHERE id = ${frame.id}::bigint FOR UPDATE`);
+        const command = found.rows[0] as { node_id: string; kind: string; idempotency_key: string; attested: boolean; state: string } | undefined;
+        if (!command) return { refused: FrameError.UNKNOWN_COMMAND, message: `no command ${frame.id}` };
+        if (command.node_id !== att.nodeId || command.idempotency_key !== frame.key) {
+          return { refused: FrameError.NOT_YOUR_COMMAND, message: `command ${frame.id} was not sent to this node` };
+        }
+        const signed = frame.signature !== undefined && (await verifyMessage(att.publicKey, await resultMessage(att.nodeId, frame), frame.signature));
+        if (command.attested && !signed) {
+          return { refused: FrameError.BAD_SIGNATURE, message: `the result of ${command.kind} must be signed by the node's key` };
+        }
+        // A result is taken once; a redelivered one is acknowledged and changes nothing.
+        if (["succeeded", "failed", "expired"].includes(command.state)) return { duplicate: true };
+        await tx.execute(sql`
+          UPDATE bc_commands
+          SET state = ${frame.ok ? "succeeded" : "failed"}, completed_at = compute_now(),
+              result = ${frame.ok ? JSON.stringify(frame.output ?? null) : null}::jsonb,
+              error = ${frame.ok ? null : JSON.stringify(frame.error ?? { code: "UNKNOWN", message: "the agent reported no error" })}::jsonb,
+              signature = ${signed ? frame.signature! : null}
+          WHERE id = ${frame.id}::bigint`);
+        await databaseEvents("agents", `node:${att.nodeId}`, undefined).publish(tx, {
+          type: frame.ok ? "command.succeeded" : "command.failed",
+          subject: `nodes/${att.nodeId}`,
+          data: { commandId: frame.id, kind: command.kind, ...(frame.ok ? {} : { error: frame.error?.code ?? "UNKNOWN" }) },
+        });
+        return { recorded: true };
+      });
+      if ("refused" in outcome) {
+        this.log(att).warn("refused a result", { commandId: frame.id, code: outcome.refused });
+        return refuse(outcome.refused!, outcome.message!);
+      }
+      send(ws, { t: "result-ack", id: frame.id });
+    } catch (err) {
+      this.log(att).warn("could not record a result; the agent keeps it and resends", { commandId: frame.id, error: errorText(err) });
+      refuse(FrameError.UNAVAILABLE, "the result could not be recorded now; send it again after reconnecting");
+    }
+  }
+
+  /** Sends the node's open commands in seq order; one pass at a time per object. */
+  private deliver(): Promise<void> {
+    const pass = this.#delivering.then(() => this.deliverOnce());
+    this.#delivering = pass.catch((err) => this.log().warn("delivery pass failed; the sweep retries", { error: errorText(err) }));
+    return this.#delivering;
+  }
+
+  private async deliverOnce(): Promise<void> {
+    const ws = this.ctx.getWebSockets().find((s) => (s.deserializeAttachment() as Attachment).ready);
+    if (!ws) return;
+    const att = ws.deserializeAttachment() as Attachment;
+    const node = await this.store.db.execute(sql`SELECT revoked_at FROM bc_nodes WHERE id = ${att.nodeId}`);
+    if ((node.rows[0] as { revoked_at: string | null } | undefined)?.revoked_at !== null) {
+      return ws.close(CloseCode.REVOKED, "the node was revoked");
+    }
+    await this.expireOverdue(att.nodeId);
+    for (;;) {
+      const open = await this.store.db.execute(sql`
+        SELECT id, seq, kind, idempotency_key, body, attested, deadline FROM bc_commands
+        WHERE node_id = ${att.nodeId} AND state IN ('pending', 'delivered') AND seq > ${att.sentSeq}
+        ORDER BY seq LIMIT ${DELIVERY_BATCH}`);
+      const rows = open.rows as { id: string; seq: string; kind: string; idempotency_key: string; body: Record<string, unknown>; attested: boolean; deadline: string | null }[];
+      if (rows.length === 0) return;
+      for (const r of rows) {
+        const frame: CommandFrame = {
+          t: "command", id: String(r.id), seq: Number(r.seq), kind: r.kind, key: r.idempotency_key, body: r.body,
+          attested: r.attested, deadline: r.deadline ? new Date(r.deadline).toISOString() : null,
+        };
+        if (!send(ws, frame)) return;
+        att.sentSeq = frame.seq;
+      }
+      ws.serializeAttachment(att);
+      await this.store.db.execute(sql`
+        UPDATE bc_commands SET state = 'delivered', attempts = attempts + 1, delivered_at = compute_now()
+        WHERE id = ANY(${pgArray(rows.map((r) => String(r.id)))}::bigint[]) AND state IN ('pending', 'delivered')`);
+      if (rows.length < DELIVERY_BATCH) return;
+    }
+  }
+
+  private async expireOverdue(nodeId: string): Promise<void> {
+    await this.store.transaction(async (tx) => {
+      const expired = await tx.execute(sql`
+        UPDATE bc_commands SET state = 'expired', completed_at = compute_now(),
+               error = '{"code":"DEADLINE_EXCEEDED","message":"no result before the command\\u0027s deadline"}'::jsonb
+        WHERE node_id = ${nodeId} AND state IN ('pending', 'delivered') AND deadline < compute_now()
+        RETURNING id, kind`);
+      for (const row of expired.rows as { id: string; kind: string }[]) {
+        await databaseEvents("agents", `node:${nodeId}`, undefined).publish(tx, {
+          type: "command.expired", subject: `nodes/${nodeId}`, data: { commandId: String(row.id), kind: row.kind },
+        });
+      }
+    });
+  }
+
+  override async webSocketClose(ws: WebSocket, code: number): Promise<void> {
+    await this.disconnected(ws, code);
+  }
+
+  override async webSocketError(ws: WebSocket): Promise<void> {
+    await this.disconnected(ws, 1006);
+  }
+
+  private async disconnected(ws: WebSocket, code: number): Promise<void> {
+    const att = ws.deserializeAttachment() as Attachment | null;
+    if (!att?.ready) return;
+    try {
+      await this.store.transaction(async (tx) => {
+        // Only the node's current session may mark it disconnected (a replaced one may not).
+        const updated = await tx.execute(sql`
+          UPDATE bc_nodes SET state = 'disconnected', disconnected_at = compute_now()
+          WHERE id = ${att.nodeId} AND session_id = ${att.sessionId} RETURNING id`);
+        if (updated.rows.length === 0) return;
+        await databaseEvents("agents", `node:${att.nodeId}`, undefined).publish(tx, {
+          type: "node.disconnected", subject: `nodes/${att.nodeId}`, data: { sessionId: att.sessionId, code },
+        });
+      });
+    } catch (err) {
+      this.log(att).warn("could not record the disconnection", { error: errorText(err) });
+    }
+  }
+
+  /** The one alarm: closes sockets that never said hello, and sweeps for undelivered commands. */
+  override async alarm(): Promise<void> {
+    const sockets = this.ctx.getWebSockets();
+    for (const ws of sockets) {
+      const att = ws.deserializeAttachment() as Attachment;
+      if (!att.ready && Date.now() - att.openedAt >= HELLO_TIMEOUT_MS) ws.close(CloseCode.HELLO_REQUIRED, "no hello in time");
+    }
+    await this.deliver();
+    if (this.ctx.getWebSockets().length > 0) await this.armSweep(SWEEP_MS);
+  }
+
+  private async armSweep(inMs: number): Promise<void> {
+    const at = Date.now() + inMs;
+    const current = await this.ctx.storage.getAlarm();
+    if (current === null || current > at) await this.ctx.storage.setAlarm(at);
+  }
+}
+
+function send(ws: WebSocket, frame: ServerFrame): boolean {
+  try {
+    ws.send(JSON.stringify(frame));
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+const errorText = (err: unknown) => (err instanceof Error ? err.message : String(err));

@@ -254,7 +254,13 @@ export class NodeDO extends DurableObject {
     });
   }
 
-  override async webSocketClose(ws: WebSocket, code: number): Promise<void> {
+  override async webSocketClose(ws: WebSocket, code: number, reason: string): Promise<void> {
+    // Complete the closing handshake (a no-op where the runtime already answered it).
+    try {
+      ws.close(code === 1005 || code === 1006 ? 1000 : code, reason);
+    } catch {
+      // already closed
+    }
     await this.disconnected(ws, code);
   }
 

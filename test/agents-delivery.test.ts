@@ -15,7 +15,7 @@ let client: TestClient;
 beforeAll(async () => {
   client = await createTestClient(compute, env);
 });
-afterAll(() => client.close());
+afterAll(() => client?.close());
 
 async function joined() {
   const token = (await client.call("siteTokens.create", { site: "lab" })).body.token;

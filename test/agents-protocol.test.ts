@@ -28,7 +28,7 @@ beforeAll(async () => {
   });
   client = await createTestClient(compute, env);
 });
-afterAll(() => client.close());
+afterAll(() => client?.close());
 
 async function siteToken(ttlSeconds?: number): Promise<string> {
   const res = await client.call("siteTokens.create", { site: "lab", ...(ttlSeconds ? { ttlSeconds } : {}) });

@@ -10,7 +10,7 @@ let client: TestClient;
 beforeAll(async () => {
   client = await createTestClient(compute, env);
 });
-afterAll(() => client.close());
+afterAll(() => client?.close());
 
 const post = (path: string, body: BodyInit | null, headers: Record<string, string> = {}) =>
   exports.default.fetch(`http://bc.test${path}`, { method: "POST", body, headers: { "content-type": "application/json", ...headers } });

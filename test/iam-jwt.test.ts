@@ -29,7 +29,7 @@ beforeAll(async () => {
   const compute = betterCompute({ iam: builtinIam({ jwt: { issuer, audience, jwks: { keys: [jwk] } } }) });
   client = await createTestClient(compute, env);
 });
-afterAll(() => client.close());
+afterAll(() => client?.close());
 
 it("accepts a valid token and takes the caller's roles from its claim", async () => {
   const res = await client.call("iam.whoami", {}, { key: await sign({ roles: ["viewer"] }) });

@@ -140,7 +140,7 @@ const uid = () => crypto.randomUUID().slice(0, 8);
 beforeAll(async () => {
   client = await createTestClient(compute, env);
 });
-afterAll(() => client.close());
+afterAll(() => client?.close());
 
 describe("a deployment with two third-party plugins", () => {
   it("lists both plugins and serves their methods", async () => {

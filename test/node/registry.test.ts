@@ -2,7 +2,7 @@
 // with INVALID_CONFIG naming the offender.
 import { describe, expect, it } from "vitest";
 import { z } from "zod";
-import { betterCompute, defineDriver, defineModule, definePlugin, defineSchedulerPlugin, defineSink } from "better-compute";
+import { betterCompute, defineAttestor, defineDriver, defineModule, definePlugin, defineSchedulerPlugin, defineSink } from "better-compute";
 import { ComputeError, defineMethod } from "better-compute/core";
 
 const ping = (name = "acme.ping", action = "acme.ping") =>
@@ -30,9 +30,9 @@ describe("registration", () => {
       drivers: [redfish],
       sinks: { events: [defineSink({ kind: "events", id: "warehouse", deliver: async () => {} })] },
     });
-    expect(compute.registry.modules.map((m) => m.id)).toEqual(["core", "acme"]);
+    expect(compute.registry.modules.map((m) => m.id)).toEqual(["core", "agents", "acme"]);
     expect([...compute.registry.methods.keys()]).toContain("acme.ping");
-    expect([...compute.registry.extensions.keys()].sort()).toEqual(["driver:redfish@1", "scheduler-plugin:rack-spread@1", "sink:warehouse@1"]);
+    expect([...compute.registry.extensions.keys()].sort()).toEqual(["attestor:join-token@1", "attestor:provisioned@1", "driver:redfish@1", "scheduler-plugin:rack-spread@1", "sink:warehouse@1"]);
     expect(compute.registry.byContract("driver")).toEqual([redfish]);
   });
 
@@ -73,6 +73,13 @@ describe("registration", () => {
   it("refuses a migration named for another module", () => {
     const err = refusal(() => betterCompute({ plugins: [acme({ migrations: [{ name: "metal/0001_steal", sql: "SELECT 1" }] })] }));
     expect(err.details).toEqual({ migration: "metal/0001_steal", module: "acme" });
+  });
+
+  it("refuses a command kind two modules declare, and an attestor that takes a built-in's id", () => {
+    const kinds = (id: string) => definePlugin({ id, commands: [{ kind: "bmc.setPower" }] });
+    expect(refusal(() => betterCompute({ plugins: [kinds("one"), kinds("two")] })).details).toEqual({ duplicate: "command:bmc.setPower" });
+    const impostor = defineAttestor({ id: "join-token", verify: async () => ({ role: "node" }) });
+    expect(refusal(() => betterCompute({ attestors: [impostor] })).details).toEqual({ duplicate: "attestor:join-token@1" });
   });
 
   it("refuses usage sinks and a sink listed under the wrong kind", () => {

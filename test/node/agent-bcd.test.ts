@@ -1,0 +1,155 @@
+// The bcd CLI as an operator runs it, in real processes against the fake control plane:
+// usage errors exit 2, refusals print the server's code and message and exit 1, join keeps
+// the token out of the state directory, run serves the built-in handlers and stops cleanly
+// on SIGTERM, and a restarted bcd answers a redelivered key from its journal.
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { FakeNodeServer } from "../../agent/fake-server.ts";
+
+const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+let server: FakeNodeServer;
+const temps: string[] = [];
+const children: ChildProcess[] = [];
+
+beforeAll(async () => {
+  server = await FakeNodeServer.start();
+});
+afterAll(async () => {
+  for (const c of children) if (c.exitCode === null) c.kill("SIGKILL");
+  await server.close();
+  temps.forEach((d) => rmSync(d, { recursive: true, force: true }));
+});
+
+function tempDir(): string {
+  const d = mkdtempSync(path.join(tmpdir(), "bc-bcd-"));
+  temps.push(d);
+  return d;
+}
+
+interface Proc {
+  child: ChildProcess;
+  out: () => string;
+  err: () => string;
+  exited: Promise<number>;
+}
+
+function start(args: string[], env: Record<string, string> = {}): Proc {
+  const child = spawn(process.execPath, ["--import", "tsx", "agent/bcd.ts", ...args], {
+    cwd: repoRoot,
+    env: { ...process.env, BC_JOIN_TOKEN: "", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  children.push(child);
+  let out = "";
+  let err = "";
+  child.stdout!.on("data", (d: Buffer) => (out += d.toString()));
+  child.stderr!.on("data", (d: Buffer) => (err += d.toString()));
+  const exited = new Promise<number>((resolve) => child.on("exit", (code, signal) => resolve(code ?? (signal ? 128 : -1))));
+  return { child, out: () => out, err: () => err, exited };
+}
+
+async function bcd(args: string[], env: Record<string, string> = {}): Promise<{ code: number; out: string; err: string }> {
+  const p = start(args, env);
+  const code = await p.exited;
+  return { code, out: p.out(), err: p.err() };
+}
+
+describe("bcd", () => {
+  it("usage errors exit 2; running before joining exits 1", async () => {
+    const dir = tempDir();
+    const [none, unknown, noUrl, badUrl, badRole, notJoined] = await Promise.all([
+      bcd([]),
+      bcd(["frobnicate", "--state-dir", dir]),
+      bcd(["join", "--token", "t", "--role", "node", "--state-dir", dir]),
+      bcd(["join", "--url", "ftp://x", "--token", "t", "--role", "node", "--state-dir", dir]),
+      bcd(["join", "--url", server.url, "--token", "t", "--role", "toaster", "--state-dir", dir]),
+      bcd(["run", "--state-dir", path.join(dir, "empty")]),
+    ]);
+    expect(none.code).toBe(2);
+    expect(none.err).toContain("usage:");
+    expect(unknown).toMatchObject({ code: 2, err: expect.stringContaining("unknown command: frobnicate") });
+    expect(noUrl).toMatchObject({ code: 2, err: expect.stringContaining("join needs --url") });
+    expect(badUrl).toMatchObject({ code: 2, err: expect.stringContaining("--url must be http") });
+    expect(badRole).toMatchObject({ code: 2, err: expect.stringContaining("--role site|node|ramdisk") });
+    expect(notJoined.code).toBe(1);
+    expect(notJoined.err).toContain("run failed: NOT_JOINED");
+  });
+
+  it("a refused join prints the server's code and message, not the token, and exits 1", async () => {
+    const dir = tempDir();
+    const r = await bcd(["join", "--url", server.url, "--token", "bcjt_wrong-token-1234", "--role", "node", "--state-dir", dir]);
+    expect(r.code).toBe(1);
+    expect(r.err).toContain("bcd: join failed: UNAUTHENTICATED: the join token is invalid, expired or already used (HTTP 401)");
+    expect(r.err + r.out).not.toContain("bcjt_wrong-token-1234");
+    expect(readdirSync(dir).filter((f) => f !== "journal.jsonl")).toEqual(["key.jwk"]); // the key, no identity
+  });
+
+  it("join, run, SIGTERM, run again: the restarted agent answers a redelivered key from its journal", async () => {
+    const dir = path.join(tempDir(), "state");
+    const token = server.token();
+    const tokenFile = path.join(tempDir(), "token");
+    writeFileSync(tokenFile, `${token}\n`);
+    const joined = await bcd(["join", "--url", server.url, "--token-file", tokenFile, "--role", "site", "--state-dir", dir, "--hostname", "edge-7"]);
+    expect(joined.err).toBe("");
+    expect(joined.code).toBe(0);
+    const nodeId = /joined as (\S+) \(site\)/.exec(joined.out)?.[1];
+    expect(nodeId).toBeDefined();
+    expect(server.node(nodeId!)).toMatchObject({ role: "site", hostname: "edge-7" });
+    for (const f of readdirSync(dir)) {
+      expect(statSync(path.join(dir, f)).mode & 0o777).toBe(0o600);
+      expect(readFileSync(path.join(dir, f), "utf8")).not.toContain(token);
+    }
+
+    // first run: the URL comes from the saved identity
+    const first = start(["run", "--state-dir", dir, "--label", "rack=r7"]);
+    await server.waitFor(() => server.node(nodeId!).socket !== undefined, 15_000, "bcd to connect");
+    const ping = server.enqueue(nodeId!, { kind: "agent.ping", key: "k-ping" });
+    const info = server.enqueue(nodeId!, { kind: "agent.info" });
+    await server.waitFor(() => !!(ping.result && info.result), 5_000, "results");
+    const hello1 = server.hellos.filter((h) => h.nodeId === nodeId).at(-1)!;
+    expect(hello1.verified).toBe(true);
+    expect(hello1.frame.labels).toEqual({ rack: "r7" });
+    expect(ping.result).toMatchObject({ ok: true, output: { pong: true, bootId: hello1.frame.bootId } });
+    expect(info.result).toMatchObject({ ok: true, output: { role: "site", version: hello1.frame.version, hostname: expect.any(String) } });
+    expect(ping.results[0]!.verified && info.results[0]!.verified).toBe(true);
+
+    first.child.kill("SIGTERM");
+    expect(await first.exited).toBe(0);
+    expect(server.connections.filter((c) => c.nodeId === nodeId).at(-1)).toMatchObject({ closeCode: 1000, closedBy: "agent" });
+    expect(first.err()).not.toContain(token);
+    expect(first.err()).not.toContain(server.node(nodeId!).credential);
+
+    // second run: a new boot; the same key (under a new command id) is not run again
+    const second = start(["run", "--state-dir", dir]);
+    await server.waitFor(() => server.hellos.filter((h) => h.nodeId === nodeId).length === 2, 15_000, "bcd to reconnect");
+    const hello2 = server.hellos.filter((h) => h.nodeId === nodeId).at(-1)!;
+    expect(hello2.verified).toBe(true);
+    expect(hello2.frame.bootId).not.toBe(hello1.frame.bootId);
+    const again = server.enqueue(nodeId!, { kind: "agent.ping", key: "k-ping" });
+    const fresh = server.enqueue(nodeId!, { kind: "agent.ping", key: "k-ping-2" });
+    await server.waitFor(() => !!(again.result && fresh.result), 5_000, "results");
+    expect(again.result).toMatchObject({ id: again.id, ok: true, output: { pong: true, bootId: hello1.frame.bootId } });
+    expect(again.results[0]!.verified).toBe(true);
+    expect(fresh.result).toMatchObject({ ok: true, output: { bootId: hello2.frame.bootId } });
+
+    second.child.kill("SIGINT");
+    expect(await second.exited).toBe(0);
+    const journal = readFileSync(path.join(dir, "journal.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l) as { key: string; state: string });
+    expect(journal.filter((r) => r.key === "k-ping").map((r) => r.state)).toEqual(["started", "done"]);
+  });
+
+  it("start joins when there is no identity, then runs; a revoked node exits 1 with REVOKED", async () => {
+    const dir = path.join(tempDir(), "state");
+    const p = start(["start", "--url", server.url, "--role", "node", "--state-dir", dir, "--quiet"], { BC_JOIN_TOKEN: server.token() });
+    await server.waitFor(() => /joined as (\S+)/.test(p.out()), 15_000, "the join");
+    const nodeId = /joined as (\S+)/.exec(p.out())![1]!;
+    await server.waitFor(() => server.node(nodeId).socket !== undefined, 15_000, "bcd to connect");
+    server.revoke(nodeId);
+    expect(await p.exited).toBe(1);
+    expect(p.err()).toContain("REVOKED");
+  });
+});

@@ -7,7 +7,8 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { main } from "../../agent/bcd.ts";
 import { FakeNodeServer } from "../../agent/fake-server.ts";
 
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
@@ -52,6 +53,20 @@ function start(args: string[], env: Record<string, string> = {}): Proc {
   return { child, out: () => out, err: () => err, exited };
 }
 
+/** main() in this process, with stdout and stderr captured. */
+async function inProcess(args: string[]): Promise<{ code: number; out: string; err: string }> {
+  let out = "";
+  let err = "";
+  const o = vi.spyOn(process.stdout, "write").mockImplementation((chunk) => ((out += String(chunk)), true));
+  const e = vi.spyOn(process.stderr, "write").mockImplementation((chunk) => ((err += String(chunk)), true));
+  try {
+    return { code: await main(args), out, err };
+  } finally {
+    o.mockRestore();
+    e.mockRestore();
+  }
+}
+
 async function bcd(args: string[], env: Record<string, string> = {}): Promise<{ code: number; out: string; err: string }> {
   const p = start(args, env);
   const code = await p.exited;
@@ -61,31 +76,34 @@ async function bcd(args: string[], env: Record<string, string> = {}): Promise<{ 
 describe("bcd", () => {
   it("usage errors exit 2; running before joining exits 1", async () => {
     const dir = tempDir();
-    const [none, unknown, noUrl, badUrl, badRole, notJoined] = await Promise.all([
-      bcd([]),
-      bcd(["frobnicate", "--state-dir", dir]),
-      bcd(["join", "--token", "t", "--role", "node", "--state-dir", dir]),
-      bcd(["join", "--url", "ftp://x", "--token", "t", "--role", "node", "--state-dir", dir]),
-      bcd(["join", "--url", server.url, "--token", "t", "--role", "toaster", "--state-dir", dir]),
-      bcd(["run", "--state-dir", path.join(dir, "empty")]),
-    ]);
+    const none = await inProcess([]);
     expect(none.code).toBe(2);
     expect(none.err).toContain("usage:");
-    expect(unknown).toMatchObject({ code: 2, err: expect.stringContaining("unknown command: frobnicate") });
-    expect(noUrl).toMatchObject({ code: 2, err: expect.stringContaining("join needs --url") });
-    expect(badUrl).toMatchObject({ code: 2, err: expect.stringContaining("--url must be http") });
-    expect(badRole).toMatchObject({ code: 2, err: expect.stringContaining("--role site|node|ramdisk") });
+    expect(await inProcess(["help"])).toMatchObject({ code: 0, err: expect.stringContaining("usage:") });
+    expect(await inProcess(["frobnicate", "--state-dir", dir])).toMatchObject({ code: 2, err: expect.stringContaining("unknown command: frobnicate") });
+    expect(await inProcess(["run", "--state-dir", dir, "--bogus"])).toMatchObject({ code: 2, err: expect.stringContaining("--bogus") });
+    expect(await inProcess(["run"])).toMatchObject({ code: 2, err: expect.stringContaining("--state-dir is required") });
+    expect(await inProcess(["join", "--token", "t", "--role", "node", "--state-dir", dir])).toMatchObject({ code: 2, err: expect.stringContaining("join needs --url") });
+    expect(await inProcess(["join", "--url", "ftp://x", "--token", "t", "--role", "node", "--state-dir", dir])).toMatchObject({ code: 2, err: expect.stringContaining("--url must be http") });
+    expect(await inProcess(["join", "--url", server.url, "--token", "t", "--role", "toaster", "--state-dir", dir])).toMatchObject({ code: 2, err: expect.stringContaining("--role site|node|ramdisk") });
+    expect(await inProcess(["join", "--url", server.url, "--role", "node", "--state-dir", dir])).toMatchObject({ code: 2, err: expect.stringContaining("needs --token") });
+    expect(await inProcess(["run", "--state-dir", dir, "--label", "novalue"])).toMatchObject({ code: 2, err: expect.stringContaining("KEY=VALUE") });
+    const notJoined = await inProcess(["run", "--state-dir", path.join(dir, "empty")]);
     expect(notJoined.code).toBe(1);
-    expect(notJoined.err).toContain("run failed: NOT_JOINED");
+    expect(notJoined.err).toContain("bcd: run failed: NOT_JOINED");
   });
 
   it("a refused join prints the server's code and message, not the token, and exits 1", async () => {
     const dir = tempDir();
-    const r = await bcd(["join", "--url", server.url, "--token", "bcjt_wrong-token-1234", "--role", "node", "--state-dir", dir]);
+    const r = await inProcess(["join", "--url", server.url, "--token", "bcjt_wrong-token-1234", "--role", "node", "--state-dir", dir]);
     expect(r.code).toBe(1);
     expect(r.err).toContain("bcd: join failed: UNAUTHENTICATED: the join token is invalid, expired or already used (HTTP 401)");
     expect(r.err + r.out).not.toContain("bcjt_wrong-token-1234");
     expect(readdirSync(dir).filter((f) => f !== "journal.jsonl")).toEqual(["key.jwk"]); // the key, no identity
+    // the control plane unreachable: a clear error, exit 1
+    const down = await inProcess(["join", "--url", "http://127.0.0.1:9", "--token", "t", "--role", "node", "--state-dir", dir]);
+    expect(down.code).toBe(1);
+    expect(down.err).toContain("bcd: join failed: UNAVAILABLE: join: cannot reach http://127.0.0.1:9");
   });
 
   it("join, run, SIGTERM, run again: the restarted agent answers a redelivered key from its journal", async () => {
@@ -94,8 +112,9 @@ describe("bcd", () => {
     const tokenFile = path.join(tempDir(), "token");
     writeFileSync(tokenFile, `${token}\n`);
     const joined = await bcd(["join", "--url", server.url, "--token-file", tokenFile, "--role", "site", "--state-dir", dir, "--hostname", "edge-7"]);
-    expect(joined.err).toBe("");
     expect(joined.code).toBe(0);
+    expect(joined.err).not.toContain(token);
+    expect(joined.err).not.toContain('"level":"error"');
     const nodeId = /joined as (\S+) \(site\)/.exec(joined.out)?.[1];
     expect(nodeId).toBeDefined();
     expect(server.node(nodeId!)).toMatchObject({ role: "site", hostname: "edge-7" });

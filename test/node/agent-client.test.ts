@@ -3,7 +3,7 @@
 // redeliveries, INTERRUPTED after a restart, reconnects with backoff after cuts, REVOKED,
 // heartbeats, renewal, result signatures and size, and that no secret reaches the logs.
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { AgentClient, AgentError, type AgentClientOptions, type CommandHandler } from "../../agent/client.ts";
+import { AgentClient, AgentError, localExpiry, type AgentClientOptions, type CommandHandler } from "../../agent/client.ts";
 import { FakeNodeServer } from "../../agent/fake-server.ts";
 import { nodeTransport } from "../../agent/node-transport.ts";
 import { MemoryState, type AgentStateStore } from "../../agent/state.ts";
@@ -21,7 +21,7 @@ afterAll(async () => {
 });
 afterEach(async () => {
   await Promise.all(clients.splice(0).map((c) => c.stop({ graceMs: 50 })));
-  Object.assign(server, { redeliver: true, ackResults: true, answerPings: true, deliver: true, refuse: undefined, credentialTtlMs: 3_600_000 });
+  Object.assign(server, { redeliver: true, ackResults: true, answerPings: true, deliver: true, refuse: undefined, unavailableResults: 0, credentialTtlMs: 3_600_000 });
 });
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -78,6 +78,15 @@ describe("joining and the hello", () => {
     expect(server.hellos.filter((h) => h.nodeId === nodeId).every((h) => !h.verified)).toBe(true);
     await server.waitFor(() => server.connections.filter((x) => x.closeCode === CloseCode.PROOF_FAILED && x.closedBy === "server").length >= 2, 5_000, "two PROOF_FAILED closes");
     expect(impostor.connected).toBe(false);
+  });
+
+  it("a hello the protocol would refuse (a label over 253 characters) stops the client with INVALID_CONFIG", async () => {
+    const c = client({ labels: { note: "x".repeat(254) } });
+    await c.join({ attestor: "join-token", evidence: { token: server.token() }, role: "node" });
+    const attempts = server.attempts.length;
+    await expect(c.run()).rejects.toMatchObject({ code: "INVALID_CONFIG", message: expect.stringContaining("labels.note") });
+    expect(server.attempts.length).toBe(attempts + 1);
+    expect(server.connections.at(-1)!.closeCode).not.toBe(CloseCode.MALFORMED_FRAME);
   });
 
   it("a refused join throws the server's code and message", async () => {
@@ -331,6 +340,16 @@ describe("connection loss", () => {
     expect(calls).toBe(1);
   });
 
+  it("a result refused as UNAVAILABLE is offered again on the same socket", async () => {
+    const { c, nodeId } = await joined({ random: () => 1, backoff: { initialMs: 10, maxMs: 40 } });
+    server.unavailableResults = 2;
+    const cmd = server.enqueue(nodeId, { kind: "unknown.kind" });
+    await server.waitFor(done(cmd), 3_000, "the result to be taken");
+    expect(c.counters.serverErrors).toBe(2);
+    expect(c.counters.resultsResent).toBe(2);
+    expect(c.counters.connects).toBe(1);
+  });
+
   it("a silent control plane is noticed by the heartbeat and the socket replaced", async () => {
     const { c } = await joined({ heartbeatMs: 25, deadAfterMs: 80 });
     const pings = server.pings;
@@ -357,7 +376,7 @@ describe("connection loss", () => {
     expect(server.attempts.length).toBe(attempts);
     expect(c.running).toBe(false);
 
-    // a restarted agent is refused at the upgrade (HTTP 403 REVOKED) and stops too
+    // a restarted agent is refused at the upgrade (HTTP 403 PERMISSION_DENIED, as the gateway does) and stops too
     const again = client({ state });
     await expect(again.run()).rejects.toMatchObject({ code: "REVOKED", status: 403 });
     expect(server.attempts.length).toBe(attempts + 1);
@@ -374,27 +393,46 @@ describe("connection loss", () => {
 
 describe("credential renewal", () => {
   it("renews at 2/3 of the lifetime with a signed request, saves it, and connects with it", async () => {
-    server.credentialTtlMs = 600;
+    server.credentialTtlMs = 1_200;
     const state = new MemoryState();
     const c = client({ state });
     const first = await c.join({ attestor: "join-token", evidence: { token: server.token() }, role: "node" });
     const joinedAt = Date.now();
     void c.run().catch(() => {});
     const renewed = await new Promise<number>((resolve) => c.on("renewed", () => resolve(Date.now())));
-    expect(renewed - joinedAt).toBeGreaterThanOrEqual(350);
-    expect(renewed - joinedAt).toBeLessThan(580);
+    expect(renewed - joinedAt).toBeGreaterThanOrEqual(750); // 2/3 of 1200 ms
+    expect(renewed - joinedAt).toBeLessThan(1_050);
     expect(server.renewals.at(-1)).toMatchObject({ nodeId: first.nodeId, status: 200 });
     const saved = (await state.loadIdentity())!;
     expect(saved.credential).toBe(server.node(first.nodeId).credential);
     expect(saved.credential).not.toBe(first.credential);
 
     // keeps renewing; after the first credential expired, a reconnect presents the new one
-    await sleep(700);
-    expect(c.counters.renewals).toBeGreaterThanOrEqual(2);
+    await sleep(joinedAt + 1_300 - Date.now());
+    expect(c.counters.renewals).toBeGreaterThanOrEqual(1);
     c.dropConnection();
     await server.waitFor(() => c.counters.connects >= 2, 3_000, "reconnect");
     expect(server.connections.at(-1)!.authorization).toBe(`Bearer ${c.identity!.credential}`);
     expect(c.fatalError).toBeUndefined();
+  });
+});
+
+describe("credential renewal, refused", () => {
+  it("a renewal refused because the node was revoked stops the client with REVOKED", async () => {
+    server.credentialTtlMs = 300;
+    const { c, nodeId, run } = await joined();
+    server.node(nodeId).revoked = true; // revoked while the socket happens to stay up
+    await expect(run).rejects.toMatchObject({ code: "REVOKED", status: 403 });
+    expect(server.renewals.at(-1)).toMatchObject({ nodeId, status: 403, code: "PERMISSION_DENIED" });
+    expect(c.connected).toBe(false);
+  });
+
+  it("renewal is timed by the credential's own lifetime (JWT iat..exp), not a skewed expiresAt", () => {
+    const claims = btoa(JSON.stringify({ iat: 1_000, exp: 4_600 })).replace(/=+$/, "");
+    const identity = { nodeId: "n", role: "node" as const, credential: `h.${claims}.s`, expiresAt: "2030-01-01T00:00:00.000Z", obtainedAt: "2026-01-01T00:00:00.000Z" };
+    const from = Date.parse(identity.obtainedAt);
+    expect(localExpiry(identity, 0)).toEqual({ from, expires: from + 3_600_000 });
+    expect(localExpiry({ ...identity, credential: "opaque" }, 0)).toEqual({ from, expires: Date.parse(identity.expiresAt) });
   });
 });
 

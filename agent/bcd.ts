@@ -1,0 +1,212 @@
+// bcd: the Better Compute agent (Node). Run with `tsx agent/bcd.ts <command> ...`.
+//
+//   bcd join  --url URL --token TOKEN --role site|node|ramdisk --state-dir DIR [--hostname NAME]
+//   bcd run   --state-dir DIR [--url URL] [--label k=v ...] [--heartbeat SECONDS]
+//   bcd start --url URL --token TOKEN --role ROLE --state-dir DIR [...]   join unless joined, then run
+//
+// The token may also come from --token-file FILE or the BC_JOIN_TOKEN environment variable
+// (a command line is visible to every user of the machine). It is sent once and never
+// written to the state directory or the logs.
+//
+// Exit codes: 0 done (or stopped by SIGINT/SIGTERM), 1 runtime failure, 2 usage.
+import { realpathSync } from "node:fs";
+import { readFile } from "node:fs/promises";
+import { hostname as osHostname } from "node:os";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+import { AGENT_VERSION, AgentClient, AgentError, type AgentLogger, type CommandHandler } from "./client.ts";
+import { FileState } from "./file-state.ts";
+import { nodeTransport } from "./node-transport.ts";
+import type { Role } from "./state.ts";
+
+const USAGE = `usage:
+  bcd join  --url URL (--token TOKEN | --token-file FILE | $BC_JOIN_TOKEN) --role site|node|ramdisk --state-dir DIR [--hostname NAME]
+  bcd run   --state-dir DIR [--url URL] [--label KEY=VALUE ...] [--heartbeat SECONDS]
+  bcd start --url URL (--token ... ) --role ROLE --state-dir DIR [run options]   join unless already joined, then run
+  bcd help`;
+
+const ROLES: readonly Role[] = ["site", "node", "ramdisk"];
+
+class UsageError extends Error {}
+
+/** JSON lines on stderr (stdout is for command output). Fields named like secrets are redacted by the client. */
+function stderrLogger(quiet: boolean): AgentLogger {
+  const write = (level: string) => (message: string, fields?: Record<string, unknown>) => {
+    if (quiet && level === "info") return;
+    process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level, message, ...fields })}\n`);
+  };
+  return { info: write("info"), warn: write("warn"), error: write("error") };
+}
+
+/** The built-in command handlers. */
+export function builtinHandlers(info: { bootId: () => string; role: () => Role | undefined; version: string }): Record<string, CommandHandler> {
+  return {
+    "agent.ping": () => ({ pong: true, bootId: info.bootId() }),
+    "agent.info": () => ({ hostname: osHostname(), version: info.version, role: info.role() ?? null, bootId: info.bootId(), node: process.version, platform: process.platform, arch: process.arch }),
+  };
+}
+
+interface Parsed {
+  command: string;
+  url?: string;
+  token?: string;
+  tokenFile?: string;
+  role?: string;
+  stateDir?: string;
+  hostname?: string;
+  labels: Record<string, string>;
+  heartbeatMs?: number;
+  quiet: boolean;
+}
+
+function parse(argv: string[]): Parsed {
+  const [command, ...rest] = argv;
+  if (!command || command === "help" || command === "--help" || command === "-h") throw new UsageError("");
+  if (!["join", "run", "start"].includes(command)) throw new UsageError(`unknown command: ${command}`);
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: rest,
+      strict: true,
+      allowPositionals: false,
+      options: {
+        url: { type: "string" },
+        token: { type: "string" },
+        "token-file": { type: "string" },
+        role: { type: "string" },
+        "state-dir": { type: "string" },
+        hostname: { type: "string" },
+        label: { type: "string", multiple: true },
+        heartbeat: { type: "string" },
+        quiet: { type: "boolean" },
+      },
+    }));
+  } catch (e) {
+    throw new UsageError((e as Error).message);
+  }
+  const labels: Record<string, string> = {};
+  for (const l of values.label ?? []) {
+    const eq = l.indexOf("=");
+    if (eq <= 0) throw new UsageError(`--label wants KEY=VALUE, got ${l}`);
+    labels[l.slice(0, eq)] = l.slice(eq + 1);
+  }
+  let heartbeatMs: number | undefined;
+  if (values.heartbeat !== undefined) {
+    const s = Number(values.heartbeat);
+    if (!Number.isFinite(s) || s <= 0) throw new UsageError(`--heartbeat wants seconds, got ${values.heartbeat}`);
+    heartbeatMs = s * 1000;
+  }
+  const p: Parsed = { command, labels, quiet: values.quiet ?? false };
+  if (values.url !== undefined) p.url = values.url;
+  if (values.token !== undefined) p.token = values.token;
+  if (values["token-file"] !== undefined) p.tokenFile = values["token-file"];
+  if (values.role !== undefined) p.role = values.role;
+  if (values["state-dir"] !== undefined) p.stateDir = values["state-dir"];
+  if (values.hostname !== undefined) p.hostname = values.hostname;
+  if (heartbeatMs !== undefined) p.heartbeatMs = heartbeatMs;
+  if (!p.stateDir) throw new UsageError("--state-dir is required");
+  if (p.url !== undefined && !/^https?:\/\//i.test(p.url)) throw new UsageError(`--url must be http:// or https://, got ${p.url}`);
+  return p;
+}
+
+async function joinArgs(p: Parsed): Promise<{ url: string; token: string; role: Role }> {
+  if (!p.url) throw new UsageError(`${p.command} needs --url`);
+  if (!p.role || !ROLES.includes(p.role as Role)) throw new UsageError(`${p.command} needs --role ${ROLES.join("|")}`);
+  let token = p.token;
+  if (token === undefined && p.tokenFile !== undefined) token = (await readFile(p.tokenFile, "utf8")).trim();
+  token ??= process.env.BC_JOIN_TOKEN;
+  if (!token) throw new UsageError(`${p.command} needs --token, --token-file or BC_JOIN_TOKEN`);
+  return { url: p.url, token, role: p.role as Role };
+}
+
+export async function main(argv: string[]): Promise<number> {
+  let p: Parsed;
+  try {
+    p = parse(argv);
+  } catch (e) {
+    if (e instanceof UsageError) {
+      if (e.message) process.stderr.write(`bcd: ${e.message}\n`);
+      process.stderr.write(`${USAGE}\n`);
+      return e.message ? 2 : argv.length ? 0 : 2;
+    }
+    throw e;
+  }
+  const state = new FileState(p.stateDir!);
+  const log = stderrLogger(p.quiet);
+  let client: AgentClient | undefined;
+  const bootId = crypto.randomUUID();
+  try {
+    let join: { url: string; token: string; role: Role } | undefined;
+    if (p.command === "join") join = await joinArgs(p);
+    if (p.command === "start" && !(await state.loadIdentity())) join = await joinArgs(p);
+
+    client = new AgentClient({
+      transport: nodeTransport(),
+      state,
+      ...(p.url !== undefined ? { baseUrl: p.url } : {}),
+      labels: p.labels,
+      version: AGENT_VERSION,
+      bootId,
+      logger: log,
+      ...(p.heartbeatMs !== undefined ? { heartbeatMs: p.heartbeatMs } : {}),
+    });
+    const c = client;
+    for (const [kind, h] of Object.entries(builtinHandlers({ bootId: () => c.bootId, role: () => c.identity?.role, version: AGENT_VERSION }))) c.handle(kind, h);
+
+    if (join) {
+      const identity = await client.join({ baseUrl: join.url, attestor: "join-token", evidence: { token: join.token }, role: join.role, hostname: p.hostname ?? osHostname() });
+      process.stdout.write(`joined as ${identity.nodeId} (${identity.role}); credential valid until ${identity.expiresAt}\n`);
+      if (p.command === "join") return 0;
+    }
+
+    let signals = 0;
+    const onSignal = (sig: NodeJS.Signals) => {
+      if (++signals > 1) {
+        process.stderr.write(`bcd: ${sig} again, exiting now\n`);
+        process.exit(1);
+      }
+      log.info("stopping", { signal: sig });
+      void c.stop();
+    };
+    process.on("SIGINT", onSignal);
+    process.on("SIGTERM", onSignal);
+    try {
+      await client.run();
+    } finally {
+      process.off("SIGINT", onSignal);
+      process.off("SIGTERM", onSignal);
+    }
+    log.info("stopped", {});
+    return 0;
+  } catch (e) {
+    if (e instanceof UsageError) {
+      process.stderr.write(`bcd: ${e.message}\n${USAGE}\n`);
+      return 2;
+    }
+    const what = p.command === "join" || (p.command === "start" && !client?.identity) ? "join failed" : `${p.command} failed`;
+    if (e instanceof AgentError) process.stderr.write(`bcd: ${what}: ${e.code}: ${e.message}${e.status ? ` (HTTP ${e.status})` : ""}\n`);
+    else process.stderr.write(`bcd: ${what}: ${(e as Error).message ?? String(e)}\n`);
+    return 1;
+  } finally {
+    await state.close().catch(() => {});
+  }
+}
+
+// Run when executed directly (tsx agent/bcd.ts ...), not when imported.
+if (isEntry()) {
+  main(process.argv.slice(2)).then(
+    (code) => process.exit(code),
+    (e: unknown) => {
+      process.stderr.write(`bcd: ${(e as Error).stack ?? String(e)}\n`);
+      process.exit(1);
+    },
+  );
+}
+
+function isEntry(): boolean {
+  try {
+    return !!process.argv[1] && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(import.meta.url));
+  } catch {
+    return false;
+  }
+}

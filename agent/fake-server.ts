@@ -3,7 +3,9 @@
 // and one NodeDO per node behind CONNECT_PATH, all per core/protocol.ts: challenge, hello
 // verified with verifyMessage (close PROOF_FAILED otherwise), welcome, commands in seq order,
 // redelivery after reconnect of whatever has no accepted result, result signatures verified
-// (error frame BAD_SIGNATURE otherwise), result-ack, PING → PONG, REPLACED, REVOKED.
+// (error frame BAD_SIGNATURE otherwise), result-ack, PING → PONG, REPLACED, REVOKED. Refusals
+// answer like the real gateway and JoinService: {code, message} JSON, 401 UNAUTHENTICATED for a
+// bad or expired credential, 403 PERMISSION_DENIED for a revoked node.
 //
 // Not the real server: credentials are opaque random strings, not JWTs, and nothing is durable.
 // Knobs (redeliver, ackResults, answerPings, deliver) let a test play a misbehaving network.

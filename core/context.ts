@@ -4,6 +4,7 @@
 import { sql } from "drizzle-orm";
 import { base64 as b64, unbase64 as unb64, utf8 } from "./encoding.ts";
 import type { CommandKind } from "./contracts.ts";
+import { MAX_KEY_LENGTH } from "./protocol.ts";
 import { ComputeError, invalidArgument, notFound } from "./errors.ts";
 import type { Principal } from "./iam.ts";
 import type { Logger } from "./log.ts";
@@ -150,6 +151,7 @@ export function databaseCommands(
         }
         body = parsed.data as Record<string, unknown>;
       }
+      if (input.key.length === 0 || input.key.length > MAX_KEY_LENGTH) throw invalidArgument(`an idempotency key is 1 to ${MAX_KEY_LENGTH} characters`);
       const refs = input.secretRefs ?? [];
       if (refs.some((r) => !/^secret:\/\/[\w-]+$/.test(r))) throw invalidArgument("secretRefs must be secret:// references, never values");
 

@@ -56,12 +56,15 @@ export const helloFrame = z.object({
   drivers: z.array(z.object({ id: z.string().max(128), version: z.string().max(64) })).max(256).default([]),
 });
 
+/** Idempotency keys longer than this are refused at enqueue: the agent could not answer them. */
+export const MAX_KEY_LENGTH = 256;
+
 export const ackFrame = z.object({ t: z.literal("ack"), id: z.string().max(64) });
 
 export const resultFrame = z.object({
   t: z.literal("result"),
   id: z.string().max(64),
-  key: z.string().max(256),
+  key: z.string().max(MAX_KEY_LENGTH),
   ok: z.boolean(),
   output: z.unknown().optional(),
   error: errorBody.optional(),
@@ -80,11 +83,11 @@ export const challengeFrame = z.object({ t: z.literal("challenge"), protocol: z.
 export const welcomeFrame = z.object({ t: z.literal("welcome"), nodeId: z.string(), sessionId: z.string() });
 export const commandFrame = z.object({
   t: z.literal("command"),
-  id: z.string(),
+  id: z.string().max(64),
   seq: z.number().int(),
-  kind: z.string(),
+  kind: z.string().max(128),
   /** Idempotency key: the agent runs a key at most once, and answers a redelivery from its record. */
-  key: z.string(),
+  key: z.string().max(MAX_KEY_LENGTH),
   body: z.record(z.string(), z.unknown()),
   /** The result must be signed with the node's key. */
   attested: z.boolean(),
@@ -177,8 +180,12 @@ export const joinResponse = z.object({
 });
 export type JoinResponse = z.infer<typeof joinResponse>;
 
-/** Renewal: the current (unexpired) credential as bearer, plus a fresh signature. */
+/**
+ * Renewal: the current (unexpired) credential as bearer, plus a fresh signature; the answer is a
+ * joinResponse. A revoked node is answered 403 PERMISSION_DENIED here and at connect.
+ */
 export const renewRequest = z.object({ timestamp: z.string(), signature: z.string().max(256) });
+export const renewResponse = joinResponse;
 
 export const joinMessage = (publicKey: string, attestor: string) => `bc-join/v${PROTOCOL_VERSION}\n${attestor}\n${publicKey}`;
 export const renewMessage = (nodeId: string, timestamp: string) => `bc-renew/v${PROTOCOL_VERSION}\n${nodeId}\n${timestamp}`;

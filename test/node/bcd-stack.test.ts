@@ -1,0 +1,70 @@
+// The real bcd process joins the local stack npm start runs (PGlite, bridge, wrangler dev)
+// over a real WebSocket, runs a command sent through the API, and leaves when stopped.
+import { spawn, type ChildProcess } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { afterAll, beforeAll, expect, it } from "vitest";
+import { repoRoot } from "../../scripts/local/node-store.ts";
+import { startStack, type Stack } from "../../scripts/local/stack.ts";
+
+const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-bcd-stack-"));
+const stateDir = path.join(dataDir, "agent");
+let stack: Stack;
+let bcd: ChildProcess | undefined;
+let bcdOutput = "";
+
+beforeAll(async () => {
+  stack = await startStack({ dataDir });
+}, 120_000);
+
+afterAll(async () => {
+  if (bcd && bcd.exitCode === null) bcd.kill("SIGKILL");
+  await stack?.stop();
+  fs.rmSync(dataDir, { recursive: true, force: true });
+});
+
+async function api(name: string, input: object) {
+  const res = await fetch(`${stack.url}/v1/${name}`, { method: "POST", headers: { authorization: `Bearer ${stack.adminKey}`, "content-type": "application/json" }, body: JSON.stringify(input) });
+  return { status: res.status, body: (await res.json()) as any };
+}
+
+async function eventually<T>(read: () => Promise<T>, done: (v: T) => boolean, what: string, ms = 30_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const value = await read();
+    if (done(value)) return value;
+    if (Date.now() > deadline) throw new Error(`${what} did not happen within ${ms} ms; last: ${JSON.stringify(value)}\nbcd said:\n${bcdOutput}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+it("joins with a site token, connects, runs a command and disconnects on SIGTERM", async () => {
+  const token = (await api("siteTokens.create", { site: "lab" })).body.token as string;
+  bcd = spawn(process.execPath, [path.join(repoRoot, "node_modules", "tsx", "dist", "cli.mjs"), path.join(repoRoot, "agent", "bcd.ts"), "start", "--url", stack.url, "--role", "site", "--state-dir", stateDir], {
+    cwd: repoRoot,
+    env: { ...process.env, BC_JOIN_TOKEN: token },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  bcd.stdout!.on("data", (d) => (bcdOutput += d));
+  bcd.stderr!.on("data", (d) => (bcdOutput += d));
+
+  const site = await eventually(async () => (await api("nodes.list", { role: "site" })).body.nodes as any[], (nodes) => nodes.some((n) => n.state === "connected"), "the site agent connecting");
+  const node = site.find((n) => n.state === "connected");
+  expect(node.labels["bc.dev/site"]).toBe("lab");
+
+  const created = await api("commands.create", { nodeId: node.id, kind: "agent.ping", body: {} });
+  expect(created.status).toBe(200);
+  const done = await eventually(async () => (await api("commands.get", { id: created.body.id })).body, (c) => c.state === "succeeded", "the ping's result");
+  expect(done.result).toMatchObject({ pong: true });
+
+  // The token reached neither the state directory nor anything bcd printed.
+  const secret = token.split("_")[2]!;
+  for (const file of fs.readdirSync(stateDir)) expect(fs.readFileSync(path.join(stateDir, file), "utf8")).not.toContain(secret);
+  expect(bcdOutput).not.toContain(secret);
+
+  bcd.kill("SIGTERM");
+  const code = await new Promise<number | null>((resolve) => bcd!.once("exit", (c) => resolve(c)));
+  expect(code).toBe(0);
+  await eventually(async () => (await api("nodes.get", { id: node.id })).body.state, (s) => s === "disconnected", "the disconnection being recorded");
+}, 120_000);

@@ -1,4 +1,4 @@
-// FakeDaemon: an agent for tests, the real AgentClient with MemoryState. Inside workerd it
+// better-compute/testing. FakeDaemon: an agent for tests, the real AgentClient with MemoryState. Inside workerd it
 // talks to the Worker through an injected fetch (`SELF`, `exports.default`, or a function);
 // in Node it uses the global WebSocket (pass `transport: nodeTransport()` from
 // agent/node-transport.ts for a kill() that really cuts the TCP connection).
@@ -146,3 +146,6 @@ export class FakeDaemon {
     (this.#transport as Partial<PortableTransport>).closeAbandoned?.();
   }
 }
+
+// better-compute/testing is this file: the API test client rides along with FakeDaemon.
+export { createTestClient, type CallResult, type TestClient } from "../core/testing.ts";

@@ -18,10 +18,10 @@ interface Started {
   stop(): Promise<void>;
 }
 
-async function npmStart(): Promise<Started> {
+async function npmStart(args: string[] = []): Promise<Started> {
   const port = await freePort();
   // Its own process group, so Ctrl-C (SIGINT to the group) reaches npm, tsx and wrangler.
-  const child = spawn("npm", ["start"], { cwd: repoRoot, env: { ...process.env, PORT: String(port), BC_DATA_DIR: dataDir, DATABASE_URL: "" }, detached: true, stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn("npm", ["start", ...(args.length ? ["--", ...args] : [])], { cwd: repoRoot, env: { ...process.env, PORT: String(port), BC_DATA_DIR: dataDir, DATABASE_URL: "" }, detached: true, stdio: ["ignore", "pipe", "pipe"] });
   let output = "";
   child.stdout!.on("data", (d) => (output += d));
   child.stderr!.on("data", (d) => (output += d));
@@ -85,12 +85,15 @@ describe("npm start", () => {
     expect(fs.existsSync(path.join(dataDir, "pglite"))).toBe(true);
   });
 
-  it("keeps its data under the data dir across a restart", async () => {
+  it("keeps its data under the data dir across a restart, and joins simulated agents with --sim", async () => {
     expect(firstKey).not.toBe("");
-    const stack = await npmStart();
+    const stack = await npmStart(["--sim", "2"]);
     try {
       expect(stack.key).not.toBe(firstKey);
       expect((await listModules(stack.url, firstKey)).status).toBe(200);
+      const nodes = await fetch(`${stack.url}/v1/nodes.list`, { method: "POST", headers: { authorization: `Bearer ${stack.key}`, "content-type": "application/json" }, body: JSON.stringify({ state: "connected" }) });
+      const connected = ((await nodes.json()) as { nodes: { labels: Record<string, string> }[] }).nodes;
+      expect(connected.filter((n) => n.labels["bc.dev/simulated"] === "true")).toHaveLength(2);
     } finally {
       await stack.stop();
     }

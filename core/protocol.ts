@@ -189,3 +189,19 @@ export const renewResponse = joinResponse;
 
 export const joinMessage = (publicKey: string, attestor: string) => `bc-join/v${PROTOCOL_VERSION}\n${attestor}\n${publicKey}`;
 export const renewMessage = (nodeId: string, timestamp: string) => `bc-renew/v${PROTOCOL_VERSION}\n${nodeId}\n${timestamp}`;
+
+/**
+ * Discovery: a site agent vouches for a machine that PXE-booted into the ramdisk on its network.
+ * It signs the assertion (which names the ramdisk's own public key) with its node key; the
+ * ramdisk presents it as `discovery` evidence { siteNodeId, assertion, signature }.
+ */
+export const discoveryAssertion = z.object({
+  /** The ramdisk agent's Ed25519 public key: the assertion is useless to any other key. */
+  publicKey: z.string(),
+  issuedAt: z.string(),
+  productUuid: z.string().max(64).optional(),
+  macs: z.array(z.string().max(32)).max(64).optional(),
+});
+export type DiscoveryAssertion = z.infer<typeof discoveryAssertion>;
+export const discoveryMessage = (siteNodeId: string, assertion: DiscoveryAssertion) =>
+  `bc-discovery/v${PROTOCOL_VERSION}\n${siteNodeId}\n${canonicalJson(assertion)}`;

@@ -7,7 +7,7 @@ import { z } from "zod";
 import { betterCompute, definePlugin } from "../core/index.ts";
 import { CloseCode, generateNodeKey, MAX_FRAME_BYTES } from "../core/protocol.ts";
 import { createTestClient, type TestClient } from "../core/testing.ts";
-import { connectRaw, joinRaw, type RawAgent } from "./support/raw-agent.ts";
+import { connectRaw, joinRaw, joinWith, type RawAgent } from "./support/raw-agent.ts";
 
 const testKinds = definePlugin({
   id: "test-kinds",
@@ -193,5 +193,67 @@ describe("the agent protocol", () => {
     expect(JSON.stringify(dump.rows)).not.toContain(secret);
     expect(logs.join("\n")).not.toContain(secret);
     agent.ws.close(1000, "done");
+  });
+});
+
+describe("discovery, renewal and connection events", () => {
+  async function site() {
+    const joined = await joinRaw(compute, env, await siteToken());
+    return { nodeId: joined.body.nodeId as string, key: joined.key, credential: joined.body.credential as string };
+  }
+
+  async function vouch(by: { nodeId: string; key: { privateKey: CryptoKey } }, ramdiskKey: string, issuedAt?: string) {
+    const { discoveryMessage, signMessage } = await import("../core/protocol.ts");
+    const now = (await client.store.db.execute(sql`SELECT compute_now() AS now`)).rows[0] as { now: string };
+    const assertion = { publicKey: ramdiskKey, issuedAt: issuedAt ?? new Date(now.now).toISOString(), productUuid: "4c4c4544-0042" };
+    return { siteNodeId: by.nodeId, assertion, signature: await signMessage(by.key.privateKey, discoveryMessage(by.nodeId, assertion)) };
+  }
+
+  it("joins a ramdisk on its site agent's signed assertion, and refuses forged, stale or borrowed ones", async () => {
+    const lab = await site();
+    const ramdisk = await generateNodeKey();
+    const joined = await joinWith(compute, env, { attestor: "discovery", role: "ramdisk", key: ramdisk, evidence: await vouch(lab, ramdisk.publicKey) });
+    expect(joined.res.status).toBe(200);
+    const node = (await client.call("nodes.get", { id: joined.body.nodeId })).body;
+    expect(node).toMatchObject({ role: "ramdisk", attestor: "discovery", labels: { "bc.dev/site": "lab", "bc.dev/discovered-by": lab.nodeId, "bc.dev/product-uuid": "4c4c4544-0042" } });
+
+    const impostor = { nodeId: lab.nodeId, key: await generateNodeKey() };
+    const other = await generateNodeKey();
+    const refusals = [
+      await joinWith(compute, env, { attestor: "discovery", role: "ramdisk", key: other, evidence: await vouch(impostor, other.publicKey) }),
+      await joinWith(compute, env, { attestor: "discovery", role: "ramdisk", key: other, evidence: await vouch(lab, other.publicKey, "2020-01-01T00:00:00Z") }),
+      await joinWith(compute, env, { attestor: "discovery", role: "ramdisk", key: other, evidence: await vouch(lab, ramdisk.publicKey) }),
+      await joinWith(compute, env, { attestor: "discovery", role: "node", key: other, evidence: await vouch(lab, other.publicKey) }),
+    ];
+    expect(refusals.map((r) => [r.res.status, r.body.code])).toEqual(Array(4).fill([403, "PERMISSION_DENIED"]));
+  });
+
+  it("renews a credential signed by the node's key, and refuses a revoked node", async () => {
+    const lab = await site();
+    const { renewMessage, signMessage } = await import("../core/protocol.ts");
+    const renew = async (credential: string, key: CryptoKey) => {
+      const timestamp = new Date(((await client.store.db.execute(sql`SELECT compute_now() AS now`)).rows[0] as { now: string }).now).toISOString();
+      return compute.fetch(new Request("http://bc.test/join/v1/renew", {
+        method: "POST", headers: { authorization: `Bearer ${credential}` },
+        body: JSON.stringify({ timestamp, signature: await signMessage(key, renewMessage(lab.nodeId, timestamp)) }),
+      }), env);
+    };
+    const renewed = await renew(lab.credential, lab.key.privateKey);
+    expect(renewed.status).toBe(200);
+    const fresh = ((await renewed.json()) as { credential: string }).credential;
+    expect(fresh).not.toBe(lab.credential);
+    const agent = await connectRaw(compute, env, { ...lab, credential: fresh });
+    await agent.hello();
+    await agent.next("welcome");
+    agent.ws.close(1000, "bye");
+    await agent.closed;
+
+    expect((await renew(fresh, (await generateNodeKey()).privateKey)).status).toBe(401);
+    await client.call("nodes.revoke", { id: lab.nodeId });
+    expect((await renew(fresh, lab.key.privateKey)).status).toBe(403);
+
+    await expect.poll(async () => (await client.store.db.execute(sql`
+      SELECT type FROM bc_events WHERE subject = ${`nodes/${lab.nodeId}`} ORDER BY id`)).rows.map((r) => (r as { type: string }).type))
+      .toEqual(["node.joined", "node.connected", "node.disconnected", "node.revoked"]);
   });
 });

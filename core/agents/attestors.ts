@@ -1,11 +1,13 @@
 // Built-in attestors. `join-token`: a single-use token an operator minted (siteTokens.create,
 // joinTokens.create). `provisioned`: a single-use token a deploy minted for the OS it installs,
-// which joins as that machine's node, optionally only from the expected hardware.
+// which joins as that machine's node, optionally only from the expected hardware. `discovery`:
+// a ramdisk joins on its site agent's signed word that it booted on that site's network.
 import { sql } from "drizzle-orm";
 import { defineAttestor, type AgentRole, type AttestationResult } from "../contracts.ts";
 import type { ModuleContext } from "../context.ts";
 import { sha256Hex } from "../encoding.ts";
 import { ComputeError } from "../errors.ts";
+import { discoveryAssertion, discoveryMessage, verifyMessage } from "../protocol.ts";
 
 const TOKEN = /^bcj_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$/;
 
@@ -57,4 +59,34 @@ export const provisionedAttestor = defineAttestor({
   },
 });
 
-export const builtinAttestors = [joinTokenAttestor, provisionedAttestor];
+/** How old a site agent's discovery assertion may be, on database time. */
+const DISCOVERY_MAX_AGE_SECONDS = 300;
+
+export const discoveryAttestor = defineAttestor({
+  id: "discovery",
+  async verify(ctx, evidence, request): Promise<AttestationResult> {
+    if (request.role !== "ramdisk") throw refuse("discovery joins ramdisk agents only");
+    const siteNodeId = typeof evidence.siteNodeId === "string" ? evidence.siteNodeId : "";
+    const assertion = discoveryAssertion.safeParse(evidence.assertion);
+    if (!siteNodeId || !assertion.success || typeof evidence.signature !== "string") {
+      throw refuse("discovery evidence is { siteNodeId, assertion: { publicKey, issuedAt, ... }, signature }");
+    }
+    if (assertion.data.publicKey !== request.publicKey) throw refuse("the site's assertion names another key");
+    const found = await ctx.store.db.execute(sql`
+      SELECT public_key, labels, extract(epoch FROM compute_now())::float8 AS now
+      FROM bc_nodes WHERE id = ${siteNodeId} AND role = 'site' AND revoked_at IS NULL`);
+    const site = found.rows[0] as { public_key: string; labels: Record<string, string>; now: number } | undefined;
+    if (!site) throw refuse("the vouching site agent is unknown or revoked");
+    if (!(await verifyMessage(site.public_key, discoveryMessage(siteNodeId, assertion.data), evidence.signature))) {
+      throw refuse("the discovery assertion is not signed by the site agent's key");
+    }
+    const age = site.now - Date.parse(assertion.data.issuedAt) / 1000;
+    if (!(age >= -60 && age <= DISCOVERY_MAX_AGE_SECONDS)) throw refuse("the discovery assertion is stale");
+    const labels: Record<string, string> = { "bc.dev/discovered-by": siteNodeId };
+    if (site.labels["bc.dev/site"]) labels["bc.dev/site"] = site.labels["bc.dev/site"];
+    if (assertion.data.productUuid) labels["bc.dev/product-uuid"] = assertion.data.productUuid;
+    return { role: "ramdisk", labels };
+  },
+});
+
+export const builtinAttestors = [joinTokenAttestor, provisionedAttestor, discoveryAttestor];

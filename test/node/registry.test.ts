@@ -32,7 +32,7 @@ describe("registration", () => {
     });
     expect(compute.registry.modules.map((m) => m.id)).toEqual(["core", "agents", "acme"]);
     expect([...compute.registry.methods.keys()]).toContain("acme.ping");
-    expect([...compute.registry.extensions.keys()].sort()).toEqual(["attestor:join-token@1", "attestor:provisioned@1", "driver:redfish@1", "scheduler-plugin:rack-spread@1", "sink:warehouse@1"]);
+    expect([...compute.registry.extensions.keys()].sort()).toEqual(["attestor:discovery@1", "attestor:join-token@1", "attestor:provisioned@1", "driver:redfish@1", "scheduler-plugin:rack-spread@1", "sink:warehouse@1"]);
     expect(compute.registry.byContract("driver")).toEqual([redfish]);
   });
 

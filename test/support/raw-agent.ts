@@ -31,11 +31,16 @@ export interface RawAgent {
 export const fetcher = (compute: Compute, env: object) => (input: string, init?: RequestInit) => compute.fetch(new Request(new URL(input, "http://bc.test"), init), env);
 
 export async function joinRaw(compute: Compute, env: object, token: string, role: "node" | "site" | "ramdisk" = "site") {
-  const key = await generateNodeKey();
+  return joinWith(compute, env, { attestor: "join-token", evidence: { token }, role });
+}
+
+/** A join with any attestor; the key is made here unless given. */
+export async function joinWith(compute: Compute, env: object, request: { attestor: string; evidence: Record<string, unknown>; role: "node" | "site" | "ramdisk"; key?: NodeKeyPair }) {
+  const key = request.key ?? (await generateNodeKey());
   const res = await fetcher(compute, env)(JOIN_PATH, {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({ attestor: "join-token", evidence: { token }, publicKey: key.publicKey, role, signature: await signMessage(key.privateKey, joinMessage(key.publicKey, "join-token")) }),
+    body: JSON.stringify({ attestor: request.attestor, evidence: request.evidence, publicKey: key.publicKey, role: request.role, signature: await signMessage(key.privateKey, joinMessage(key.publicKey, request.attestor)) }),
   });
   return { res, key, body: (await res.json()) as any };
 }

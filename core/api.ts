@@ -169,7 +169,7 @@ export function describeError(err: unknown): Record<string, string | undefined> 
   const sqlstate = (inner as { code?: unknown } | null)?.code;
   return {
     error: err instanceof Error ? err.name : typeof err,
-    sqlstate: typeof sqlstate === "string" ? sqlstate : undefined,
+    sqlstate: typeof sqlstate === "string" && /^[0-9A-Z]{5}$/.test(sqlstate) ? sqlstate : undefined,
     detail: inner instanceof Error ? inner.message.replace(/"[^"]*"|'[^']*'/g, "…") : undefined,
   };
 }

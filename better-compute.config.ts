@@ -1,8 +1,9 @@
 // The default deployment: what `npm start` runs and `wrangler deploy` ships. A real
 // deployment edits this file: add modules, plugins, drivers, attestors and sinks here.
 import { betterCompute } from "better-compute";
+import { provisionModule } from "better-compute/provision";
 
 export const compute = betterCompute({
-  modules: [],
+  modules: [provisionModule()],
   plugins: [],
 });

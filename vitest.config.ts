@@ -10,6 +10,8 @@ export default defineConfig({
         plugins: [
           cloudflareTest(({ inject }) => ({
             wrangler: { configPath: "./wrangler.toml" },
+            // The deployment's bindings, with a test entry that adds the test plugins.
+            main: "./test/support/worker.ts",
             miniflare: {
               bindings: {
                 DATABASE_URL: inject("databaseUrl"),

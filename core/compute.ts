@@ -11,10 +11,11 @@ import {
   databaseWork,
   type Clock,
   type ModuleContext,
+  type RegisteredView,
   type SecretStore,
 } from "./context.ts";
 import { agentsModule } from "./agents/module.ts";
-import { notifyNodes } from "./agents/notify.ts";
+import { wakeObjects } from "./agents/notify.ts";
 import type { Migration, Module } from "./contracts.ts";
 import { invalidConfig } from "./errors.ts";
 import { builtinIam, mintApiKey, type IamPort, type IamProvider, type Principal } from "./iam.ts";
@@ -86,10 +87,15 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   if (!Number.isInteger(maxBodyBytes) || maxBodyBytes <= 0) throw invalidConfig("limits.maxBodyBytes must be a positive integer");
 
   const reg = registry;
+  const registered: RegisteredView = {
+    extensions: <T extends { contract: string }>(contract: string) => reg.byContract(contract as never) as unknown as T[],
+    commandKind: (kind) => reg.commandKinds.get(kind)?.command,
+  };
   const contextFor = (mod: Module, env: Env, store: Store, principal?: Principal, requestId?: string): PlatformContext => {
     const log = createLogger({ module: mod.id, ...(requestId ? { requestId } : {}) });
     let secrets: SecretStore | undefined;
     const touchedNodes = new Set<string>();
+    const touchedWorkflows = new Set<string>();
     const ctx: PlatformContext = {
       moduleId: mod.id,
       env,
@@ -97,10 +103,14 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
       events: databaseEvents(mod.id, principal?.id, requestId),
       work: databaseWork(mod.id),
       commands: databaseCommands(mod.id, reg.commandKinds, (nodeId) => touchedNodes.add(nodeId)),
+      wake: { node: (id) => void touchedNodes.add(id), workflow: (id) => void touchedWorkflows.add(id) },
+      registered,
       async afterCommit() {
         const nodes = [...touchedNodes];
+        const workflows = [...touchedWorkflows];
         touchedNodes.clear();
-        await notifyNodes(env, nodes, log);
+        touchedWorkflows.clear();
+        await Promise.all([wakeObjects(env, "node", nodes, log), wakeObjects(env, "workflow", workflows, log)]);
       },
       clock: (options.clock ?? databaseClock)(store),
       // Resolved on first use: a deployment without BC_SECRET serves everything that needs no secret.

@@ -61,6 +61,8 @@ export interface CommandInput {
   secretRefs?: SecretRef[];
   /** The command expires if no result arrives within this many seconds. */
   deadlineSeconds?: number;
+  /** Who waits for the result: "workflow:<id>" is woken when it is recorded. */
+  origin?: string;
 }
 
 export interface EnqueuedCommand {
@@ -73,8 +75,14 @@ export interface EnqueuedCommand {
 export interface CommandsPort {
   /** Writes the command in the caller's transaction; its NodeDO delivers it after commit. */
   enqueue(tx: Tx, command: CommandInput): Promise<EnqueuedCommand>;
-  /** Asks the node's NodeDO to re-read the node after commit (e.g. it was revoked). */
-  wake(nodeId: string): void;
+}
+
+/** After the caller's transaction commits, the platform wakes the Durable Objects named here. */
+export interface WakePort {
+  /** The node's NodeDO re-reads the node and delivers its open commands. */
+  node(nodeId: string): void;
+  /** The workflow's WorkflowDO advances it. */
+  workflow(workflowId: string): void;
 }
 
 export interface ModuleContext {
@@ -84,9 +92,17 @@ export interface ModuleContext {
   readonly events: EventsPort;
   readonly work: WorkPort;
   readonly commands: CommandsPort;
+  readonly wake: WakePort;
   readonly clock: Clock;
   readonly secrets: SecretStore;
   readonly log: Logger;
+  /** What the deployment registered: extensions of a contract (steps, profiles, drivers...) and command kinds. */
+  readonly registered: RegisteredView;
+}
+
+export interface RegisteredView {
+  extensions<T extends { contract: string }>(contract: string): T[];
+  commandKind(kind: string): CommandKind | undefined;
 }
 
 export interface MethodContext extends ModuleContext {
@@ -138,7 +154,6 @@ export function databaseCommands(
   onEnqueued: (nodeId: string) => void,
 ): CommandsPort {
   return {
-    wake: onEnqueued,
     async enqueue(tx, input) {
       const declared = kinds.get(input.kind)?.command;
       if (!declared) throw invalidArgument(`unknown command kind ${input.kind}: no registered module declares it`, { kind: input.kind });
@@ -170,11 +185,11 @@ export function databaseCommands(
       // The node row lock above serialises enqueues per node; a concurrent enqueue of the same key
       // that committed first wins, and this one returns it.
       const inserted = await tx.execute(sql`
-        INSERT INTO bc_commands (node_id, seq, kind, idempotency_key, module, body, secret_refs, attested, destructive, deadline)
+        INSERT INTO bc_commands (node_id, seq, kind, idempotency_key, module, body, secret_refs, attested, destructive, deadline, origin)
         VALUES (${input.nodeId}, ${seq}, ${input.kind}, ${input.key}, ${moduleId}, ${JSON.stringify(body)}::jsonb,
                 ${pgArray(refs)}::text[], ${declared.attested === true}, ${declared.destructive === true},
                 CASE WHEN ${input.deadlineSeconds ?? null}::float8 IS NULL THEN NULL
-                     ELSE compute_now() + make_interval(secs => ${input.deadlineSeconds ?? 0}) END)
+                     ELSE compute_now() + make_interval(secs => ${input.deadlineSeconds ?? 0}) END, ${input.origin ?? null})
         ON CONFLICT (idempotency_key) DO NOTHING
         RETURNING id`);
       const row = inserted.rows[0] as { id: string } | undefined;

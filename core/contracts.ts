@@ -74,6 +74,8 @@ export interface ModuleDefinition {
   api?: MethodDefinition<any, any>[];
   commands?: CommandKind[];
   extensions?: Extension[];
+  /** Provisioning profiles (defineProfile from better-compute/provision), registered as profile:id@version. */
+  profiles?: Extension[];
   /** Called once per request context; a module keeps no state of its own between requests. */
   setup?: (ctx: ModuleContext) => void;
 }

@@ -91,6 +91,7 @@ export function buildRegistry(builtins: Module[], input: RegistryInput): Registr
       migrations.push(m);
     }
     for (const ext of mod.extensions ?? []) addExtension(ext, `module ${mod.id}`);
+    for (const profile of mod.profiles ?? []) addExtension(profile, `module ${mod.id} (profiles)`, "profile");
     for (const command of mod.commands ?? []) {
       if (!/^[a-z][a-zA-Z0-9]*(\.[a-z][a-zA-Z0-9]*)+$/.test(command.kind)) {
         throw invalidConfig(`command kind ${JSON.stringify(command.kind)} of module ${mod.id} is not a dotted name`, { command: command.kind });

@@ -26,6 +26,7 @@ import {
 } from "../core/protocol.ts";
 import { postgres, type Store } from "../core/store/database.ts";
 import { base64url } from "../core/encoding.ts";
+import { wakeObjects } from "../core/agents/notify.ts";
 
 /** The sweep re-reads Postgres while an agent is connected: a missed poke costs at most this. */
 const SWEEP_MS = 30_000;
@@ -68,7 +69,7 @@ export class NodeDO extends DurableObject {
   override async fetch(request: Request): Promise<Response> {
     const path = new URL(request.url).pathname;
     if (path === "/connect") return this.accept(request);
-    if (path === "/poke") {
+    if (path === "/wake") {
       await this.deliver();
       return new Response(null, { status: 204 });
     }
@@ -163,8 +164,8 @@ export class NodeDO extends DurableObject {
     try {
       const outcome = await this.store.transaction(async (tx) => {
         const found = await tx.execute(sql`
-          SELECT node_id, kind, idempotency_key, attested, state FROM bc_commands WHERE id = ${frame.id}::bigint FOR UPDATE`);
-        const command = found.rows[0] as { node_id: string; kind: string; idempotency_key: string; attested: boolean; state: string } | undefined;
+          SELECT node_id, kind, idempotency_key, attested, state, origin FROM bc_commands WHERE id = ${frame.id}::bigint FOR UPDATE`);
+        const command = found.rows[0] as { node_id: string; kind: string; idempotency_key: string; attested: boolean; state: string; origin: string | null } | undefined;
         if (!command) return { refused: FrameError.UNKNOWN_COMMAND, message: `no command ${frame.id}` };
         if (command.node_id !== att.nodeId || command.idempotency_key !== frame.key) {
           return { refused: FrameError.NOT_YOUR_COMMAND, message: `command ${frame.id} was not sent to this node` };
@@ -187,13 +188,16 @@ export class NodeDO extends DurableObject {
           subject: `nodes/${att.nodeId}`,
           data: { commandId: frame.id, kind: command.kind, ...(frame.ok ? {} : { error: frame.error?.code ?? "UNKNOWN" }) },
         });
-        return { recorded: true };
+        return { recorded: true, origin: command.origin };
       });
       if ("refused" in outcome) {
         this.log(att).warn("refused a result", { commandId: frame.id, code: outcome.refused });
         return refuse(outcome.refused!, outcome.message!);
       }
       send(ws, { t: "result-ack", id: frame.id });
+      // Whoever waits for this result (a workflow) hears of it now rather than at its next poll.
+      const waiting = "origin" in outcome && outcome.origin?.startsWith("workflow:") ? outcome.origin.slice("workflow:".length) : undefined;
+      if (waiting) await wakeObjects(this.env as object, "workflow", [waiting], this.log(att));
     } catch (err) {
       this.log(att).warn("could not record a result; the agent keeps it and resends", { commandId: frame.id, error: errorText(err) });
       refuse(FrameError.UNAVAILABLE, "the result could not be recorded now; send it again after reconnecting");

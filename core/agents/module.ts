@@ -129,7 +129,7 @@ export function agentsModule(): Module {
         UPDATE bc_nodes SET revoked_at = coalesce(revoked_at, compute_now()) WHERE id = ${input.id} RETURNING *`);
       if (!rows.rows[0]) throw notFound(`node ${input.id} does not exist`);
       await ctx.events.publish(tx, { type: "node.revoked", subject: `nodes/${input.id}` });
-      ctx.commands.wake(input.id);
+      ctx.wake.node(input.id);
       return toNode(rows.rows[0] as Record<string, any>);
     },
   });

@@ -8,11 +8,12 @@ declare namespace Cloudflare {
 }
 declare namespace Cloudflare {
   interface GlobalProps {
-    mainModule: typeof import("../../workers/api/index.ts");
+    mainModule: typeof import("./worker.ts");
   }
 }
 declare namespace Cloudflare {
   interface Env {
     NODE: DurableObjectNamespace<import("../../durable-objects/node.ts").NodeDO>;
+    WORKFLOW: DurableObjectNamespace;
   }
 }

@@ -1,9 +1,10 @@
 // The API Worker's entry: the deployment's compute serves every request (API, JoinService,
-// agent gateway); NodeDO is exported for its Durable Object binding.
+// agent gateway); the Durable Object classes are exported for their bindings; the cron
+// trigger wakes workflows whose wake-up was lost.
 import { compute } from "../../better-compute.config.ts";
+import { deploymentEntry } from "./entry.ts";
 
 export { NodeDO } from "../../durable-objects/node.ts";
-
-export default {
-  fetch: (request, env, ctx) => compute.fetch(request, env, ctx),
-} satisfies ExportedHandler<Cloudflare.Env>;
+const entry = deploymentEntry(compute);
+export const WorkflowDO = entry.WorkflowDO;
+export default entry.handler;

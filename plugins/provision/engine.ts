@@ -1,0 +1,332 @@
+// The workflow engine: advance() moves a workflow as far as it can go now and says when to
+// look again. It is level-triggered and idempotent: every transition is one Postgres
+// transaction with its event, guarded by the state it expects, so running it twice, or again
+// after a crash at any point, changes nothing twice. An agent step's command is keyed by
+// (workflow, step, attempt) and enqueued in the same transaction that records it, so a
+// resumed workflow never sends a command twice.
+import { sql } from "drizzle-orm";
+import { canonicalJson, ComputeError, isComputeError, sha256Hex, type ModuleContext, type Tx } from "better-compute/core";
+import { StepError, StepNotReady, type ProfileDefinition, type StepContext, type StepDefinition } from "./contracts.ts";
+import { findProfile, stepsById } from "./validate.ts";
+
+export type WorkflowState = "running" | "succeeded" | "failed" | "cancelled";
+type AttemptState = "ready" | "not_ready" | "waiting" | "scheduled" | "succeeded" | "failed";
+
+/** The provision module's context as the WorkflowDO holds it. */
+export type EngineContext = ModuleContext & { afterCommit(): Promise<void> };
+
+export interface Advanced {
+  state: WorkflowState | "missing";
+  /** Look again in this many ms (null: nothing to wait for, the workflow ended). */
+  wakeInMs: number | null;
+}
+
+interface WorkflowRow {
+  id: string;
+  profile_id: string;
+  profile_version: string;
+  target: string;
+  state: WorkflowState;
+  position: number;
+  input: Record<string, unknown>;
+  overdue: boolean;
+}
+
+interface AttemptRow {
+  attempt: number;
+  state: AttemptState;
+  input: Record<string, unknown>;
+  command_id: string | null;
+  wait_ms: number | null;
+  overdue: boolean;
+}
+
+const DEFAULT_POLL_SECONDS = 5;
+/** While an agent step waits, the NodeDO wakes the workflow on the result; this is the fallback. */
+const WAITING_RECHECK_MS = 30_000;
+const MAX_TRANSITIONS_PER_ADVANCE = 200;
+
+export const commandKey = (workflowId: string, position: number, attempt: number) => `wf:${workflowId}:${position}:${attempt}`;
+
+export async function advance(ctx: EngineContext, workflowId: string): Promise<Advanced> {
+  for (let i = 0; i < MAX_TRANSITIONS_PER_ADVANCE; i++) {
+    const wf = await loadWorkflow(ctx, workflowId);
+    if (!wf) return { state: "missing", wakeInMs: null };
+    if (wf.state !== "running") return { state: wf.state, wakeInMs: null };
+    if (wf.overdue) {
+      await finish(ctx, wf, "failed", { code: "DEADLINE_EXCEEDED", message: "the workflow did not finish before its deadline" });
+      continue;
+    }
+    const profile = findProfile(ctx.registered, wf.profile_id, wf.profile_version);
+    if (!profile) {
+      await finish(ctx, wf, "failed", { code: "INVALID_CONFIG", message: `profile ${wf.profile_id}@${wf.profile_version} is no longer registered` });
+      continue;
+    }
+    if (wf.position >= profile.steps.length) {
+      await finish(ctx, wf, "succeeded", null);
+      continue;
+    }
+    const wait = await advanceStep(ctx, wf, profile);
+    if (wait !== undefined) return { state: "running", wakeInMs: wait };
+  }
+  return { state: "running", wakeInMs: 0 };
+}
+
+/** One transition of the current step; returns how long to wait, or undefined to go on at once. */
+async function advanceStep(ctx: EngineContext, wf: WorkflowRow, profile: ProfileDefinition): Promise<number | undefined> {
+  const entry = profile.steps[wf.position]!;
+  const name = entry.name ?? entry.step;
+  const step = stepsById(ctx.registered).get(entry.step);
+  if (!step) {
+    await finish(ctx, wf, "failed", { code: "INVALID_CONFIG", message: `step ${entry.step} is no longer registered`, step: name });
+    return undefined;
+  }
+  const attempt = await loadAttempt(ctx, wf.id, wf.position);
+  if (!attempt) return beginAttempt(ctx, wf, profile, step, 1);
+
+  switch (attempt.state) {
+    case "scheduled":
+      if (attempt.wait_ms! > 0) return attempt.wait_ms!;
+      await ctx.store.db.execute(sql`
+        UPDATE workflow_steps SET state = 'ready', started_at = compute_now(), deadline_at = ${deadlineSql(step)}
+        WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state = 'scheduled'`);
+      return undefined;
+    case "not_ready":
+      if (attempt.overdue) return failStep(ctx, wf, step, attempt, new StepError("DEADLINE_EXCEEDED", `step ${name} was still not ready at its deadline`, false));
+      if (attempt.wait_ms! > 0) return attempt.wait_ms!;
+      return runControlPlane(ctx, wf, step, attempt, name);
+    case "ready":
+      if (step.runsOn === "control-plane") return runControlPlane(ctx, wf, step, attempt, name);
+      return sendCommand(ctx, wf, step, attempt, name);
+    case "waiting":
+      return checkCommand(ctx, wf, step, attempt, name);
+    case "succeeded":
+    case "failed":
+      // A finished attempt whose workflow did not move on (a crash between the two cannot
+      // happen: they share a transaction). Nothing to do but look again.
+      return WAITING_RECHECK_MS;
+  }
+}
+
+/** Computes and checks the attempt's input, and records the attempt as ready (or failed). */
+async function beginAttempt(ctx: EngineContext, wf: WorkflowRow, profile: ProfileDefinition, step: StepDefinition, attempt: number): Promise<undefined> {
+  const entry = profile.steps[wf.position]!;
+  const name = entry.name ?? entry.step;
+  const outputs = await loadOutputs(ctx, wf.id);
+  const merged = { ...wf.input, ...entry.input, ...(entry.fromStep ? asObject(outputs.get(entry.fromStep)) : {}) };
+  const parsed = step.input.safeParse(merged);
+  const input = parsed.success ? (parsed.data as Record<string, unknown>) : merged;
+  await ctx.store.transaction(async (tx) => {
+    await tx.execute(sql`
+      INSERT INTO workflow_steps (workflow_id, position, attempt, name, step_id, state, input, input_digest, started_at, deadline_at)
+      VALUES (${wf.id}, ${wf.position}, ${attempt}, ${name}, ${step.id}, 'ready', ${JSON.stringify(input)}::jsonb, ${await sha256Hex(canonicalJson(input))},
+              compute_now(), ${deadlineSql(step)})
+      ON CONFLICT DO NOTHING`);
+    await ctx.events.publish(tx, { type: "workflow.step.started", subject: `workflows/${wf.id}`, data: { step: name, position: wf.position, attempt } });
+  });
+  if (!parsed.success) {
+    const issues = parsed.error.issues.map((i) => ({ path: i.path.map(String).join("."), message: i.message }));
+    const row = (await loadAttempt(ctx, wf.id, wf.position))!;
+    await failStep(ctx, wf, step, row, new StepError("INVALID_ARGUMENT", `the input of step ${name} does not match its schema`, false, { issues }));
+  }
+  return undefined;
+}
+
+async function runControlPlane(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, name: string): Promise<number | undefined> {
+  if (step.runsOn !== "control-plane") return undefined;
+  let output: unknown;
+  const stepCtx = await stepContext(ctx, wf, step, attempt, name);
+  try {
+    output = await step.run(stepCtx, attempt.input);
+  } catch (err) {
+    if (err instanceof StepNotReady) {
+      const poll = step.pollSeconds ?? DEFAULT_POLL_SECONDS;
+      await ctx.store.transaction(async (tx) => {
+        await tx.execute(sql`
+          UPDATE workflow_steps SET state = 'not_ready', polls = polls + 1, error = ${JSON.stringify({ code: "NOT_READY", message: err.reason })}::jsonb,
+                 next_attempt_at = compute_now() + make_interval(secs => ${poll})
+          WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state IN ('ready', 'not_ready')`);
+      });
+      await stepCtx.afterCommit();
+      return poll * 1000;
+    }
+    await stepCtx.afterCommit();
+    return failStep(ctx, wf, step, attempt, err);
+  }
+  await stepCtx.afterCommit();
+  await succeedStep(ctx, wf, attempt, name, output);
+  return undefined;
+}
+
+async function sendCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, name: string): Promise<undefined> {
+  if (step.runsOn === "control-plane") return undefined;
+  const stepCtx = await stepContext(ctx, wf, step, attempt, name);
+  let target: string;
+  let body: Record<string, unknown>;
+  try {
+    target = step.target ? await step.target(attempt.input, stepCtx) : wf.target;
+    body = step.command.body ? step.command.body(attempt.input, stepCtx) : attempt.input;
+  } catch (err) {
+    await failStep(ctx, wf, step, attempt, err);
+    return undefined;
+  }
+  try {
+    await ctx.store.transaction(async (tx) => {
+      const command = await ctx.commands.enqueue(tx, {
+        nodeId: target,
+        kind: step.command.kind,
+        key: commandKey(wf.id, wf.position, attempt.attempt),
+        body,
+        origin: `workflow:${wf.id}`,
+        ...(step.deadlineSeconds ? { deadlineSeconds: step.deadlineSeconds } : {}),
+      });
+      await tx.execute(sql`
+        UPDATE workflow_steps SET state = 'waiting', command_id = ${command.id}::bigint
+        WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state = 'ready'`);
+      await ctx.events.publish(tx, { type: "workflow.step.sent", subject: `workflows/${wf.id}`, data: { step: name, kind: step.command.kind, node: target, command: command.id } });
+    });
+  } catch (err) {
+    // Refused at enqueue (unknown node, a body that breaks the kind's schema): nothing was sent.
+    await failStep(ctx, wf, step, attempt, err);
+    return undefined;
+  }
+  await ctx.afterCommit();
+  return undefined;
+}
+
+async function checkCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, name: string): Promise<number | undefined> {
+  const found = await ctx.store.db.execute(sql`SELECT state, result, error FROM bc_commands WHERE id = ${attempt.command_id}::bigint`);
+  const command = found.rows[0] as { state: string; result: unknown; error: { code: string; message: string } | null } | undefined;
+  if (command?.state === "succeeded") {
+    await succeedStep(ctx, wf, attempt, name, command.result);
+    return undefined;
+  }
+  if (command?.state === "failed" || command?.state === "expired") {
+    const error = command.error ?? { code: "DRIVER_ERROR", message: "the agent reported no error" };
+    const kind = step.runsOn === "control-plane" ? name : step.command.kind;
+    return failStep(ctx, wf, step, attempt, new StepError(codeOf(error.code), `${kind} failed on the agent: ${error.message}`, true, { agentCode: error.code }));
+  }
+  if (attempt.overdue) return failStep(ctx, wf, step, attempt, new StepError("DEADLINE_EXCEEDED", `step ${name} got no result before its deadline`, false));
+  return attempt.wait_ms !== null && attempt.wait_ms > 0 ? Math.min(attempt.wait_ms, WAITING_RECHECK_MS) : WAITING_RECHECK_MS;
+}
+
+async function succeedStep(ctx: EngineContext, wf: WorkflowRow, attempt: AttemptRow, name: string, output: unknown): Promise<void> {
+  await ctx.store.transaction(async (tx) => {
+    const updated = await tx.execute(sql`
+      UPDATE workflow_steps SET state = 'succeeded', output = ${JSON.stringify(output ?? null)}::jsonb, error = NULL, finished_at = compute_now()
+      WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state NOT IN ('succeeded', 'failed')
+      RETURNING attempt`);
+    if (updated.rows.length === 0) return;
+    await tx.execute(sql`UPDATE workflows SET position = position + 1, updated_at = compute_now() WHERE id = ${wf.id} AND state = 'running' AND position = ${wf.position}`);
+    await ctx.events.publish(tx, { type: "workflow.step.succeeded", subject: `workflows/${wf.id}`, data: { step: name, position: wf.position, attempt: attempt.attempt } });
+  });
+}
+
+/** Records the failure; schedules another attempt with backoff, or fails the workflow. */
+async function failStep(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, err: unknown): Promise<number | undefined> {
+  const error = toStepError(err);
+  const policy = retryPolicy(ctx, step);
+  const retry = error.retryable && attempt.attempt < policy.attempts;
+  const backoff = Math.min(policy.backoffSeconds * 2 ** (attempt.attempt - 1), policy.maxBackoffSeconds ?? 300);
+  const recorded = { code: error.code, message: error.message, ...(error.details ? { details: error.details } : {}) };
+  await ctx.store.transaction(async (tx) => {
+    const updated = await tx.execute(sql`
+      UPDATE workflow_steps SET state = 'failed', error = ${JSON.stringify(recorded)}::jsonb, finished_at = compute_now()
+      WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state NOT IN ('succeeded', 'failed')
+      RETURNING name`);
+    const name = (updated.rows[0] as { name: string } | undefined)?.name;
+    if (!name) return;
+    if (retry) {
+      await tx.execute(sql`
+        INSERT INTO workflow_steps (workflow_id, position, attempt, name, step_id, state, input, input_digest, next_attempt_at)
+        SELECT workflow_id, position, attempt + 1, name, step_id, 'scheduled', input, input_digest, compute_now() + make_interval(secs => ${backoff})
+        FROM workflow_steps WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt}
+        ON CONFLICT DO NOTHING`);
+      await ctx.events.publish(tx, { type: "workflow.step.retrying", subject: `workflows/${wf.id}`, data: { step: name, attempt: attempt.attempt, backoffSeconds: backoff, error: recorded.code } });
+    } else {
+      await failWorkflow(ctx, tx, wf.id, { ...recorded, step: name, attempt: attempt.attempt });
+    }
+  });
+  return retry ? backoff * 1000 : undefined;
+}
+
+function retryPolicy(ctx: ModuleContext, step: StepDefinition) {
+  if (step.retry) return step.retry;
+  // A step that sends a destructive kind is not repeated unless it says so.
+  const destructive = (step.sends ?? []).some((kind) => ctx.registered.commandKind(kind)?.destructive);
+  return { attempts: destructive ? 1 : 3, backoffSeconds: 2, maxBackoffSeconds: 300 };
+}
+
+async function finish(ctx: EngineContext, wf: WorkflowRow, state: "succeeded" | "failed", error: Record<string, unknown> | null): Promise<void> {
+  await ctx.store.transaction(async (tx) => {
+    if (state === "failed") return failWorkflow(ctx, tx, wf.id, error!);
+    const updated = await tx.execute(sql`
+      UPDATE workflows SET state = 'succeeded', finished_at = compute_now(), updated_at = compute_now() WHERE id = ${wf.id} AND state = 'running' RETURNING id`);
+    if (updated.rows.length) await ctx.events.publish(tx, { type: "workflow.succeeded", subject: `workflows/${wf.id}`, data: { profile: wf.profile_id } });
+  });
+}
+
+async function failWorkflow(ctx: ModuleContext, tx: Tx, workflowId: string, error: Record<string, unknown>): Promise<void> {
+  const updated = await tx.execute(sql`
+    UPDATE workflows SET state = 'failed', error = ${JSON.stringify(error)}::jsonb, finished_at = compute_now(), updated_at = compute_now()
+    WHERE id = ${workflowId} AND state = 'running' RETURNING id`);
+  if (updated.rows.length) await ctx.events.publish(tx, { type: "workflow.failed", subject: `workflows/${workflowId}`, data: error });
+}
+
+async function stepContext(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, name: string): Promise<StepContext & { afterCommit(): Promise<void> }> {
+  const outputs = await loadOutputs(ctx, wf.id);
+  const sends = new Set(step.sends ?? []);
+  // A step may send only what it declared: the declaration is what quorum and audits see.
+  const commands: StepContext["commands"] = {
+    enqueue: (tx, command) => {
+      if (!sends.has(command.kind)) throw new ComputeError("FAILED_PRECONDITION", `step ${step.id} sends ${command.kind} without declaring it in sends`);
+      return ctx.commands.enqueue(tx, { origin: `workflow:${wf.id}`, ...command });
+    },
+  };
+  return Object.assign(Object.create(ctx) as EngineContext, {
+    commands,
+    workflow: { id: wf.id, target: wf.target, profile: wf.profile_id },
+    step: { name, position: wf.position, attempt: attempt.attempt },
+    output: (stepName: string) => outputs.get(stepName),
+  });
+}
+
+async function loadWorkflow(ctx: ModuleContext, id: string): Promise<WorkflowRow | undefined> {
+  const rows = await ctx.store.db.execute(sql`
+    SELECT id, profile_id, profile_version, target, state, position, input,
+           (deadline IS NOT NULL AND deadline < compute_now()) AS overdue
+    FROM workflows WHERE id = ${id}`);
+  return rows.rows[0] as WorkflowRow | undefined;
+}
+
+async function loadAttempt(ctx: ModuleContext, workflowId: string, position: number): Promise<AttemptRow | undefined> {
+  const rows = await ctx.store.db.execute(sql`
+    SELECT attempt, state, input, command_id,
+           (extract(epoch FROM (next_attempt_at - compute_now())) * 1000)::float8 AS wait_ms,
+           coalesce(deadline_at < compute_now(), false) AS overdue
+    FROM workflow_steps
+    WHERE workflow_id = ${workflowId} AND position = ${position}
+    ORDER BY attempt DESC LIMIT 1`);
+  return rows.rows[0] as AttemptRow | undefined;
+}
+
+async function loadOutputs(ctx: ModuleContext, workflowId: string): Promise<Map<string, unknown>> {
+  const rows = await ctx.store.db.execute(sql`SELECT name, output FROM workflow_steps WHERE workflow_id = ${workflowId} AND state = 'succeeded'`);
+  return new Map((rows.rows as { name: string; output: unknown }[]).map((r) => [r.name, r.output]));
+}
+
+function toStepError(err: unknown): StepError {
+  if (err instanceof StepError) return err;
+  if (isComputeError(err)) return new StepError(err.code, err.message, err.code !== "INVALID_ARGUMENT" && err.code !== "FAILED_PRECONDITION", err.details);
+  return new StepError("INTERNAL", err instanceof Error ? err.message : String(err));
+}
+
+function codeOf(code: string): StepError["code"] {
+  return code === "DEADLINE_EXCEEDED" ? "DEADLINE_EXCEEDED" : "DRIVER_ERROR";
+}
+
+/** The attempt's deadline, counted from when it begins. */
+const deadlineSql = (step: StepDefinition) =>
+  step.deadlineSeconds ? sql`compute_now() + make_interval(secs => ${step.deadlineSeconds})` : sql`NULL`;
+
+const asObject = (v: unknown): Record<string, unknown> => (v && typeof v === "object" && !Array.isArray(v) ? (v as Record<string, unknown>) : {});

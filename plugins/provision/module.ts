@@ -1,0 +1,218 @@
+// The provision module: workflows of steps, their tables, and the methods to validate profiles
+// and to start, follow and cancel workflows. The WorkflowDO (durable-objects/workflow.ts) runs
+// advance() from engine.ts.
+import { sql } from "drizzle-orm";
+import { z } from "zod";
+import { defineModule, type Module } from "better-compute";
+import { ComputeError, defineMethod, invalidArgument, notFound, type ModuleContext, type Tx } from "better-compute/core";
+import { findProfile, stepsById, validateProfile } from "./validate.ts";
+
+const WORKFLOWS_SQL = `
+CREATE TABLE IF NOT EXISTS workflows (
+  id text PRIMARY KEY,
+  profile_id text NOT NULL,
+  profile_version text NOT NULL,
+  target text NOT NULL,
+  state text NOT NULL DEFAULT 'running' CHECK (state IN ('running', 'succeeded', 'failed', 'cancelled')),
+  position integer NOT NULL DEFAULT 0,
+  input jsonb NOT NULL DEFAULT '{}'::jsonb,
+  error jsonb,
+  deadline timestamptz,
+  created_by text NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT compute_now(),
+  updated_at timestamptz NOT NULL DEFAULT compute_now(),
+  finished_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS workflows_running ON workflows (updated_at) WHERE state = 'running';
+
+-- Every attempt of every step: its input (and digest), result or error, and timings.
+CREATE TABLE IF NOT EXISTS workflow_steps (
+  workflow_id text NOT NULL REFERENCES workflows (id),
+  position integer NOT NULL,
+  attempt integer NOT NULL,
+  name text NOT NULL,
+  step_id text NOT NULL,
+  state text NOT NULL CHECK (state IN ('ready', 'not_ready', 'waiting', 'scheduled', 'succeeded', 'failed')),
+  input jsonb NOT NULL,
+  input_digest text NOT NULL,
+  output jsonb,
+  error jsonb,
+  command_id bigint,
+  polls integer NOT NULL DEFAULT 0,
+  next_attempt_at timestamptz,
+  deadline_at timestamptz,
+  created_at timestamptz NOT NULL DEFAULT compute_now(),
+  started_at timestamptz,
+  finished_at timestamptz,
+  PRIMARY KEY (workflow_id, position, attempt)
+);`;
+
+export interface StartWorkflowInput {
+  profile: string;
+  version?: string;
+  target: string;
+  input?: Record<string, unknown>;
+  deadlineSeconds?: number;
+  createdBy: string;
+}
+
+/**
+ * Starts a workflow in the caller's transaction. Every step input that does not wait for an
+ * earlier step's output is checked against its schema first: a bad input fails here, before
+ * anything is written or sent.
+ */
+export async function startWorkflow(ctx: ModuleContext, tx: Tx, input: StartWorkflowInput): Promise<{ id: string }> {
+  const profile = findProfile(ctx.registered, input.profile, input.version);
+  if (!profile) throw notFound(`no profile ${input.profile}${input.version ? `@${input.version}` : ""} is registered`);
+  const issues = validateProfile(ctx.registered, profile);
+  if (issues.length > 0) throw new ComputeError("FAILED_PRECONDITION", `profile ${profile.id}@${profile.version} does not validate`, { issues });
+  const steps = stepsById(ctx.registered);
+  const inputIssues = profile.steps.flatMap((entry) => {
+    if (entry.fromStep) return [];
+    const parsed = steps.get(entry.step)!.input.safeParse({ ...input.input, ...entry.input });
+    return parsed.success ? [] : [{ step: entry.name ?? entry.step, issues: parsed.error.issues.map((i) => ({ path: i.path.map(String).join("."), message: i.message })) }];
+  });
+  if (inputIssues.length > 0) throw invalidArgument(`the input breaks the schema of step ${inputIssues[0]!.step}`, { steps: inputIssues });
+
+  const id = `wf-${crypto.randomUUID()}`;
+  await tx.execute(sql`
+    INSERT INTO workflows (id, profile_id, profile_version, target, input, deadline, created_by)
+    VALUES (${id}, ${profile.id}, ${profile.version}, ${input.target}, ${JSON.stringify(input.input ?? {})}::jsonb,
+            CASE WHEN ${input.deadlineSeconds ?? null}::float8 IS NULL THEN NULL ELSE compute_now() + make_interval(secs => ${input.deadlineSeconds ?? 0}) END,
+            ${input.createdBy})`);
+  await ctx.events.publish(tx, { type: "workflow.started", subject: `workflows/${id}`, data: { profile: profile.id, version: profile.version, target: input.target } });
+  ctx.wake.workflow(id);
+  return { id };
+}
+
+const issue = z.object({ step: z.string(), position: z.number(), code: z.string(), message: z.string() });
+const attempt = z.object({
+  attempt: z.number(),
+  state: z.string(),
+  inputDigest: z.string(),
+  output: z.unknown().nullable(),
+  error: z.unknown().nullable(),
+  commandId: z.string().nullable(),
+  polls: z.number(),
+  startedAt: z.string().nullable(),
+  finishedAt: z.string().nullable(),
+});
+const workflow = z.object({
+  id: z.string(),
+  profile: z.string(),
+  version: z.string(),
+  target: z.string(),
+  state: z.enum(["running", "succeeded", "failed", "cancelled"]),
+  position: z.number(),
+  error: z.unknown().nullable(),
+  createdAt: z.string(),
+  finishedAt: z.string().nullable(),
+  steps: z.array(z.object({ position: z.number(), name: z.string(), step: z.string(), attempts: z.array(attempt) })),
+});
+
+const iso = (v: unknown) => (v === null || v === undefined ? null : new Date(v as string).toISOString());
+
+export function provisionModule(): Module {
+  const validate = defineMethod({
+    name: "profiles.validate",
+    action: "profiles.validate",
+    readOnly: true,
+    description: "Resolve every step of a profile against the registry and list what would go wrong",
+    input: z.object({ id: z.string(), version: z.string().optional() }),
+    output: z.object({ profile: z.string(), version: z.string(), valid: z.boolean(), issues: z.array(issue) }),
+    handler: async (ctx, input) => {
+      const profile = findProfile(ctx.registered, input.id, input.version);
+      if (!profile) throw notFound(`no profile ${input.id} is registered`);
+      const issues = validateProfile(ctx.registered, profile);
+      return { profile: profile.id, version: profile.version, valid: issues.length === 0, issues };
+    },
+  });
+
+  const start = defineMethod({
+    name: "workflows.start",
+    action: "workflows.start",
+    resource: (input) => `workflows/${input.profile}/${input.target}`,
+    input: z.object({
+      profile: z.string(),
+      version: z.string().optional(),
+      target: z.string().min(1),
+      input: z.record(z.string(), z.unknown()).default({}),
+      deadlineSeconds: z.number().positive().optional(),
+    }),
+    output: z.object({ id: z.string() }),
+    handler: (ctx, input, tx) => startWorkflow(ctx, tx, { ...input, createdBy: ctx.principal.id }),
+  });
+
+  const get = defineMethod({
+    name: "workflows.get",
+    action: "workflows.get",
+    readOnly: true,
+    resource: (input) => `workflows/${input.id}`,
+    description: "A workflow with its steps, every attempt, their states and timings",
+    input: z.object({ id: z.string() }),
+    output: workflow,
+    handler: async (_ctx, input, tx) => {
+      const found = await tx.execute(sql`SELECT * FROM workflows WHERE id = ${input.id}`);
+      const wf = found.rows[0] as Record<string, any> | undefined;
+      if (!wf) throw notFound(`workflow ${input.id} does not exist`);
+      const rows = (await tx.execute(sql`SELECT * FROM workflow_steps WHERE workflow_id = ${input.id} ORDER BY position, attempt`)).rows as Record<string, any>[];
+      type Attempt = z.infer<typeof attempt>;
+      const steps = new Map<number, { position: number; name: string; step: string; attempts: Attempt[] }>();
+      for (const r of rows) {
+        const entry = steps.get(r.position) ?? { position: r.position, name: r.name, step: r.step_id, attempts: [] as Attempt[] };
+        entry.attempts.push({
+          attempt: r.attempt, state: r.state, inputDigest: r.input_digest, output: r.output, error: r.error,
+          commandId: r.command_id === null ? null : String(r.command_id), polls: r.polls, startedAt: iso(r.started_at), finishedAt: iso(r.finished_at),
+        });
+        steps.set(r.position, entry);
+      }
+      return {
+        id: wf.id, profile: wf.profile_id, version: wf.profile_version, target: wf.target, state: wf.state, position: wf.position,
+        error: wf.error, createdAt: iso(wf.created_at)!, finishedAt: iso(wf.finished_at), steps: [...steps.values()],
+      };
+    },
+  });
+
+  const cancel = defineMethod({
+    name: "workflows.cancel",
+    action: "workflows.cancel",
+    resource: (input) => `workflows/${input.id}`,
+    description: "Stop a running workflow after its current transition (commands already sent still run)",
+    input: z.object({ id: z.string() }),
+    output: z.object({ id: z.string(), state: z.string() }),
+    handler: async (ctx, input, tx) => {
+      const updated = await tx.execute(sql`
+        UPDATE workflows SET state = 'cancelled', finished_at = compute_now(), updated_at = compute_now()
+        WHERE id = ${input.id} AND state = 'running' RETURNING id`);
+      if (updated.rows.length) await ctx.events.publish(tx, { type: "workflow.cancelled", subject: `workflows/${input.id}` });
+      const found = await tx.execute(sql`SELECT state FROM workflows WHERE id = ${input.id}`);
+      const row = found.rows[0] as { state: string } | undefined;
+      if (!row) throw notFound(`workflow ${input.id} does not exist`);
+      return { id: input.id, state: row.state };
+    },
+  });
+
+  return defineModule({
+    id: "provision",
+    description: "Provisioning workflows: steps, profiles and the engine that runs them",
+    iam: {
+      actions: {
+        "profiles.validate": "Validate a provisioning profile",
+        "workflows.start": "Start provisioning workflows",
+        "workflows.get": "Read workflows and their steps",
+        "workflows.cancel": "Cancel workflows",
+      },
+    },
+    migrations: [{ name: "provision/0001_workflows", sql: WORKFLOWS_SQL }],
+    api: [validate, start, get, cancel],
+  });
+}
+
+/** The cron safety net: running workflows nobody has advanced for a while are woken. */
+export async function wakeStalledWorkflows(ctx: ModuleContext & { afterCommit(): Promise<void> }, staleSeconds = 60): Promise<number> {
+  const rows = await ctx.store.db.execute(sql`
+    SELECT id FROM workflows WHERE state = 'running' AND updated_at < compute_now() - make_interval(secs => ${staleSeconds}) LIMIT 500`);
+  for (const row of rows.rows as { id: string }[]) ctx.wake.workflow(row.id);
+  await ctx.afterCommit();
+  return rows.rows.length;
+}

@@ -1,5 +1,5 @@
 // The workflow engine: advance() moves a workflow as far as it can go now and says when to
-// look again. It is level-triggered and idempotent: every transition is one Postgres
+// look again. Every write is a store transaction (the chaos test crashes at each of them). It is level-triggered and idempotent: every transition is one Postgres
 // transaction with its event, guarded by the state it expects, so running it twice, or again
 // after a crash at any point, changes nothing twice. An agent step's command is keyed by
 // (workflow, step, attempt) and enqueued in the same transaction that records it, so a
@@ -87,9 +87,11 @@ async function advanceStep(ctx: EngineContext, wf: WorkflowRow, profile: Profile
   switch (attempt.state) {
     case "scheduled":
       if (attempt.wait_ms! > 0) return attempt.wait_ms!;
-      await ctx.store.db.execute(sql`
-        UPDATE workflow_steps SET state = 'ready', started_at = compute_now(), deadline_at = ${deadlineSql(step)}
-        WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state = 'scheduled'`);
+      await ctx.store.transaction((tx) =>
+        tx.execute(sql`
+          UPDATE workflow_steps SET state = 'ready', started_at = compute_now(), deadline_at = ${deadlineSql(step)}
+          WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state = 'scheduled'`),
+      );
       return undefined;
     case "not_ready":
       if (attempt.overdue) return failStep(ctx, wf, step, attempt, new StepError("DEADLINE_EXCEEDED", `step ${name} was still not ready at its deadline`, false));

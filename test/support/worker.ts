@@ -1,14 +1,28 @@
 // The Worker the workers test project runs: the default deployment's modules plus the
 // third-party test plugins, registered the way a deployment's config would. Its WorkflowDO
 // runs their steps.
-import { betterCompute } from "../../core/index.ts";
+import { betterCompute, postgres } from "../../core/index.ts";
 import { provisionModule } from "../../plugins/provision/index.ts";
 import { deploymentEntry } from "../../workers/api/entry.ts";
 import { acmeProvision } from "../extensions/acme-provision/plugin.ts";
+import { chaos, chaosDatabase } from "./chaos.ts";
+import { chaosSteps } from "./chaos-steps.ts";
 
-export const testCompute = betterCompute({ modules: [provisionModule()], plugins: [acmeProvision] });
+/** The test deployment; its database port injects faults only while a chaos test arms it. */
+export const testCompute = betterCompute({ database: chaosDatabase(postgres()), modules: [provisionModule()], plugins: [acmeProvision, chaosSteps] });
 
 export { NodeDO } from "../../durable-objects/node.ts";
 const entry = deploymentEntry(testCompute);
-export const WorkflowDO = entry.WorkflowDO;
+
+/** The deployment's WorkflowDO, telling the chaos switch which object is running. */
+export class WorkflowDO extends entry.WorkflowDO {
+  override fetch(request: Request) {
+    chaos.running(() => this.ctx.abort("chaos: the object died here") as never);
+    return super.fetch(request);
+  }
+  override alarm() {
+    chaos.running(() => this.ctx.abort("chaos: the object died here") as never);
+    return super.alarm();
+  }
+}
 export default entry.handler;

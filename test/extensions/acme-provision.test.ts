@@ -113,6 +113,18 @@ describe("failures", () => {
     expect(wf.steps[0].attempts.map((a: any) => a.state)).toEqual(["failed", "failed"]);
   });
 
+  it("cancels a running workflow: it stops polling and stays cancelled", async () => {
+    const started = await start("acme.neverReady", {}, "cancel-me");
+    await expect.poll(async () => (await client.call("workflows.get", { id: started.body.id })).body.steps[0]?.attempts[0]?.polls ?? 0, { timeout: 5_000 }).toBeGreaterThanOrEqual(1);
+    expect((await client.call("workflows.cancel", { id: started.body.id })).body).toEqual({ id: started.body.id, state: "cancelled" });
+    const polls = (await client.call("workflows.get", { id: started.body.id })).body.steps[0].attempts[0].polls;
+    await new Promise((r) => setTimeout(r, 2_500));
+    const after = (await client.call("workflows.get", { id: started.body.id })).body;
+    expect(after.state).toBe("cancelled");
+    expect(after.steps[0].attempts[0].polls).toBe(polls);
+    expect((await client.call("workflows.cancel", { id: "wf-nope" })).status).toBe(404);
+  });
+
   it("refuses an input that breaks a step's schema at start, before anything is written or sent", async () => {
     const before = await client.store.db.execute(sql`SELECT count(*)::int AS n FROM workflows`);
     const res = await start("acme.bringUp", { pool: "LAB!" });

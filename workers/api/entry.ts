@@ -16,6 +16,7 @@ export function deploymentEntry(compute: Compute) {
 
 /** The cron safety net: workflows nobody advanced for a minute are woken. */
 export async function sweep(compute: Compute, env: object): Promise<number> {
+  if (!compute.registry.modules.some((m) => m.id === "provision")) return 0;
   const store = compute.openStore(env);
   try {
     return await wakeStalledWorkflows(compute.moduleContext("provision", env, store));

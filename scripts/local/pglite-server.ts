@@ -43,6 +43,8 @@ export interface PgliteServer {
   connectionString: string;
   /** The database itself, for in-process use; it shares the locks with wire clients. */
   db: PGlite;
+  /** Counters for benchmarks: a round trip is one group of client messages answered. */
+  stats: { connections: number; roundTrips: number };
   stop(): Promise<void>;
 }
 
@@ -110,10 +112,12 @@ export async function startPglite(
 
   const sockets = new Set<net.Socket>();
   const sessions = new Set<Promise<void>>();
+  const stats = { connections: 0, roundTrips: 0 };
 
   const server = net.createServer((socket) => {
     sockets.add(socket);
-    const session = serve(db, socket).finally(() => {
+    stats.connections++;
+    const session = serve(db, socket, stats).finally(() => {
       sockets.delete(socket);
       sessions.delete(session);
     });
@@ -132,6 +136,7 @@ export async function startPglite(
     port,
     connectionString: `postgres://postgres:postgres@${urlHost}:${port}/postgres`,
     db,
+    stats,
     async stop() {
       await new Promise<void>((resolve) => {
         server.close(() => resolve());
@@ -144,7 +149,7 @@ export async function startPglite(
 }
 
 /** One client connection: split its bytes into groups, run each group exclusively. */
-async function serve(db: PGlite, socket: net.Socket): Promise<void> {
+async function serve(db: PGlite, socket: net.Socket, stats: { roundTrips: number }): Promise<void> {
   socket.setNoDelay(true);
   let buf = Buffer.alloc(0);
   let startedUp = false;
@@ -220,6 +225,7 @@ async function serve(db: PGlite, socket: net.Socket): Promise<void> {
         if (closed) break;
       }
       const out = await db.execProtocolRaw(group);
+      stats.roundTrips++;
       if (socket.writable && out.length) socket.write(out);
       if (lastReadyStatus(out) === IDLE) {
         release();

@@ -28,6 +28,8 @@ export interface Stack {
   databaseUrl: string;
   /** Whether the database is the embedded PGlite. */
   embedded: boolean;
+  /** The embedded PGlite's counters (round trips, connections); absent on DATABASE_URL. */
+  databaseStats?: { connections: number; roundTrips: number };
   stop(): Promise<void>;
 }
 
@@ -91,7 +93,7 @@ export async function startStack(options: StackOptions): Promise<Stack> {
     }
     const url = `http://127.0.0.1:${port}`;
     await waitForHealth(url, wrangler, output);
-    return { url, adminKey, databaseUrl, embedded: !options.databaseUrl, stop };
+    return { url, adminKey, databaseUrl, embedded: !options.databaseUrl, ...(pglite ? { databaseStats: pglite.stats } : {}), stop };
   } catch (err) {
     await stop();
     throw err;

@@ -3,41 +3,15 @@
 // sides) under `wrangler dev`, beside a bare hono route on the same Worker that opens the
 // store the same way and runs one SELECT 1 (GET /bench/select1). The ratio between them is
 // what the platform's envelope costs over the cheapest possible database round trip.
-import fs from "node:fs";
-import os from "node:os";
-import path from "node:path";
-import { fileURLToPath } from "node:url";
-import { startStack, type Stack } from "../scripts/local/stack.ts";
-import { runLoad, type CpuShare, type LoadResult, type LoadTarget } from "./load.ts";
-import type { BenchContext, BenchSection } from "./run.ts";
-
-const here = path.dirname(fileURLToPath(import.meta.url));
+import { cpuLine, runLoad, type LoadResult, type LoadTarget } from "./load.ts";
+import type { BenchSection } from "./run.ts";
+import { ms, withStack } from "./stack.ts";
 
 export const apiSection: BenchSection = {
+  id: "api",
   title: "API under wrangler dev: authenticated read vs bare SELECT 1",
   async run(ctx) {
-    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-bench-api-"));
-    const wranglerLines: string[] = [];
-    let stack: Stack | undefined;
-    const interrupted = async () => {
-      await stack?.stop();
-      fs.rmSync(dataDir, { recursive: true, force: true });
-      process.exit(130);
-    };
-    process.once("SIGINT", interrupted);
-    try {
-      const started = performance.now();
-      stack = await startStack({
-        dataDir,
-        databaseUrl: ctx.databaseUrl,
-        wranglerConfig: path.join(here, "wrangler.toml"),
-        onOutput: (line) => {
-          wranglerLines.push(line);
-          if (wranglerLines.length > 20) wranglerLines.shift();
-        },
-      });
-      ctx.log(`stack up in ${((performance.now() - started) / 1000).toFixed(1)} s (${stack.embedded ? "PGlite" : "DATABASE_URL"} → WebSocket bridge → wrangler dev at ${stack.url})`);
-
+    await withStack(ctx, "api", async (stack) => {
       const api: LoadTarget = {
         label: "POST /v1/iam.whoami (API)",
         url: `${stack.url}/v1/iam.whoami`,
@@ -77,14 +51,11 @@ export const apiSection: BenchSection = {
         for (const r of failed) {
           ctx.log(`ERROR ${r.label}: ${r.errors} of ${r.requests} requests failed${r.errorSamples.length ? `; e.g.\n    ${r.errorSamples.join("\n    ")}` : ""}`);
         }
-        if (wranglerLines.length) ctx.log(`last wrangler output:\n    ${wranglerLines.join("\n    ")}`);
+        const tail = stack.wranglerTail();
+        if (tail.length) ctx.log(`last wrangler output:\n    ${tail.join("\n    ")}`);
         throw new Error("requests failed under load (see above)");
       }
-    } finally {
-      process.off("SIGINT", interrupted);
-      await stack?.stop();
-      fs.rmSync(dataDir, { recursive: true, force: true });
-    }
+    });
   },
 };
 
@@ -103,14 +74,4 @@ async function expectOk(target: LoadTarget, check: (body: unknown) => boolean): 
 
 function signed(value: number): string {
   return `${value >= 0 ? "+" : ""}${value.toFixed(2)}`;
-}
-
-function ms(value: number): string {
-  return Number.isFinite(value) ? value.toFixed(2) : "-";
-}
-
-function cpuLine(shares: CpuShare[]): string {
-  if (shares.length === 0) return "n/a (no /proc)";
-  const total = shares.reduce((sum, share) => sum + share.percent, 0);
-  return [...shares.map((share) => `${share.name} ${share.percent.toFixed(0)}%`), `total ${total.toFixed(0)}%`].join(", ");
 }

@@ -144,10 +144,10 @@ export interface CpuShare {
   percent: number;
 }
 
-type CpuSnapshot = Map<number, { name: string; seconds: number }>;
+export type CpuSnapshot = Map<number, { name: string; seconds: number }>;
 
 /** CPU time (user + system, in seconds) of this process and each of its descendants, by pid. Linux only; empty elsewhere. */
-function cpuSnapshot(root = process.pid): CpuSnapshot {
+export function cpuSnapshot(root = process.pid): CpuSnapshot {
   const out: CpuSnapshot = new Map();
   let entries: string[];
   try {
@@ -186,7 +186,7 @@ function cpuSnapshot(root = process.pid): CpuSnapshot {
 }
 
 /** CPU per process name between two snapshots, busiest first, leaving out those under 1%. */
-function cpuShares(before: CpuSnapshot, after: CpuSnapshot, seconds: number): CpuShare[] {
+export function cpuShares(before: CpuSnapshot, after: CpuSnapshot, seconds: number): CpuShare[] {
   if (after.size === 0 || seconds <= 0) return [];
   const byName = new Map<string, number>();
   for (const [pid, now] of after) {
@@ -196,6 +196,13 @@ function cpuShares(before: CpuSnapshot, after: CpuSnapshot, seconds: number): Cp
     .map(([name, used]) => ({ name, percent: (used / seconds) * 100 }))
     .filter((share) => share.percent >= 1)
     .sort((a, b) => b.percent - a.percent);
+}
+
+/** One line: each process's share of one core, and the total (e.g. "workerd 80%, bench (node) 45%, total 125%"). */
+export function cpuLine(shares: CpuShare[]): string {
+  if (shares.length === 0) return "n/a (no /proc)";
+  const total = shares.reduce((sum, share) => sum + share.percent, 0);
+  return [...shares.map((share) => `${share.name} ${share.percent.toFixed(0)}%`), `total ${total.toFixed(0)}%`].join(", ");
 }
 
 /** USER_HZ: 100 on every Linux this runs on (glibc and musl alike). */

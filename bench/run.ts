@@ -1,17 +1,32 @@
 // npm run bench: runs the benchmark sections in order and prints their figures. Not a test:
 // nothing here asserts a timing; a section fails only when requests fail.
 //
-//   BENCH_CONCURRENCY   concurrent closed-loop clients (default 8)
-//   BENCH_SECONDS       measured window per target, seconds (default 10)
-//   BENCH_WARMUP        unrecorded warm-up per target, seconds (default 2)
+//   BENCH_ONLY          comma-separated section ids to run (api, commands, agents; default all)
+//   BENCH_CONCURRENCY   API section: concurrent closed-loop clients (default 8)
+//   BENCH_SECONDS       API section: measured window per target, seconds (default 10)
+//   BENCH_WARMUP        API section: unrecorded warm-up per target, seconds (default 2)
+//   BENCH_COMMANDS      commands section: measured round trips per path (default 1000)
+//   BENCH_AGENTS_MAX    agents section: the last step's number of agents (default 200)
+//   BENCH_AGENTS_HOLD   agents section: seconds each step is held before it is checked (default 6)
+//   BENCH_AGENTS_HEARTBEAT  agents section: each agent's ping interval, seconds (default 2)
 //   DATABASE_URL        bench a real Postgres instead of the embedded PGlite
 import os from "node:os";
+import { agentsSection } from "./agents.ts";
 import { apiSection } from "./api.ts";
+import { commandsSection } from "./commands.ts";
 
 export interface BenchContext {
   concurrency: number;
   seconds: number;
   warmupSeconds: number;
+  /** Measured round trips per path in the commands section. */
+  commands: number;
+  agents: {
+    /** The ramp's last step. */
+    max: number;
+    holdSeconds: number;
+    heartbeatSeconds: number;
+  };
   /** DATABASE_URL when set; otherwise the section uses the embedded PGlite. */
   databaseUrl?: string;
   log(line: string): void;
@@ -19,18 +34,31 @@ export interface BenchContext {
 }
 
 export interface BenchSection {
+  /** What BENCH_ONLY names it by. */
+  id: string;
   title: string;
   /** Prints its figures through ctx; throws when the run is not valid (e.g. failed requests). */
   run(ctx: BenchContext): Promise<void>;
 }
 
 /** Sections in the order they run; later issues append theirs. */
-const sections: BenchSection[] = [apiSection];
+const allSections: BenchSection[] = [apiSection, commandsSection, agentsSection];
+const only = (process.env.BENCH_ONLY ?? "").split(",").map((s) => s.trim()).filter(Boolean);
+for (const id of only) {
+  if (!allSections.some((s) => s.id === id)) throw new Error(`BENCH_ONLY: no section ${JSON.stringify(id)} (sections: ${allSections.map((s) => s.id).join(", ")})`);
+}
+const sections = only.length ? allSections.filter((s) => only.includes(s.id)) : allSections;
 
 const ctx: BenchContext = {
   concurrency: positiveInt("BENCH_CONCURRENCY", 8),
   seconds: positiveNumber("BENCH_SECONDS", 10),
   warmupSeconds: positiveNumber("BENCH_WARMUP", 2, true),
+  commands: positiveInt("BENCH_COMMANDS", 1000),
+  agents: {
+    max: positiveInt("BENCH_AGENTS_MAX", 200),
+    holdSeconds: positiveNumber("BENCH_AGENTS_HOLD", 6),
+    heartbeatSeconds: positiveNumber("BENCH_AGENTS_HEARTBEAT", 2),
+  },
   databaseUrl: process.env.DATABASE_URL || undefined,
   log: (line) => console.log(`  ${line}`),
   table(header, rows) {
@@ -47,9 +75,14 @@ console.log("Better Compute bench");
 console.log(`  node ${process.version} on ${os.platform()} ${os.arch()} (${os.release()})`);
 console.log(`  ${os.availableParallelism()} CPUs: ${models}; ${(os.totalmem() / 2 ** 30).toFixed(1)} GiB RAM`);
 console.log(`  database: ${ctx.databaseUrl ? `DATABASE_URL host ${databaseHost(ctx.databaseUrl)}` : "PGlite (embedded, in this process)"}`);
-console.log(`  load: ${ctx.concurrency} concurrent clients (BENCH_CONCURRENCY), ${ctx.warmupSeconds} s warm-up (BENCH_WARMUP) + ${ctx.seconds} s measured (BENCH_SECONDS) per target`);
+console.log(`  sections: ${sections.map((s) => s.id).join(", ")}${only.length ? " (BENCH_ONLY)" : ""}`);
+console.log(`  api: ${ctx.concurrency} concurrent clients (BENCH_CONCURRENCY), ${ctx.warmupSeconds} s warm-up (BENCH_WARMUP) + ${ctx.seconds} s measured (BENCH_SECONDS) per target`);
+console.log(`  commands: ${ctx.commands} sequential round trips per path (BENCH_COMMANDS)`);
 console.log(
-  `  note: the load generator shares this machine's ${os.availableParallelism()} CPUs with wrangler dev (workerd) and the WebSocket bridge` +
+  `  agents: up to ${ctx.agents.max} (BENCH_AGENTS_MAX), each step held ${ctx.agents.holdSeconds} s (BENCH_AGENTS_HOLD), a ping every ${ctx.agents.heartbeatSeconds} s (BENCH_AGENTS_HEARTBEAT)`,
+);
+console.log(
+  `  note: the load generator and the agents share this machine's ${os.availableParallelism()} CPUs with wrangler dev (workerd) and the WebSocket bridge` +
     (ctx.databaseUrl ? "" : " and PGlite") +
     "; compare figures within one run, not as capacity.",
 );

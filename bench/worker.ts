@@ -1,10 +1,17 @@
-// The benchmark Worker (bench/wrangler.toml): the deployment's compute serves the API as in
-// production, and GET /bench/select1 is the baseline, a bare hono route that opens the store
-// the same way the API does per request, runs SELECT 1 and closes the pool after the response.
+// The benchmark Worker (bench/wrangler.toml): the deployment's compute serves the API, the
+// JoinService and the agent gateway as in production (with NodeDO bound as NODE), and the
+// /bench/* routes are the baselines:
+//   GET /bench/noop      no database at all;
+//   GET /bench/select1   a bare hono route that opens the store the same way the API does per
+//                        request, runs SELECT 1 and closes the pool after the response;
+//   GET /bench/echo      (Upgrade: websocket) the EchoDO: one Postgres INSERT and an echo per message.
 // Nothing here is part of the production Worker (workers/api/index.ts).
 import { sql } from "drizzle-orm";
 import { Hono } from "hono";
 import { compute } from "../better-compute.config.ts";
+
+export { NodeDO } from "../durable-objects/node.ts";
+export { EchoDO } from "./echo-do.ts";
 
 type Env = Record<string, unknown>;
 
@@ -21,6 +28,12 @@ bare.get("/bench/select1", async (c) => {
   } finally {
     c.executionCtx.waitUntil(store.close());
   }
+});
+
+// One EchoDO for the whole bench: the section measures one socket, sequentially.
+bare.get("/bench/echo", (c) => {
+  const ns = c.env.ECHO as DurableObjectNamespace;
+  return ns.get(ns.idFromName("echo")).fetch(c.req.raw);
 });
 
 export default {

@@ -1,0 +1,119 @@
+// What every bench section does around its measurements: start the local stack (PGlite or
+// DATABASE_URL → WebSocket bridge → migrations → `wrangler dev` → an admin key) in a temp dir
+// of its own, keep the last lines wrangler printed for error reports, and stop it all
+// afterwards, also on Ctrl-C. Each section gets a fresh stack so its figures (and workerd's
+// memory) do not carry what an earlier section left behind.
+//
+// The Worker is bundled once per run (`wrangler deploy --dry-run --outdir`) and every section's
+// `wrangler dev` serves that frozen bundle (no_bundle): a source file saved during the run
+// (an editor, a concurrent checkout) neither rebuilds nor restarts the Worker mid-measurement,
+// which would drop every agent's socket. All sections run the same code.
+import { execFile } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import { repoRoot } from "../scripts/local/node-store.ts";
+import { startStack, type Stack } from "../scripts/local/stack.ts";
+import type { BenchContext } from "./run.ts";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+
+let bundled: Promise<string> | undefined;
+
+/** Bundles bench/wrangler.toml's Worker once; resolves with a wrangler config serving that bundle as is. */
+function frozenConfig(): Promise<string> {
+  return (bundled ??= (async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-bench-bundle-"));
+    process.once("exit", () => fs.rmSync(dir, { recursive: true, force: true }));
+    const source = path.join(here, "wrangler.toml");
+    await promisify(execFile)(
+      process.execPath,
+      [path.join(repoRoot, "node_modules", "wrangler", "bin", "wrangler.js"), "deploy", "--dry-run", "--outdir", path.join(dir, "bundle"), "--config", source],
+      { cwd: repoRoot, env: { ...process.env, WRANGLER_SEND_METRICS: "false", CI: "true" }, maxBuffer: 16 * 2 ** 20 },
+    );
+    const main = path.join(dir, "bundle", "worker.js");
+    if (!fs.existsSync(main)) throw new Error(`wrangler deploy --dry-run wrote no ${main}`);
+    // Same config (bindings, migrations), pointed at the bundle and told not to bundle again.
+    const toml = fs.readFileSync(source, "utf8");
+    if (!/^main = "worker\.ts"$/m.test(toml)) throw new Error(`${source}: expected the line main = "worker.ts"`);
+    const config = path.join(dir, "wrangler.toml");
+    fs.writeFileSync(config, toml.replace(/^main = "worker\.ts"$/m, 'main = "bundle/worker.js"\nno_bundle = true'));
+    return config;
+  })());
+}
+
+export interface BenchStack extends Stack {
+  /** The last lines wrangler dev printed (warnings and errors: it runs with --log-level warn). */
+  wranglerTail(): string[];
+}
+
+export async function withStack<T>(ctx: BenchContext, name: string, fn: (stack: BenchStack) => Promise<T>): Promise<T> {
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), `bc-bench-${name}-`));
+  const lines: string[] = [];
+  let stack: Stack | undefined;
+  const interrupted = async () => {
+    await stack?.stop();
+    fs.rmSync(dataDir, { recursive: true, force: true });
+    process.exit(130);
+  };
+  process.once("SIGINT", interrupted);
+  try {
+    const first = !bundled;
+    const bundling = performance.now();
+    const wranglerConfig = await frozenConfig();
+    if (first) ctx.log(`Worker bundled in ${((performance.now() - bundling) / 1000).toFixed(1)} s (once per run; every section serves this bundle)`);
+    const started = performance.now();
+    stack = await startStack({
+      dataDir,
+      databaseUrl: ctx.databaseUrl,
+      wranglerConfig,
+      onOutput: (line) => {
+        lines.push(line);
+        if (lines.length > 20) lines.shift();
+      },
+    });
+    ctx.log(`stack up in ${((performance.now() - started) / 1000).toFixed(1)} s (${stack.embedded ? "PGlite" : "DATABASE_URL"} → WebSocket bridge → wrangler dev at ${stack.url})`);
+    return await fn({ ...stack, wranglerTail: () => [...lines] });
+  } finally {
+    process.off("SIGINT", interrupted);
+    await stack?.stop();
+    fs.rmSync(dataDir, { recursive: true, force: true });
+  }
+}
+
+/** Calls an API method with the stack's admin key; anything but a 200 throws with the answer. */
+export async function callApi<T = Record<string, unknown>>(stack: Stack, method: string, input: object): Promise<T> {
+  const res = await fetch(`${stack.url}/v1/${method}`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${stack.adminKey}`, "content-type": "application/json" },
+    body: JSON.stringify(input),
+  });
+  const text = await res.text();
+  if (res.status !== 200) throw new Error(`${method} answered ${res.status}: ${text.slice(0, 300)}`);
+  return JSON.parse(text) as T;
+}
+
+/** Runs fn over items with at most `limit` at a time; the first rejection rejects (the rest still settle). */
+export async function mapLimit<I, O>(items: readonly I[], limit: number, fn: (item: I, index: number) => Promise<O>): Promise<O[]> {
+  const out = new Array<O>(items.length);
+  let next = 0;
+  let failed: { error: unknown } | undefined;
+  const worker = async () => {
+    while (!failed && next < items.length) {
+      const i = next++;
+      try {
+        out[i] = await fn(items[i]!, i);
+      } catch (error) {
+        failed ??= { error };
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+  if (failed) throw failed.error;
+  return out;
+}
+
+export const ms = (value: number) => (Number.isFinite(value) ? value.toFixed(2) : "-");
+export const seconds = (fromMs: number) => ((performance.now() - fromMs) / 1000).toFixed(1);

@@ -9,11 +9,13 @@
 //   BENCH_AGENTS_MAX    agents section: the last step's number of agents (default 200)
 //   BENCH_AGENTS_HOLD   agents section: seconds each step is held before it is checked (default 6)
 //   BENCH_AGENTS_HEARTBEAT  agents section: each agent's ping interval, seconds (default 2)
+//   BENCH_WORKFLOW_BATCHES  workflows section: batch sizes started at once (default 1,10,100)
 //   DATABASE_URL        bench a real Postgres instead of the embedded PGlite
 import os from "node:os";
 import { agentsSection } from "./agents.ts";
 import { apiSection } from "./api.ts";
 import { commandsSection } from "./commands.ts";
+import { workflowsSection } from "./workflows.ts";
 
 export interface BenchContext {
   concurrency: number;
@@ -21,6 +23,10 @@ export interface BenchContext {
   warmupSeconds: number;
   /** Measured round trips per path in the commands section. */
   commands: number;
+  workflows: {
+    /** Sizes of the batches started at once (BENCH_WORKFLOW_BATCHES, comma-separated). */
+    batches: number[];
+  };
   agents: {
     /** The ramp's last step. */
     max: number;
@@ -42,7 +48,7 @@ export interface BenchSection {
 }
 
 /** Sections in the order they run; later issues append theirs. */
-const allSections: BenchSection[] = [apiSection, commandsSection, agentsSection];
+const allSections: BenchSection[] = [apiSection, commandsSection, agentsSection, workflowsSection];
 const only = (process.env.BENCH_ONLY ?? "").split(",").map((s) => s.trim()).filter(Boolean);
 for (const id of only) {
   if (!allSections.some((s) => s.id === id)) throw new Error(`BENCH_ONLY: no section ${JSON.stringify(id)} (sections: ${allSections.map((s) => s.id).join(", ")})`);
@@ -54,6 +60,7 @@ const ctx: BenchContext = {
   seconds: positiveNumber("BENCH_SECONDS", 10),
   warmupSeconds: positiveNumber("BENCH_WARMUP", 2, true),
   commands: positiveInt("BENCH_COMMANDS", 1000),
+  workflows: { batches: (process.env.BENCH_WORKFLOW_BATCHES ?? "1,10,100").split(",").map((n) => Number(n.trim())).filter((n) => Number.isInteger(n) && n > 0) },
   agents: {
     max: positiveInt("BENCH_AGENTS_MAX", 200),
     holdSeconds: positiveNumber("BENCH_AGENTS_HOLD", 6),

@@ -8,10 +8,17 @@
 // Nothing here is part of the production Worker (workers/api/index.ts).
 import { sql } from "drizzle-orm";
 import { Hono } from "hono";
-import { compute } from "../better-compute.config.ts";
+import { betterCompute } from "better-compute";
+import { provisionModule } from "better-compute/provision";
+import { deploymentEntry } from "../workers/api/entry.ts";
+import { benchSteps } from "./workflow-steps.ts";
+
+/** The default deployment's modules plus the workflow bench's ten-step profile. */
+const compute = betterCompute({ modules: [provisionModule()], plugins: [benchSteps] });
 
 export { NodeDO } from "../durable-objects/node.ts";
 export { EchoDO } from "./echo-do.ts";
+export const WorkflowDO = deploymentEntry(compute).WorkflowDO;
 
 type Env = Record<string, unknown>;
 

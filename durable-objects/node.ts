@@ -153,6 +153,9 @@ export class NodeDO extends DurableObject {
     }
     if (!connected) return ws.close(CloseCode.REVOKED, "the node was revoked");
     ws.serializeAttachment({ ...att, nonce: null, ready: true } satisfies Attachment);
+    // Remembered outside the socket: if the runtime restarts, the socket (and its close event)
+    // is gone, and the sweep must still record the disconnection.
+    await this.ctx.storage.put("session", { nodeId: att.nodeId, sessionId: att.sessionId });
     send(ws, { t: "welcome", nodeId: att.nodeId, sessionId: att.sessionId });
     await this.armSweep(SWEEP_MS);
     await this.deliver();
@@ -275,6 +278,10 @@ export class NodeDO extends DurableObject {
   private async disconnected(ws: WebSocket, code: number): Promise<void> {
     const att = ws.deserializeAttachment() as Attachment | null;
     if (!att?.ready) return;
+    await this.recordDisconnected(att, code);
+  }
+
+  private async recordDisconnected(att: Pick<Attachment, "nodeId" | "sessionId">, code: number): Promise<void> {
     try {
       await this.store.transaction(async (tx) => {
         // Only the node's current session may mark it disconnected (a replaced one may not).
@@ -286,8 +293,10 @@ export class NodeDO extends DurableObject {
           type: "node.disconnected", subject: `nodes/${att.nodeId}`, data: { sessionId: att.sessionId, code },
         });
       });
+      const current = await this.ctx.storage.get<{ sessionId: string }>("session");
+      if (current?.sessionId === att.sessionId) await this.ctx.storage.delete("session");
     } catch (err) {
-      this.log(att).warn("could not record the disconnection", { error: errorText(err) });
+      this.log().warn("could not record the disconnection; the sweep retries", { nodeId: att.nodeId, error: errorText(err) });
     }
   }
 
@@ -299,7 +308,11 @@ export class NodeDO extends DurableObject {
       if (!att.ready && Date.now() - att.openedAt >= HELLO_TIMEOUT_MS) ws.close(CloseCode.HELLO_REQUIRED, "no hello in time");
     }
     await this.deliver();
-    if (this.ctx.getWebSockets().length > 0) await this.armSweep(SWEEP_MS);
+    const session = await this.ctx.storage.get<{ nodeId: string; sessionId: string }>("session");
+    const live = this.ctx.getWebSockets().some((ws) => (ws.deserializeAttachment() as Attachment).sessionId === session?.sessionId);
+    // The session's socket vanished without a close event (the runtime restarted): record it.
+    if (session && !live) await this.recordDisconnected(session, 1006);
+    if (this.ctx.getWebSockets().length > 0 || (await this.ctx.storage.get("session"))) await this.armSweep(SWEEP_MS);
   }
 
   private async armSweep(inMs: number): Promise<void> {

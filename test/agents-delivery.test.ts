@@ -1,7 +1,7 @@
 // Command delivery across offline periods, cut connections and evictions of the NodeDO,
 // with a raw protocol peer (the agent's own exactly-once journal is tested with FakeDaemon).
 import { env } from "cloudflare:workers";
-import { evictDurableObject, runInDurableObject } from "cloudflare:test";
+import { evictDurableObject, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { z } from "zod";
@@ -107,6 +107,22 @@ describe("delivery", () => {
     newer.ws.close(1000, "bye");
     await newer.closed;
     await expect.poll(async () => (await client.call("nodes.get", { id: identity.nodeId })).body.state).toBe("disconnected");
+  });
+
+  it("records a disconnection the runtime never reported, at the next sweep", async () => {
+    const identity = await joined();
+    await online(identity);
+    const stub = env.NODE.get(env.NODE.idFromName(identity.nodeId));
+    // Sockets are lost with no close event, as when the runtime restarts; simulate by wiping the
+    // socket list while the recorded session stays.
+    await runInDurableObject(stub, (_instance, state) => {
+      for (const ws of state.getWebSockets()) ws.serializeAttachment({ ...(ws.deserializeAttachment() as object), sessionId: "a-lost-session" });
+    });
+    expect((await client.call("nodes.get", { id: identity.nodeId })).body.state).toBe("connected");
+    expect(await runDurableObjectAlarm(stub)).toBe(true);
+    expect((await client.call("nodes.get", { id: identity.nodeId })).body.state).toBe("disconnected");
+    const events = await client.store.db.execute(sql`SELECT data->>'code' AS code FROM bc_events WHERE type = 'node.disconnected' AND subject = ${`nodes/${identity.nodeId}`}`);
+    expect(events.rows).toEqual([{ code: "1006" }]);
   });
 
   it("closes a revoked node's socket and refuses it afterwards", async () => {

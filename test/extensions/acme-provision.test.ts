@@ -94,6 +94,13 @@ describe("failures", () => {
     expect(wf.steps[0].attempts[0].polls).toBeGreaterThanOrEqual(2);
   });
 
+  it("fails a workflow that outlives its own deadline", async () => {
+    const started = await client.call("workflows.start", { profile: "acme.neverReady", target: "slow-target", deadlineSeconds: 1 });
+    const wf = await finished(started.body.id);
+    expect(wf.state).toBe("failed");
+    expect(wf.error).toEqual({ code: "DEADLINE_EXCEEDED", message: "the workflow did not finish before its deadline" });
+  });
+
   it("retries a throwing step with backoff, and succeeds when it recovers", async () => {
     const wf = await finished((await start("acme.flaky")).body.id);
     expect(wf.state).toBe("succeeded");

@@ -1,0 +1,548 @@
+// A Redfish BMC emulator for tests: SIMULATED HARDWARE, nothing here talks to a real
+// machine or BMC. In the spirit of sushy-tools' emulator, it serves the Redfish resource
+// tree of N simulated machines over real HTTP (node:http, 127.0.0.1 only, Basic auth):
+//
+//   /redfish/v1                                   ServiceRoot (unauthenticated, as in the spec)
+//   /redfish/v1/Systems[/<id>]                    ComputerSystem: PowerState, Boot override, BiosVersion
+//   /redfish/v1/Systems/<id>/Bios                 BIOS attributes (read-only)
+//   POST …/Systems/<id>/Actions/ComputerSystem.Reset   { ResetType }
+//   PATCH /redfish/v1/Systems/<id>                { Boot: { BootSourceOverrideTarget, BootSourceOverrideEnabled } }
+//   /redfish/v1/Managers[/<id>]                   one BMC per system, linked both ways
+//   /redfish/v1/Managers/<id>/VirtualMedia[/Cd]   InsertMedia { Image } / EjectMedia actions
+//
+// Tests read and change each simulated machine through `machines` (plain state objects),
+// get told of power transitions via `onPowerChange` (so a simulation can "boot" the
+// machine), and can make the BMC flaky with seeded, deterministic faults.
+import { createHash, timingSafeEqual } from "node:crypto";
+import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+
+export type PowerState = "On" | "Off";
+export const BOOT_TARGETS = ["None", "Pxe", "Cd", "Hdd"] as const;
+export type BootTarget = (typeof BOOT_TARGETS)[number];
+export const BOOT_ENABLED = ["Disabled", "Once", "Continuous"] as const;
+export type BootEnabled = (typeof BOOT_ENABLED)[number];
+export const RESET_TYPES = ["On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "PowerCycle"] as const;
+export type ResetType = (typeof RESET_TYPES)[number];
+
+/** The state of one simulated machine and its simulated BMC. Tests may read and mutate it. */
+export interface MachineState {
+  id: string;
+  uuid: string;
+  managerId: string;
+  power: PowerState;
+  boot: { target: BootTarget; enabled: BootEnabled };
+  media: { inserted: boolean; image: string | null };
+  biosVersion: string;
+  bmcFirmwareVersion: string;
+  biosSettings: Record<string, string | number | boolean>;
+  /** Power transitions so far, e.g. ["On", "Off", "On"]. */
+  powerHistory: PowerState[];
+}
+
+export interface RedfishFaults {
+  /** Probability that a request's connection is destroyed without an answer. */
+  dropRate?: number;
+  /** Delay before every answer. */
+  delayMs?: number;
+  /** Probability that a request is answered 503. */
+  errorRate?: number;
+  /** Seed of the deterministic RNG deciding drops and errors (default 1). */
+  seed?: number;
+}
+
+export interface RedfishRequestRecord {
+  method: string;
+  path: string;
+  /** HTTP status, or 0 when the connection was dropped. */
+  status: number;
+}
+
+export interface RedfishEmulatorOptions {
+  machines: Array<{ id?: string; uuid?: string; power?: PowerState }> | number;
+  username?: string;
+  password?: string;
+  faults?: RedfishFaults;
+  host?: "127.0.0.1";
+  port?: number;
+  /** Called after each power transition; awaited before the action is answered. */
+  onPowerChange?: (machine: MachineState, from: PowerState, to: PowerState) => void | Promise<void>;
+}
+
+export interface RedfishEmulator {
+  url: string;
+  machines: Map<string, MachineState>;
+  /** Replace the fault settings; re-seeds the RNG. */
+  setFaults(f: RedfishFaults): void;
+  requests: RedfishRequestRecord[];
+  stop(): Promise<void>;
+}
+
+const MAX_BODY = 64 * 1024;
+
+/** mulberry32: small, seeded, deterministic. */
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function fakeUuid(i: number): string {
+  const h = createHash("sha256").update(`redfish-emulator-${i}`).digest("hex");
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-4${h.slice(13, 16)}-8${h.slice(17, 20)}-${h.slice(20, 32)}`;
+}
+
+class HttpError extends Error {
+  constructor(
+    readonly status: number,
+    readonly messageId: string,
+    message: string,
+    readonly args: string[] = [],
+  ) {
+    super(message);
+  }
+}
+
+function errorBody(e: HttpError): unknown {
+  return {
+    error: {
+      code: `Base.1.8.${e.messageId}`,
+      message: e.message,
+      "@Message.ExtendedInfo": [
+        {
+          "@odata.type": "#Message.v1_1_1.Message",
+          MessageId: `Base.1.8.${e.messageId}`,
+          Message: e.message,
+          MessageArgs: e.args,
+          Severity: e.status >= 500 ? "Critical" : "Warning",
+          Resolution: "See the message and retry with a corrected request.",
+        },
+      ],
+    },
+  };
+}
+
+function sameSecret(a: string, b: string): boolean {
+  const ha = createHash("sha256").update(a).digest();
+  const hb = createHash("sha256").update(b).digest();
+  return timingSafeEqual(ha, hb);
+}
+
+export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promise<RedfishEmulator> {
+  const username = opts.username ?? "admin";
+  const password = opts.password ?? "password";
+  const specs = typeof opts.machines === "number" ? Array.from({ length: opts.machines }, () => ({})) : opts.machines;
+  const machines = new Map<string, MachineState>();
+  const byManager = new Map<string, MachineState>();
+  specs.forEach((s: { id?: string; uuid?: string; power?: PowerState }, i) => {
+    const id = s.id ?? `node-${i + 1}`;
+    if (machines.has(id)) throw new Error(`duplicate machine id ${id}`);
+    const m: MachineState = {
+      id,
+      uuid: s.uuid ?? fakeUuid(i),
+      managerId: `${id}-bmc`,
+      power: s.power ?? "Off",
+      boot: { target: "None", enabled: "Disabled" },
+      media: { inserted: false, image: null },
+      biosVersion: "SIM-BIOS-1.0.0",
+      bmcFirmwareVersion: "SIM-BMC-2.0.0",
+      biosSettings: { BootMode: "Uefi", SriovGlobalEnable: false, ProcTurboMode: "Enabled" },
+      powerHistory: [],
+    };
+    machines.set(id, m);
+    byManager.set(m.managerId, m);
+  });
+
+  let faults: RedfishFaults = { ...opts.faults };
+  let random = rng(faults.seed ?? 1);
+  const requests: RedfishRequestRecord[] = [];
+
+  const sys = (m: MachineState) => `/redfish/v1/Systems/${encodeURIComponent(m.id)}`;
+  const mgr = (m: MachineState) => `/redfish/v1/Managers/${encodeURIComponent(m.managerId)}`;
+
+  async function setPower(m: MachineState, to: PowerState): Promise<void> {
+    const from = m.power;
+    if (from === to) return;
+    m.power = to;
+    m.powerHistory.push(to);
+    await opts.onPowerChange?.(m, from, to);
+    // A "Once" boot override is consumed by the boot it applied to, as on real BMCs.
+    if (to === "On" && m.boot.enabled === "Once") m.boot = { target: "None", enabled: "Disabled" };
+  }
+
+  async function reset(m: MachineState, type: ResetType): Promise<void> {
+    switch (type) {
+      case "On":
+        return setPower(m, "On");
+      case "ForceOff":
+      case "GracefulShutdown":
+        return setPower(m, "Off");
+      case "ForceRestart":
+      case "GracefulRestart":
+      case "PowerCycle":
+        // On an Off machine these power it on, as many BMCs do.
+        await setPower(m, "Off");
+        return setPower(m, "On");
+    }
+  }
+
+  function systemResource(m: MachineState): unknown {
+    return {
+      "@odata.id": sys(m),
+      "@odata.type": "#ComputerSystem.v1_20_0.ComputerSystem",
+      Id: m.id,
+      Name: `Simulated system ${m.id}`,
+      Manufacturer: "Better Compute (simulated)",
+      Model: "Redfish emulator",
+      UUID: m.uuid,
+      PowerState: m.power,
+      BiosVersion: m.biosVersion,
+      Status: { State: "Enabled", Health: "OK" },
+      Boot: {
+        BootSourceOverrideTarget: m.boot.target,
+        BootSourceOverrideEnabled: m.boot.enabled,
+        BootSourceOverrideMode: "UEFI",
+        "BootSourceOverrideTarget@Redfish.AllowableValues": [...BOOT_TARGETS],
+        "BootSourceOverrideEnabled@Redfish.AllowableValues": [...BOOT_ENABLED],
+      },
+      Bios: { "@odata.id": `${sys(m)}/Bios` },
+      Actions: {
+        "#ComputerSystem.Reset": {
+          target: `${sys(m)}/Actions/ComputerSystem.Reset`,
+          "ResetType@Redfish.AllowableValues": [...RESET_TYPES],
+        },
+      },
+      Links: { ManagedBy: [{ "@odata.id": mgr(m) }] },
+    };
+  }
+
+  function managerResource(m: MachineState): unknown {
+    return {
+      "@odata.id": mgr(m),
+      "@odata.type": "#Manager.v1_10_0.Manager",
+      Id: m.managerId,
+      Name: `Simulated BMC of ${m.id}`,
+      ManagerType: "BMC",
+      FirmwareVersion: m.bmcFirmwareVersion,
+      PowerState: "On",
+      Status: { State: "Enabled", Health: "OK" },
+      VirtualMedia: { "@odata.id": `${mgr(m)}/VirtualMedia` },
+      Links: { ManagerForServers: [{ "@odata.id": sys(m) }] },
+    };
+  }
+
+  function cdResource(m: MachineState): unknown {
+    const base = `${mgr(m)}/VirtualMedia/Cd`;
+    return {
+      "@odata.id": base,
+      "@odata.type": "#VirtualMedia.v1_6_0.VirtualMedia",
+      Id: "Cd",
+      Name: "Virtual CD",
+      MediaTypes: ["CD", "DVD"],
+      Image: m.media.image,
+      ImageName: m.media.image ? (m.media.image.split("/").pop() ?? null) : null,
+      Inserted: m.media.inserted,
+      WriteProtected: true,
+      ConnectedVia: m.media.inserted ? "URI" : "NotConnected",
+      Actions: {
+        "#VirtualMedia.InsertMedia": { target: `${base}/Actions/VirtualMedia.InsertMedia` },
+        "#VirtualMedia.EjectMedia": { target: `${base}/Actions/VirtualMedia.EjectMedia` },
+      },
+    };
+  }
+
+  const collection = (id: string, type: string, name: string, members: string[]) => ({
+    "@odata.id": id,
+    "@odata.type": `#${type}`,
+    Name: name,
+    "Members@odata.count": members.length,
+    Members: members.map((m) => ({ "@odata.id": m })),
+  });
+
+  function readBody(req: IncomingMessage): Promise<string> {
+    return new Promise((resolve, reject) => {
+      let size = 0;
+      const chunks: Buffer[] = [];
+      req.on("data", (c: Buffer) => {
+        size += c.length;
+        if (size > MAX_BODY) reject(new HttpError(413, "GeneralError", "Request body too large."));
+        else chunks.push(c);
+      });
+      req.on("end", () => resolve(Buffer.concat(chunks).toString("utf8")));
+      req.on("error", reject);
+    });
+  }
+
+  async function jsonBody(req: IncomingMessage): Promise<Record<string, unknown>> {
+    const text = await readBody(req);
+    let v: unknown;
+    try {
+      v = text === "" ? {} : JSON.parse(text);
+    } catch {
+      throw new HttpError(400, "MalformedJSON", "The request body submitted was malformed JSON.");
+    }
+    if (typeof v !== "object" || v === null || Array.isArray(v)) {
+      throw new HttpError(400, "MalformedJSON", "The request body must be a JSON object.");
+    }
+    return v as Record<string, unknown>;
+  }
+
+  function authorized(req: IncomingMessage): boolean {
+    const h = req.headers.authorization ?? "";
+    const m = /^Basic\s+([A-Za-z0-9+/=]+)$/i.exec(h);
+    if (!m?.[1]) return false;
+    const decoded = Buffer.from(m[1], "base64").toString("utf8");
+    const i = decoded.indexOf(":");
+    if (i < 0) return false;
+    // Evaluate both comparisons so timing does not reveal which one failed.
+    const u = sameSecret(decoded.slice(0, i), username);
+    const p = sameSecret(decoded.slice(i + 1), password);
+    return u && p;
+  }
+
+  const splitPath = (path: string): string[] => {
+    try {
+      return path.split("/").filter(Boolean).map(decodeURIComponent);
+    } catch {
+      throw notFound(path);
+    }
+  };
+  const notFound = (path: string) => new HttpError(404, "ResourceMissingAtURI", `The resource at the URI ${path} was not found.`, [path]);
+  const noMethod = (method: string) => new HttpError(405, "ActionNotSupported", `The method ${method} is not supported here.`, [method]);
+
+  /** Routes one authorized request; returns [status, body]. */
+  async function route(req: IncomingMessage, method: string, path: string): Promise<[number, unknown]> {
+    const parts = splitPath(path); // ["redfish","v1",…]
+    if (parts[0] !== "redfish" || parts[1] !== "v1") throw notFound(path);
+    const [, , top, id, sub, action, name] = parts;
+    if (parts.length > 7) throw notFound(path);
+    const get = () => {
+      if (method !== "GET") throw noMethod(method);
+    };
+
+    if (top === "Systems") {
+      if (id === undefined) {
+        get();
+        return [200, collection("/redfish/v1/Systems", "ComputerSystemCollection.ComputerSystemCollection", "Computer System Collection", [...machines.values()].map(sys))];
+      }
+      const m = machines.get(id);
+      if (!m) throw notFound(path);
+      if (sub === undefined) {
+        if (method === "GET") return [200, systemResource(m)];
+        if (method !== "PATCH") throw noMethod(method);
+        const body = await jsonBody(req);
+        for (const k of Object.keys(body)) {
+          if (k !== "Boot") throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known or patchable property.`, [k]);
+        }
+        const boot = body.Boot;
+        if (typeof boot !== "object" || boot === null || Array.isArray(boot)) {
+          throw new HttpError(400, "PropertyValueTypeError", "The value for the property Boot must be an object.", ["Boot"]);
+        }
+        const b = boot as Record<string, unknown>;
+        let target = m.boot.target;
+        let enabled = m.boot.enabled;
+        for (const [k, v] of Object.entries(b)) {
+          if (k === "BootSourceOverrideTarget") {
+            if (!BOOT_TARGETS.includes(v as BootTarget)) throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(v)} for the property ${k} is not in the list of acceptable values.`, [String(v), k]);
+            target = v as BootTarget;
+          } else if (k === "BootSourceOverrideEnabled") {
+            if (!BOOT_ENABLED.includes(v as BootEnabled)) throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(v)} for the property ${k} is not in the list of acceptable values.`, [String(v), k]);
+            enabled = v as BootEnabled;
+          } else if (k !== "BootSourceOverrideMode") {
+            throw new HttpError(400, "PropertyUnknown", `The property Boot/${k} is not a known or patchable property.`, [k]);
+          }
+        }
+        m.boot = { target, enabled };
+        return [200, systemResource(m)];
+      }
+      if (sub === "Bios" && action === undefined) {
+        get();
+        return [200, { "@odata.id": `${sys(m)}/Bios`, "@odata.type": "#Bios.v1_2_0.Bios", Id: "Bios", Name: "BIOS Configuration", Attributes: { ...m.biosSettings } }];
+      }
+      if (sub === "Actions" && action === "ComputerSystem.Reset" && name === undefined) {
+        if (method !== "POST") throw noMethod(method);
+        const body = await jsonBody(req);
+        const t = body.ResetType;
+        if (t === undefined) throw new HttpError(400, "ActionParameterMissing", "The action ComputerSystem.Reset requires the parameter ResetType to be present in the request body.", ["ComputerSystem.Reset", "ResetType"]);
+        if (!RESET_TYPES.includes(t as ResetType)) {
+          throw new HttpError(400, "ActionParameterValueNotInList", `The value ${JSON.stringify(t)} for the parameter ResetType in the action ComputerSystem.Reset is not in the list of acceptable values.`, [String(t), "ResetType", "ComputerSystem.Reset"]);
+        }
+        await reset(m, t as ResetType);
+        return [204, undefined];
+      }
+      throw notFound(path);
+    }
+
+    if (top === "Managers") {
+      if (id === undefined) {
+        get();
+        return [200, collection("/redfish/v1/Managers", "ManagerCollection.ManagerCollection", "Manager Collection", [...machines.values()].map(mgr))];
+      }
+      const m = byManager.get(id);
+      if (!m) throw notFound(path);
+      if (sub === undefined) {
+        get();
+        return [200, managerResource(m)];
+      }
+      if (sub !== "VirtualMedia") throw notFound(path);
+      if (action === undefined) {
+        get();
+        return [200, collection(`${mgr(m)}/VirtualMedia`, "VirtualMediaCollection.VirtualMediaCollection", "Virtual Media Services", [`${mgr(m)}/VirtualMedia/Cd`])];
+      }
+      if (action !== "Cd") throw notFound(path);
+      if (name === undefined) {
+        get();
+        return [200, cdResource(m)];
+      }
+      throw notFound(path); // the Cd actions are handled by mediaAction()
+    }
+
+    if (top === undefined) {
+      get();
+      return [200, serviceRoot()];
+    }
+    throw notFound(path);
+  }
+
+  function serviceRoot(): unknown {
+    return {
+      "@odata.id": "/redfish/v1",
+      "@odata.type": "#ServiceRoot.v1_15_0.ServiceRoot",
+      Id: "RootService",
+      Name: "Redfish emulator (simulated hardware)",
+      RedfishVersion: "1.15.0",
+      UUID: "00000000-0000-4000-8000-000000000000",
+      Systems: { "@odata.id": "/redfish/v1/Systems" },
+      Managers: { "@odata.id": "/redfish/v1/Managers" },
+    };
+  }
+
+  /** VirtualMedia actions live one level deeper than route()'s destructuring covers. */
+  async function mediaAction(req: IncomingMessage, method: string, parts: string[]): Promise<[number, unknown]> {
+    // ["redfish","v1","Managers",mgrId,"VirtualMedia","Cd","Actions",action]
+    const m = byManager.get(parts[3] ?? "");
+    const action = parts[7];
+    if (!m) throw notFound(`/${parts.join("/")}`);
+    if (action !== "VirtualMedia.InsertMedia" && action !== "VirtualMedia.EjectMedia") throw notFound(`/${parts.join("/")}`);
+    if (method !== "POST") throw noMethod(method);
+    const body = await jsonBody(req);
+    if (action === "VirtualMedia.EjectMedia") {
+      m.media = { inserted: false, image: null };
+      return [204, undefined];
+    }
+    const image = body.Image;
+    if (typeof image !== "string" || image === "") throw new HttpError(400, "ActionParameterMissing", "The action VirtualMedia.InsertMedia requires the parameter Image to be present in the request body.", ["VirtualMedia.InsertMedia", "Image"]);
+    let ok = false;
+    try {
+      const u = new URL(image);
+      ok = u.protocol === "http:" || u.protocol === "https:";
+    } catch {
+      ok = false;
+    }
+    if (!ok) throw new HttpError(400, "ActionParameterValueFormatError", "The value for the parameter Image in the action VirtualMedia.InsertMedia must be an http(s) URL.", ["Image", "VirtualMedia.InsertMedia"]);
+    if (body.Inserted === false) throw new HttpError(400, "ActionParameterNotSupported", "Inserted=false is not supported by this emulator.", ["Inserted", "VirtualMedia.InsertMedia"]);
+    if (m.media.inserted) throw new HttpError(409, "ResourceInUse", "Virtual media is already inserted; eject it first.");
+    m.media = { inserted: true, image };
+    return [204, undefined];
+  }
+
+  function send(res: ServerResponse, status: number, body: unknown, extra: Record<string, string> = {}): void {
+    const headers: Record<string, string> = { "OData-Version": "4.0", ...extra };
+    if (body === undefined) {
+      res.writeHead(status, headers);
+      res.end();
+      return;
+    }
+    const text = JSON.stringify(body);
+    res.writeHead(status, { ...headers, "Content-Type": "application/json; charset=utf-8", "Content-Length": String(Buffer.byteLength(text)) });
+    res.end(text);
+  }
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const method = req.method ?? "GET";
+    const rawPath = (req.url ?? "/").split("?")[0] ?? "/";
+    const path = rawPath.length > 1 ? rawPath.replace(/\/+$/, "") : rawPath;
+    const record: RedfishRequestRecord = { method, path, status: 0 };
+    requests.push(record);
+
+    // Faults first: a flaky BMC misbehaves regardless of who is asking. Two draws per
+    // request, always, so the sequence depends only on the seed and the request count.
+    const dropDraw = random();
+    const errorDraw = random();
+    if (faults.delayMs && faults.delayMs > 0) await new Promise((r) => setTimeout(r, faults.delayMs));
+    if (faults.dropRate && dropDraw < faults.dropRate) {
+      record.status = 0;
+      req.socket.destroy();
+      return;
+    }
+    const reply = (status: number, body: unknown, extra?: Record<string, string>) => {
+      record.status = status;
+      send(res, status, body, extra);
+    };
+    if (faults.errorRate && errorDraw < faults.errorRate) {
+      reply(503, errorBody(new HttpError(503, "ServiceTemporarilyUnavailable", "The service is temporarily unavailable. Retry later.", ["1"])), { "Retry-After": "1" });
+      return;
+    }
+
+    try {
+      const isRoot = path === "/redfish/v1" || path === "/redfish";
+      if (!isRoot && !authorized(req)) {
+        // Never echo what the client sent: no username, no password.
+        reply(401, errorBody(new HttpError(401, "InsufficientPrivilege", "Authentication failed: invalid or missing credentials.")), { "WWW-Authenticate": 'Basic realm="Redfish emulator"' });
+        return;
+      }
+      if (path === "/redfish") {
+        if (method !== "GET") throw noMethod(method);
+        reply(200, { v1: "/redfish/v1/" });
+        return;
+      }
+      const parts = splitPath(path);
+      const [status, body] =
+        parts.length === 8 && parts[2] === "Managers" && parts[4] === "VirtualMedia" && parts[5] === "Cd" && parts[6] === "Actions"
+          ? await mediaAction(req, method, parts)
+          : await route(req, method, path);
+      reply(status, body);
+    } catch (e) {
+      const he = e instanceof HttpError ? e : new HttpError(500, "InternalError", "The request failed due to an internal service error.");
+      reply(he.status, errorBody(he));
+    }
+  }
+
+  const server = createServer((req, res) => {
+    handle(req, res).catch(() => {
+      if (!res.headersSent) send(res, 500, errorBody(new HttpError(500, "InternalError", "Internal error.")));
+      else res.destroy();
+    });
+  });
+  const host = opts.host ?? "127.0.0.1";
+  if (host !== "127.0.0.1") throw new Error("the Redfish emulator listens on 127.0.0.1 only");
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(opts.port ?? 0, host, () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
+  const { port } = server.address() as AddressInfo;
+
+  return {
+    url: `http://127.0.0.1:${port}`,
+    machines,
+    requests,
+    setFaults(f: RedfishFaults) {
+      faults = { ...f };
+      random = rng(f.seed ?? 1);
+    },
+    stop() {
+      return new Promise<void>((resolve, reject) => {
+        server.close((err) => (err ? reject(err) : resolve()));
+        server.closeAllConnections();
+      });
+    },
+  };
+}

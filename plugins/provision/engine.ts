@@ -147,7 +147,8 @@ async function runControlPlane(ctx: EngineContext, wf: WorkflowRow, step: StepDe
         await tx.execute(sql`
           UPDATE workflow_steps SET state = 'not_ready', polls = polls + 1, error = ${JSON.stringify({ code: "NOT_READY", message: err.reason })}::jsonb,
                  next_attempt_at = compute_now() + make_interval(secs => ${poll})
-          WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state IN ('ready', 'not_ready')`);
+          WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state IN ('ready', 'not_ready')
+            AND EXISTS (SELECT 1 FROM workflows WHERE id = ${wf.id} AND state = 'running')`);
       });
       await stepCtx.afterCommit();
       return poll * 1000;

@@ -8,7 +8,7 @@ import type { MethodDefinition, Module } from "./contracts.ts";
 import { agentRoutes } from "./agents/join.ts";
 import type { PlatformContext } from "./compute.ts";
 import type { MethodContext } from "./context.ts";
-import { ComputeError, invalidArgument, isComputeError } from "./errors.ts";
+import { ComputeError, invalidArgument, isComputeError, schemaIssues } from "./errors.ts";
 import type { IamPort, Principal } from "./iam.ts";
 import { createLogger } from "./log.ts";
 import type { Registry } from "./registry.ts";
@@ -148,7 +148,7 @@ export async function readJson(request: Request): Promise<unknown> {
 export function parseInput<T extends z.ZodType>(schema: T, body: unknown): z.output<T> {
   const parsed = schema.safeParse(body);
   if (parsed.success) return parsed.data;
-  const issues = parsed.error.issues.map((i) => ({ path: i.path.map(String).join("."), message: i.message, code: i.code }));
+  const issues = schemaIssues(parsed.error);
   throw invalidArgument(`the request body does not match the method's input: ${issues.map((i) => `${i.path || "(root)"}: ${i.message}`).join("; ")}`, { issues });
 }
 

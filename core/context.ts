@@ -5,7 +5,7 @@ import { sql } from "drizzle-orm";
 import { base64 as b64, unbase64 as unb64, utf8 } from "./encoding.ts";
 import type { CommandKind } from "./contracts.ts";
 import { MAX_KEY_LENGTH } from "./protocol.ts";
-import { ComputeError, invalidArgument, notFound } from "./errors.ts";
+import { ComputeError, invalidArgument, notFound, schemaIssues } from "./errors.ts";
 import type { Principal } from "./iam.ts";
 import type { Logger } from "./log.ts";
 import type { Store, Tx } from "./store/database.ts";
@@ -161,8 +161,7 @@ export function databaseCommands(
       if (declared.input) {
         const parsed = declared.input.safeParse(body);
         if (!parsed.success) {
-          const issues = parsed.error.issues.map((i) => ({ path: i.path.map(String).join("."), message: i.message }));
-          throw invalidArgument(`the body of ${input.kind} does not match its schema`, { kind: input.kind, issues });
+          throw invalidArgument(`the body of ${input.kind} does not match its schema`, { kind: input.kind, issues: schemaIssues(parsed.error) });
         }
         body = parsed.data as Record<string, unknown>;
       }

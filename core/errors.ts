@@ -49,6 +49,11 @@ export function isComputeError(err: unknown): err is ComputeError {
   return err instanceof ComputeError;
 }
 
+/** A schema failure's issues as error details: where (dotted path), what, and zod's code. */
+export function schemaIssues(error: { issues: readonly { path: readonly PropertyKey[]; message: string; code: string }[] }) {
+  return error.issues.map((i) => ({ path: i.path.map(String).join("."), message: i.message, code: i.code }));
+}
+
 /** Shorthands, so call sites read as the failure they report. */
 export const invalidArgument = (message: string, details?: ErrorDetails) =>
   new ComputeError("INVALID_ARGUMENT", message, details);

@@ -5,7 +5,7 @@
 // (workflow, step, attempt) and enqueued in the same transaction that records it, so a
 // resumed workflow never sends a command twice.
 import { sql } from "drizzle-orm";
-import { canonicalJson, ComputeError, isComputeError, sha256Hex, type ModuleContext, type Tx } from "better-compute/core";
+import { canonicalJson, ComputeError, isComputeError, schemaIssues, sha256Hex, type ModuleContext, type Tx } from "better-compute/core";
 import { StepError, StepNotReady, type ProfileDefinition, type StepContext, type StepDefinition } from "./contracts.ts";
 import { findProfile, stepsById } from "./validate.ts";
 
@@ -127,7 +127,7 @@ async function beginAttempt(ctx: EngineContext, wf: WorkflowRow, profile: Profil
     await ctx.events.publish(tx, { type: "workflow.step.started", subject: `workflows/${wf.id}`, data: { step: name, position: wf.position, attempt } });
   });
   if (!parsed.success) {
-    const issues = parsed.error.issues.map((i) => ({ path: i.path.map(String).join("."), message: i.message }));
+    const issues = schemaIssues(parsed.error);
     const row = (await loadAttempt(ctx, wf.id, wf.position))!;
     await failStep(ctx, wf, step, row, new StepError("INVALID_ARGUMENT", `the input of step ${name} does not match its schema`, false, { issues }));
   }

@@ -4,7 +4,7 @@
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineModule, type Module } from "better-compute";
-import { ComputeError, defineMethod, invalidArgument, notFound, type ModuleContext, type Tx } from "better-compute/core";
+import { ComputeError, defineMethod, invalidArgument, notFound, schemaIssues, type ModuleContext, type Tx } from "better-compute/core";
 import { findProfile, stepsById, validateProfile } from "./validate.ts";
 
 const WORKFLOWS_SQL = `
@@ -70,7 +70,7 @@ export async function startWorkflow(ctx: ModuleContext, tx: Tx, input: StartWork
   const inputIssues = profile.steps.flatMap((entry) => {
     if (entry.fromStep) return [];
     const parsed = steps.get(entry.step)!.input.safeParse({ ...input.input, ...entry.input });
-    return parsed.success ? [] : [{ step: entry.name ?? entry.step, issues: parsed.error.issues.map((i) => ({ path: i.path.map(String).join("."), message: i.message })) }];
+    return parsed.success ? [] : [{ step: entry.name ?? entry.step, issues: schemaIssues(parsed.error) }];
   });
   if (inputIssues.length > 0) throw invalidArgument(`the input breaks the schema of step ${inputIssues[0]!.step}`, { steps: inputIssues });
 

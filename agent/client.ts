@@ -102,6 +102,8 @@ export interface CommandContext {
   deadline: string | null;
   /** Aborted at the deadline (reason: DEADLINE_EXCEEDED) or when the agent stops (INTERRUPTED). */
   signal: AbortSignal;
+  /** Values of the command's secret references (secret://id → value): use them, never return or log them. */
+  secrets: Readonly<Record<string, string>>;
 }
 
 /** Runs one command kind. The resolved value is the result's output; a throw is a failed result. */
@@ -695,7 +697,7 @@ export class AgentClient {
       const ms = deadline - this.#now();
       timer = setTimeout(() => controller.abort(new AgentError("DEADLINE_EXCEEDED", `the deadline ${frame.deadline} passed`)), Math.min(Math.max(ms, 0), MAX_TIMER_MS));
     } else if (frame.deadline !== null) this.#log.warn("ignoring a deadline that is not a date", { id: frame.id, deadline: frame.deadline });
-    const ctx: CommandContext = { id: frame.id, key: frame.key, kind: frame.kind, seq: frame.seq, attested: frame.attested, deadline: frame.deadline, signal: controller.signal };
+    const ctx: CommandContext = { id: frame.id, key: frame.key, kind: frame.kind, seq: frame.seq, attested: frame.attested, deadline: frame.deadline, signal: controller.signal, secrets: frame.secrets ?? {} };
     try {
       return { ok: true, output: await handler(frame.body, ctx) };
     } catch (e) {

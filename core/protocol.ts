@@ -92,6 +92,8 @@ export const commandFrame = z.object({
   /** The result must be signed with the node's key. */
   attested: z.boolean(),
   deadline: z.string().nullable(),
+  /** Values of the command's secret references (secret://id → value), for this delivery only: never journaled. */
+  secrets: z.record(z.string(), z.string()).optional(),
 });
 export const resultAckFrame = z.object({ t: z.literal("result-ack"), id: z.string() });
 export const errorFrame = z.object({ t: z.literal("error"), code: z.string(), message: z.string(), ref: z.string().optional() });

@@ -4,29 +4,13 @@
 // written there with its event before it is acknowledged, and after an eviction the object
 // rebuilds everything it needs from Postgres and the socket's attachment.
 import { DurableObject } from "cloudflare:workers";
-import { sql } from "drizzle-orm";
-import { databaseEvents, pgArray } from "../core/context.ts";
+import { databaseSecrets, type SecretStore } from "../core/context.ts";
 import { createLogger, type Logger } from "../core/log.ts";
-import {
-  agentFrame,
-  challengeFrame,
-  CloseCode,
-  FrameError,
-  helloMessage,
-  MAX_FRAME_BYTES,
-  PING,
-  PONG,
-  PROTOCOL_VERSION,
-  resultMessage,
-  verifyMessage,
-  type CommandFrame,
-  type HelloFrame,
-  type ResultFrame,
-  type ServerFrame,
-} from "../core/protocol.ts";
+import { agentFrame, challengeFrame, CloseCode, FrameError, helloMessage, MAX_FRAME_BYTES, PING, PONG, PROTOCOL_VERSION, verifyMessage, type HelloFrame, type ResultFrame, type ServerFrame } from "../core/protocol.ts";
 import { postgres, type Store } from "../core/store/database.ts";
 import { base64url } from "../core/encoding.ts";
 import { wakeObjects } from "../core/agents/notify.ts";
+import { expireOverdue, markDelivered, nodeLive, openCommands, recordConnected, recordDisconnected, recordResult, waitingWorkflow, type SessionRef } from "../core/agents/sessions.ts";
 
 /** The sweep re-reads Postgres while an agent is connected: a missed poke costs at most this. */
 const SWEEP_MS = 30_000;
@@ -49,6 +33,7 @@ interface Attachment {
 
 export class NodeDO extends DurableObject {
   #store: Store | undefined;
+  #secrets: SecretStore | undefined;
   #delivering: Promise<void> = Promise.resolve();
 
   constructor(ctx: DurableObjectState, env: object) {
@@ -60,6 +45,11 @@ export class NodeDO extends DurableObject {
   /** One pool per object, reused across events; rebuilt after an eviction. */
   private get store(): Store {
     return (this.#store ??= postgres().open(this.env as object));
+  }
+
+  /** Resolves the secret references of commands it delivers (sealed under BC_SECRET). */
+  private get secrets(): SecretStore {
+    return (this.#secrets ??= databaseSecrets(this.store, String((this.env as { BC_SECRET?: unknown }).BC_SECRET ?? "")));
   }
 
   private log(att?: Attachment): Logger {
@@ -126,27 +116,9 @@ export class NodeDO extends DurableObject {
     if (!(await verifyMessage(att.publicKey, helloMessage(att.nodeId, frame.nonce, frame.bootId), frame.signature))) {
       return ws.close(CloseCode.PROOF_FAILED, "the hello is not signed by the node's key");
     }
-    const driverLabels = Object.fromEntries(frame.drivers.map((d) => [`bc.dev/driver.${d.id}`, d.version]));
     let connected = false;
     try {
-      connected = await this.store.transaction(async (tx) => {
-        // Agent-reported labels replace the previous report; driver labels are rewritten whole.
-        const updated = await tx.execute(sql`
-          UPDATE bc_nodes
-          SET state = 'connected', session_id = ${att.sessionId}, boot_id = ${frame.bootId}, agent_version = ${frame.version},
-              connected_at = compute_now(),
-              labels = (SELECT coalesce(jsonb_object_agg(k, v), '{}'::jsonb) FROM jsonb_each(labels) AS l(k, v) WHERE k NOT LIKE 'bc.dev/driver.%')
-                       || ${JSON.stringify({ ...frame.labels, ...driverLabels })}::jsonb
-          WHERE id = ${att.nodeId} AND revoked_at IS NULL AND public_key = ${att.publicKey}
-          RETURNING id`);
-        if (updated.rows.length === 0) return false;
-        await databaseEvents("agents", `node:${att.nodeId}`, undefined).publish(tx, {
-          type: "node.connected",
-          subject: `nodes/${att.nodeId}`,
-          data: { sessionId: att.sessionId, bootId: frame.bootId, version: frame.version, role: frame.role, drivers: frame.drivers },
-        });
-        return true;
-      });
+      connected = await recordConnected(this.store, att, frame);
     } catch (err) {
       this.log(att).warn("could not record the connection; the agent will retry", { error: errorText(err) });
       return ws.close(1011, "the control plane's database is unavailable; retry");
@@ -163,43 +135,15 @@ export class NodeDO extends DurableObject {
 
   private async result(ws: WebSocket, att: Attachment, frame: ResultFrame): Promise<void> {
     const refuse = (code: string, message: string) => void send(ws, { t: "error", code, message, ref: frame.id });
-    if (!/^\d{1,18}$/.test(frame.id)) return refuse(FrameError.UNKNOWN_COMMAND, `no command ${frame.id}`);
     try {
-      const outcome = await this.store.transaction(async (tx) => {
-        const found = await tx.execute(sql`
-          SELECT node_id, kind, idempotency_key, attested, state, origin FROM bc_commands WHERE id = ${frame.id}::bigint FOR UPDATE`);
-        const command = found.rows[0] as { node_id: string; kind: string; idempotency_key: string; attested: boolean; state: string; origin: string | null } | undefined;
-        if (!command) return { refused: FrameError.UNKNOWN_COMMAND, message: `no command ${frame.id}` };
-        if (command.node_id !== att.nodeId || command.idempotency_key !== frame.key) {
-          return { refused: FrameError.NOT_YOUR_COMMAND, message: `command ${frame.id} was not sent to this node` };
-        }
-        const signed = frame.signature !== undefined && (await verifyMessage(att.publicKey, await resultMessage(att.nodeId, frame), frame.signature));
-        if (command.attested && !signed) {
-          return { refused: FrameError.BAD_SIGNATURE, message: `the result of ${command.kind} must be signed by the node's key` };
-        }
-        // A result is taken once; a redelivered one is acknowledged and changes nothing.
-        if (["succeeded", "failed", "expired"].includes(command.state)) return { duplicate: true };
-        await tx.execute(sql`
-          UPDATE bc_commands
-          SET state = ${frame.ok ? "succeeded" : "failed"}, completed_at = compute_now(),
-              result = ${frame.ok ? JSON.stringify(frame.output ?? null) : null}::jsonb,
-              error = ${frame.ok ? null : JSON.stringify(frame.error ?? { code: "UNKNOWN", message: "the agent reported no error" })}::jsonb,
-              signature = ${signed ? frame.signature! : null}
-          WHERE id = ${frame.id}::bigint`);
-        await databaseEvents("agents", `node:${att.nodeId}`, undefined).publish(tx, {
-          type: frame.ok ? "command.succeeded" : "command.failed",
-          subject: `nodes/${att.nodeId}`,
-          data: { commandId: frame.id, kind: command.kind, ...(frame.ok ? {} : { error: frame.error?.code ?? "UNKNOWN" }) },
-        });
-        return { recorded: true, origin: command.origin };
-      });
+      const outcome = await recordResult(this.store, att, frame);
       if ("refused" in outcome) {
         this.log(att).warn("refused a result", { commandId: frame.id, code: outcome.refused });
-        return refuse(outcome.refused!, outcome.message!);
+        return refuse(outcome.refused, outcome.message);
       }
       send(ws, { t: "result-ack", id: frame.id });
       // Whoever waits for this result (a workflow) hears of it now rather than at its next poll.
-      const waiting = "origin" in outcome && outcome.origin?.startsWith("workflow:") ? outcome.origin.slice("workflow:".length) : undefined;
+      const waiting = waitingWorkflow(outcome);
       if (waiting) await wakeObjects(this.env as object, "workflow", [waiting], this.log(att));
     } catch (err) {
       this.log(att).warn("could not record a result; the agent keeps it and resends", { commandId: frame.id, error: errorText(err) });
@@ -218,47 +162,19 @@ export class NodeDO extends DurableObject {
     const ws = this.ctx.getWebSockets().find((s) => (s.deserializeAttachment() as Attachment).ready);
     if (!ws) return;
     const att = ws.deserializeAttachment() as Attachment;
-    const node = await this.store.db.execute(sql`SELECT revoked_at FROM bc_nodes WHERE id = ${att.nodeId}`);
-    if ((node.rows[0] as { revoked_at: string | null } | undefined)?.revoked_at !== null) {
-      return ws.close(CloseCode.REVOKED, "the node was revoked");
-    }
-    await this.expireOverdue(att.nodeId);
+    if (!(await nodeLive(this.store, att.nodeId))) return ws.close(CloseCode.REVOKED, "the node was revoked");
+    await expireOverdue(this.store, att.nodeId);
     for (;;) {
-      const open = await this.store.db.execute(sql`
-        SELECT id, seq, kind, idempotency_key, body, attested, deadline FROM bc_commands
-        WHERE node_id = ${att.nodeId} AND state IN ('pending', 'delivered') AND seq > ${att.sentSeq}
-        ORDER BY seq LIMIT ${DELIVERY_BATCH}`);
-      const rows = open.rows as { id: string; seq: string; kind: string; idempotency_key: string; body: Record<string, unknown>; attested: boolean; deadline: string | null }[];
-      if (rows.length === 0) return;
-      for (const r of rows) {
-        const frame: CommandFrame = {
-          t: "command", id: String(r.id), seq: Number(r.seq), kind: r.kind, key: r.idempotency_key, body: r.body,
-          attested: r.attested, deadline: r.deadline ? new Date(r.deadline).toISOString() : null,
-        };
+      const frames = await openCommands(this.store, att.nodeId, att.sentSeq, DELIVERY_BATCH, () => this.secrets);
+      if (frames.length === 0) return;
+      for (const frame of frames) {
         if (!send(ws, frame)) return;
         att.sentSeq = frame.seq;
       }
       ws.serializeAttachment(att);
-      await this.store.db.execute(sql`
-        UPDATE bc_commands SET state = 'delivered', attempts = attempts + 1, delivered_at = compute_now()
-        WHERE id = ANY(${pgArray(rows.map((r) => String(r.id)))}::bigint[]) AND state IN ('pending', 'delivered')`);
-      if (rows.length < DELIVERY_BATCH) return;
+      await markDelivered(this.store, frames.map((f) => f.id));
+      if (frames.length < DELIVERY_BATCH) return;
     }
-  }
-
-  private async expireOverdue(nodeId: string): Promise<void> {
-    await this.store.transaction(async (tx) => {
-      const expired = await tx.execute(sql`
-        UPDATE bc_commands SET state = 'expired', completed_at = compute_now(),
-               error = '{"code":"DEADLINE_EXCEEDED","message":"no result before the command\\u0027s deadline"}'::jsonb
-        WHERE node_id = ${nodeId} AND state IN ('pending', 'delivered') AND deadline < compute_now()
-        RETURNING id, kind`);
-      for (const row of expired.rows as { id: string; kind: string }[]) {
-        await databaseEvents("agents", `node:${nodeId}`, undefined).publish(tx, {
-          type: "command.expired", subject: `nodes/${nodeId}`, data: { commandId: String(row.id), kind: row.kind },
-        });
-      }
-    });
   }
 
   override async webSocketClose(ws: WebSocket, code: number, reason: string): Promise<void> {
@@ -281,18 +197,9 @@ export class NodeDO extends DurableObject {
     await this.recordDisconnected(att, code);
   }
 
-  private async recordDisconnected(att: Pick<Attachment, "nodeId" | "sessionId">, code: number): Promise<void> {
+  private async recordDisconnected(att: SessionRef, code: number): Promise<void> {
     try {
-      await this.store.transaction(async (tx) => {
-        // Only the node's current session may mark it disconnected (a replaced one may not).
-        const updated = await tx.execute(sql`
-          UPDATE bc_nodes SET state = 'disconnected', disconnected_at = compute_now()
-          WHERE id = ${att.nodeId} AND session_id = ${att.sessionId} RETURNING id`);
-        if (updated.rows.length === 0) return;
-        await databaseEvents("agents", `node:${att.nodeId}`, undefined).publish(tx, {
-          type: "node.disconnected", subject: `nodes/${att.nodeId}`, data: { sessionId: att.sessionId, code },
-        });
-      });
+      await recordDisconnected(this.store, att, code);
       const current = await this.ctx.storage.get<{ sessionId: string }>("session");
       if (current?.sessionId === att.sessionId) await this.ctx.storage.delete("session");
     } catch (err) {

@@ -17,7 +17,9 @@ import {
 import { agentsModule } from "./agents/module.ts";
 import { wakeObjects } from "./agents/notify.ts";
 import type { Migration, Module } from "./contracts.ts";
+import { hex } from "./encoding.ts";
 import { invalidConfig } from "./errors.ts";
+import { mintJoinToken } from "./agents/tokens.ts";
 import { builtinIam, mintApiKey, type IamPort, type IamProvider, type Principal } from "./iam.ts";
 import { createLogger } from "./log.ts";
 import { openApiDocument } from "./openapi.ts";
@@ -69,6 +71,8 @@ export interface Compute {
   openStore(env: object): Store;
   /** Applies the modules' migrations (core migrations are applied by `npm run migrate`). */
   applyModuleMigrations(store: Store): Promise<MigrationReport>;
+  /** Runs every module's reconcilers once; returns how many things they changed (a failing one is logged and skipped). */
+  reconcile(env: object, store: Store): Promise<number>;
   /** Mints an API key in its own transaction (npm start, tests, operators' scripts). */
   mintApiKey(store: Store, input: { name: string; roles: string[]; createdBy?: string }): Promise<{ id: string; key: string }>;
 }
@@ -117,6 +121,13 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
       get secrets() {
         return (secrets ??= (options.secrets ?? databaseSecrets)(store, deploymentSecret(options, env)));
       },
+      pki: {
+        async mintJoinToken(tx, input) {
+          const nodeId = input.nodeId ?? `n-${hex(crypto.getRandomValues(new Uint8Array(8)))}`;
+          const minted = await mintJoinToken(tx, { ...input, attestor: "provisioned", nodeId, createdBy: `module:${mod.id}` });
+          return { token: minted.token, tokenId: minted.id, nodeId, expiresAt: minted.expiresAt };
+        },
+      },
       log,
     };
     mod.setup?.(ctx);
@@ -139,6 +150,21 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     applyModuleMigrations: (store) => applyMigrations(store, reg.migrations),
     mintApiKey: (store, input) =>
       store.transaction((tx) => mintApiKey(tx, { ...input, createdBy: input.createdBy ?? "system:operator" }, iam!.roles())),
+    async reconcile(env, store) {
+      let changed = 0;
+      for (const mod of reg.modules) {
+        for (const reconciler of mod.reconcilers ?? []) {
+          const ctx = contextFor(mod, env as Env, store);
+          try {
+            changed += await reconciler.run(ctx);
+          } catch (err) {
+            ctx.log.warn("a reconciler pass failed; the next pass retries", { reconciler: reconciler.id, error: err instanceof Error ? err.message : String(err) });
+          }
+          await ctx.afterCommit();
+        }
+      }
+      return changed;
+    },
     moduleContext(moduleId, env, store) {
       const mod = reg.modules.find((m) => m.id === moduleId);
       if (!mod) throw invalidConfig(`no module ${moduleId} is registered`);

@@ -85,6 +85,27 @@ export interface WakePort {
   workflow(workflowId: string): void;
 }
 
+export interface ProvisionedTokenInput {
+  /** The role the installed system joins as. */
+  role: "node" | "site" | "ramdisk";
+  /** The node id it joins as; default a new one (returned). */
+  nodeId?: string;
+  labels?: Record<string, string>;
+  /** Evidence the joining machine must present with these exact values, e.g. { productUuid }. */
+  expect?: Record<string, string>;
+  ttlSeconds?: number;
+}
+
+/** The platform's certificate authority, as modules see it. */
+export interface PkiPort {
+  /**
+   * Mints a single-use join token for the provisioned attestor, in the caller's transaction.
+   * The token is returned once: put it where only the machine reads it (an ISO, user data),
+   * never into a command, an event or a log.
+   */
+  mintJoinToken(tx: Tx, input: ProvisionedTokenInput): Promise<{ token: string; tokenId: string; nodeId: string; expiresAt: string }>;
+}
+
 export interface ModuleContext {
   readonly moduleId: string;
   readonly env: Readonly<Record<string, unknown>>;
@@ -95,6 +116,7 @@ export interface ModuleContext {
   readonly wake: WakePort;
   readonly clock: Clock;
   readonly secrets: SecretStore;
+  readonly pki: PkiPort;
   readonly log: Logger;
   /** What the deployment registered: extensions of a contract (steps, profiles, drivers...) and command kinds. */
   readonly registered: RegisteredView;

@@ -65,6 +65,16 @@ export interface CommandKind {
   roles?: AgentRole[];
 }
 
+/**
+ * A level-triggered control loop: it reads the record and moves what can move now. It runs from
+ * the cron sweep and whenever a workflow ends, possibly twice at once: guard every write by the
+ * state it expects. Returns how many things it changed.
+ */
+export interface Reconciler {
+  id: string;
+  run(ctx: ModuleContext & { afterCommit(): Promise<void> }): Promise<number>;
+}
+
 export interface ModuleDefinition {
   id: string;
   version?: string;
@@ -76,6 +86,7 @@ export interface ModuleDefinition {
   extensions?: Extension[];
   /** Provisioning profiles (defineProfile from better-compute/provision), registered as profile:id@version. */
   profiles?: Extension[];
+  reconcilers?: Reconciler[];
   /** Called once per request context; a module keeps no state of its own between requests. */
   setup?: (ctx: ModuleContext) => void;
 }

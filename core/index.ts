@@ -20,6 +20,7 @@ export {
   type Migration,
   type Module,
   type ModuleDefinition,
+  type Reconciler,
   type SchedulerPluginDefinition,
   type SinkDefinition,
   type SinkEvent,

@@ -56,8 +56,11 @@ export function workflowObject(compute: Compute) {
       try {
         const ctx = compute.moduleContext("provision", this.env as object, this.store);
         const result = await advance(ctx, row.value);
-        if (result.wakeInMs === null) this.ctx.storage.sql.exec("DELETE FROM schedule WHERE name = 'advance'");
-        else this.schedule("advance", Date.now() + result.wakeInMs);
+        if (result.wakeInMs === null) {
+          this.ctx.storage.sql.exec("DELETE FROM schedule WHERE name = 'advance'");
+          // The workflow ended: whoever started it (metal's lifecycle) moves on now, not at the next cron.
+          if (result.state !== "missing") await compute.reconcile(this.env as object, this.store);
+        } else this.schedule("advance", Date.now() + result.wakeInMs);
       } catch (err) {
         this.#log.warn("advancing the workflow failed; retrying", { workflow: row.value, error: err instanceof Error ? err.message : String(err) });
         this.#store = undefined;

@@ -3,7 +3,7 @@
 // steps a workflow runs for a target.
 import type { z } from "zod";
 import type { AgentRole } from "better-compute";
-import { ComputeError, type ErrorCode, type ModuleContext } from "better-compute/core";
+import { ComputeError, type ErrorCode, type ModuleContext, type SecretRef } from "better-compute/core";
 
 export type StepRunsOn = "control-plane" | AgentRole;
 export const STEP_RUNS_ON: readonly StepRunsOn[] = ["control-plane", "node", "site", "ramdisk"];
@@ -49,7 +49,12 @@ export interface ControlPlaneStep<I extends z.ZodType = z.ZodType> extends StepB
 export interface AgentStep<I extends z.ZodType = z.ZodType> extends StepBase<I> {
   runsOn: AgentRole;
   /** The one command the step is: sent once per attempt (keyed by workflow, step and attempt). */
-  command: { kind: string; body?: (input: z.output<I>, ctx: StepContext) => Record<string, unknown> };
+  command: {
+    kind: string;
+    body?: (input: z.output<I>, ctx: StepContext) => Record<string, unknown>;
+    /** Secrets the agent needs, by reference: the record keeps the reference, the agent gets the value. */
+    secretRefs?: (input: z.output<I>, ctx: StepContext) => SecretRef[];
+  };
   /** The node that runs it; default the workflow's target. */
   target?: (input: z.output<I>, ctx: StepContext) => string | Promise<string>;
 }
@@ -58,7 +63,8 @@ export type StepDefinition<I extends z.ZodType = z.ZodType> = ControlPlaneStep<I
 
 type Declared<T> = T extends unknown ? Omit<T, "contract" | "version"> & { version?: string } : never;
 
-const ID = /^[a-z][a-zA-Z0-9-]*(\.[a-z][a-zA-Z0-9-]*)*$/;
+// Dotted; a segment after the first may start with a digit ("ubuntu-24.04-autoinstall").
+const ID = /^[a-z][a-zA-Z0-9-]*(\.[a-zA-Z0-9][a-zA-Z0-9-]*)*$/;
 
 export function defineStep<I extends z.ZodType>(def: Declared<ControlPlaneStep<I>> | Declared<AgentStep<I>>): StepDefinition<I> {
   if (!ID.test(def.id)) throw new ComputeError("INVALID_CONFIG", `step id ${JSON.stringify(def.id)} is not a dotted name`);

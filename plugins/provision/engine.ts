@@ -5,7 +5,7 @@
 // (workflow, step, attempt) and enqueued in the same transaction that records it, so a
 // resumed workflow never sends a command twice.
 import { sql } from "drizzle-orm";
-import { canonicalJson, ComputeError, isComputeError, schemaIssues, sha256Hex, type ModuleContext, type Tx } from "better-compute/core";
+import { canonicalJson, ComputeError, isComputeError, schemaIssues, sha256Hex, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
 import { StepError, StepNotReady, type ProfileDefinition, type StepContext, type StepDefinition } from "./contracts.ts";
 import { findProfile, stepsById } from "./validate.ts";
 
@@ -166,9 +166,11 @@ async function sendCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefini
   const stepCtx = await stepContext(ctx, wf, step, attempt, name);
   let target: string;
   let body: Record<string, unknown>;
+  let secretRefs: SecretRef[];
   try {
     target = step.target ? await step.target(attempt.input, stepCtx) : wf.target;
     body = step.command.body ? step.command.body(attempt.input, stepCtx) : attempt.input;
+    secretRefs = step.command.secretRefs?.(attempt.input, stepCtx) ?? [];
   } catch (err) {
     await failStep(ctx, wf, step, attempt, err);
     return undefined;
@@ -180,6 +182,7 @@ async function sendCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefini
         kind: step.command.kind,
         key: commandKey(wf.id, wf.position, attempt.attempt),
         body,
+        secretRefs,
         origin: `workflow:${wf.id}`,
         ...(step.deadlineSeconds ? { deadlineSeconds: step.deadlineSeconds } : {}),
       });

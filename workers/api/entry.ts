@@ -14,12 +14,13 @@ export function deploymentEntry(compute: Compute) {
   };
 }
 
-/** The cron safety net: workflows nobody advanced for a minute are woken. */
+/** The cron safety net: workflows nobody advanced for a minute are woken, and every reconciler runs. */
 export async function sweep(compute: Compute, env: object): Promise<number> {
-  if (!compute.registry.modules.some((m) => m.id === "provision")) return 0;
   const store = compute.openStore(env);
   try {
-    return await wakeStalledWorkflows(compute.moduleContext("provision", env, store));
+    const provision = compute.registry.modules.some((m) => m.id === "provision");
+    const woken = provision ? await wakeStalledWorkflows(compute.moduleContext("provision", env, store)) : 0;
+    return woken + (await compute.reconcile(env, store));
   } finally {
     await store.close();
   }

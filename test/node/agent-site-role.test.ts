@@ -1,0 +1,258 @@
+// The site agent's role (agent/roles/site.ts, redfish.ts, boot.ts, image-cache.ts) against the
+// Redfish emulator (simulated hardware over real HTTP): inspect, idempotent power, boot
+// override, virtual media, failures as DRIVER_ERROR naming the BMC and never its credential,
+// bodies and secrets refused; the iPXE script; the image cache over HTTP.
+import { createHash } from "node:crypto";
+import { afterEach, describe, expect, it } from "vitest";
+import { AgentError, type CommandContext } from "../../agent/client.ts";
+import { ipxeScript } from "../../agent/roles/boot.ts";
+import { createImageCache } from "../../agent/roles/image-cache.ts";
+import { RedfishClient } from "../../agent/roles/redfish.ts";
+import { siteHandlers } from "../../agent/roles/site.ts";
+import { startRedfishEmulator, type RedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
+
+const USER = "bmc-operator-7";
+const PASS = "s3cret-Pa55word-xyz";
+const REF = "secret://bmc-abc";
+const cleanups: Array<() => Promise<void>> = [];
+
+afterEach(async () => {
+  await Promise.all(cleanups.splice(0).map((stop) => stop()));
+});
+
+async function emulator(faults?: Parameters<typeof startRedfishEmulator>[0]["faults"]): Promise<RedfishEmulator> {
+  const emu = await startRedfishEmulator({ machines: [{ id: "abc" }], username: USER, password: PASS, faults });
+  cleanups.push(() => emu.stop());
+  return emu;
+}
+
+function ctx(kind: string, secrets: Record<string, string> | undefined = { [REF]: PASS }, signal = new AbortController().signal) {
+  return { id: "c1", key: "k1", kind, seq: 1, attested: false, deadline: null, signal, secrets } as CommandContext;
+}
+
+/** Run a site command kind against the emulator's machine "abc". */
+function run(emu: RedfishEmulator, kind: string, extra: Record<string, unknown> = {}, context = ctx(kind)) {
+  const body = { bmc: { address: `${emu.url}/redfish/v1/Systems/abc`, username: USER, password: REF }, ...extra };
+  return siteHandlers({ timeoutMs: 2_000 })[kind]!(body, context) as Promise<any>;
+}
+
+async function failure(p: Promise<unknown>): Promise<AgentError> {
+  const e = await p.then(
+    () => undefined,
+    (err: unknown) => err,
+  );
+  expect(e).toBeInstanceOf(AgentError);
+  return e as AgentError;
+}
+
+const posts = (emu: RedfishEmulator, suffix: string) => emu.requests.filter((r) => r.method === "POST" && r.path.endsWith(suffix)).length;
+
+describe("site role: Redfish", () => {
+  it("inspects the system, its manager's firmware and its virtual media", async () => {
+    const emu = await emulator();
+    const m = emu.machines.get("abc")!;
+    m.bmcFirmwareVersion = "BMC-9.9.9";
+    m.media = { inserted: true, image: "http://10.0.0.1/a.iso" };
+    m.boot = { target: "Pxe", enabled: "Continuous" };
+    expect(await run(emu, "metal.bmc.inspect")).toEqual({
+      systemId: "abc",
+      uuid: m.uuid,
+      manufacturer: "Better Compute (simulated)",
+      model: "Redfish emulator",
+      powerState: "Off",
+      biosVersion: "SIM-BIOS-1.0.0",
+      bmcFirmwareVersion: "BMC-9.9.9",
+      bootTarget: "Pxe",
+      bootEnabled: "Continuous",
+      media: { inserted: true, image: "http://10.0.0.1/a.iso" },
+    });
+  });
+
+  it("powers on, off and cycles by desired state, resetting only when needed", async () => {
+    const emu = await emulator();
+    const m = emu.machines.get("abc")!;
+    const resets = () => posts(emu, "/ComputerSystem.Reset");
+
+    expect(await run(emu, "metal.bmc.power", { action: "on" })).toEqual({ powerState: "On", previous: "Off" });
+    expect(await run(emu, "metal.bmc.power", { action: "on" })).toEqual({ powerState: "On", previous: "On" });
+    expect(resets()).toBe(1);
+    expect(await run(emu, "metal.bmc.power", { action: "cycle" })).toEqual({ powerState: "On", previous: "On" });
+    expect(m.powerHistory).toEqual(["On", "Off", "On"]);
+    expect(await run(emu, "metal.bmc.power", { action: "off" })).toEqual({ powerState: "Off", previous: "On" });
+    expect(await run(emu, "metal.bmc.power", { action: "off" })).toEqual({ powerState: "Off", previous: "Off" });
+    expect(resets()).toBe(3);
+    expect(await run(emu, "metal.bmc.power", { action: "cycle" })).toEqual({ powerState: "On", previous: "Off" });
+    expect(m.powerHistory).toEqual(["On", "Off", "On", "Off", "On"]); // a cycle of an Off machine only powers it on
+  });
+
+  it("sets the boot device once (the default) or continuously", async () => {
+    const emu = await emulator();
+    const m = emu.machines.get("abc")!;
+    expect(await run(emu, "metal.bmc.boot", { device: "pxe" })).toEqual({ target: "Pxe", enabled: "Once" });
+    expect(m.boot).toEqual({ target: "Pxe", enabled: "Once" });
+    expect(await run(emu, "metal.bmc.boot", { device: "disk", once: false })).toEqual({ target: "Hdd", enabled: "Continuous" });
+    expect(await run(emu, "metal.bmc.boot", { device: "cd", once: true })).toEqual({ target: "Cd", enabled: "Once" });
+    expect(m.boot).toEqual({ target: "Cd", enabled: "Once" });
+  });
+
+  it("inserts media idempotently, swaps another image, and ejects only what is inserted", async () => {
+    const emu = await emulator();
+    const m = emu.machines.get("abc")!;
+    const a = "http://10.0.0.1/images/a.iso";
+    const b = "http://10.0.0.1/images/b.iso";
+    expect(await run(emu, "metal.bmc.media.insert", { url: a })).toEqual({ image: a, inserted: true });
+    expect(await run(emu, "metal.bmc.media.insert", { url: a })).toEqual({ image: a, inserted: true });
+    expect(posts(emu, "/VirtualMedia.InsertMedia")).toBe(1);
+    expect(posts(emu, "/VirtualMedia.EjectMedia")).toBe(0);
+
+    expect(await run(emu, "metal.bmc.media.insert", { url: b })).toEqual({ image: b, inserted: true });
+    expect(m.media).toEqual({ inserted: true, image: b });
+    expect(posts(emu, "/VirtualMedia.EjectMedia")).toBe(1);
+
+    expect(await run(emu, "metal.bmc.media.eject")).toEqual({ ejected: true });
+    expect(m.media).toEqual({ inserted: false, image: null });
+    expect(await run(emu, "metal.bmc.media.eject")).toEqual({ ejected: false });
+    expect(posts(emu, "/VirtualMedia.EjectMedia")).toBe(2);
+  });
+
+  it("reports a wrong password as DRIVER_ERROR naming the BMC, never the credential", async () => {
+    const emu = await emulator();
+    const wrong = "Wr0ng-Pa55word-abc";
+    const address = `${emu.url}/redfish/v1/Systems/abc`;
+    const e = await failure(run(emu, "metal.bmc.power", { action: "on" }, ctx("metal.bmc.power", { [REF]: wrong })));
+    expect(e.code).toBe("DRIVER_ERROR");
+    expect(e.message).toBe(`BMC ${address} answered 401 Unauthorized to GET /redfish/v1/Systems/abc: check the BMC credential`);
+    expect(e.message).not.toContain(wrong);
+    expect(e.message).not.toContain(USER);
+    expect(emu.machines.get("abc")!.powerHistory).toEqual([]);
+  });
+
+  it("reports a 5xx, a dropped connection and a timeout as DRIVER_ERROR, without retrying", async () => {
+    const emu = await emulator({ errorRate: 1 });
+    const e503 = await failure(run(emu, "metal.bmc.inspect"));
+    expect(e503.code).toBe("DRIVER_ERROR");
+    expect(e503.message).toMatch(/^BMC http:\/\/127\.0\.0\.1:\d+\/redfish\/v1\/Systems\/abc answered 503 Service Unavailable to GET .*temporarily unavailable/);
+    expect(emu.requests).toHaveLength(1);
+
+    emu.setFaults({ dropRate: 1 });
+    const dropped = await failure(run(emu, "metal.bmc.inspect"));
+    expect(dropped.code).toBe("DRIVER_ERROR");
+    expect(dropped.message).toContain(`BMC ${emu.url}/redfish/v1/Systems/abc did not answer GET /redfish/v1/Systems/abc: `);
+
+    emu.setFaults({ delayMs: 500 });
+    const client = new RedfishClient({ address: `${emu.url}/redfish/v1/Systems/abc`, username: USER, password: PASS }, { timeoutMs: 50 });
+    const slow = await failure(client.inspect());
+    expect(slow.code).toBe("DRIVER_ERROR");
+    expect(slow.message).toContain("no answer within 50 ms");
+  });
+
+  it("ends a request when the command's signal aborts, with the signal's reason", async () => {
+    const emu = await emulator({ delayMs: 500 });
+    for (const reason of [new AgentError("DEADLINE_EXCEEDED", "the deadline passed"), new AgentError("INTERRUPTED", "the agent is stopping")]) {
+      const controller = new AbortController();
+      const t0 = performance.now();
+      const pending = failure(run(emu, "metal.bmc.inspect", {}, ctx("metal.bmc.inspect", undefined, controller.signal)));
+      setTimeout(() => controller.abort(reason), 30);
+      expect(await pending).toBe(reason);
+      expect(performance.now() - t0).toBeLessThan(400);
+    }
+  });
+
+  it("refuses a bad address before any request", async () => {
+    const emu = await emulator();
+    const handlers = siteHandlers();
+    const port = new URL(emu.url).port;
+    for (const address of [
+      `http://${USER}:${PASS}@127.0.0.1:${port}/redfish/v1/Systems/abc`,
+      `${emu.url}/redfish/v1/Managers/abc-bmc`,
+      `${emu.url}/redfish/v1/Systems`,
+      `ftp://127.0.0.1:${port}/redfish/v1/Systems/abc`,
+      "not a url",
+    ]) {
+      const e = await failure(handlers["metal.bmc.inspect"]!({ bmc: { address, username: USER, password: REF } }, ctx("metal.bmc.inspect")) as Promise<unknown>);
+      expect(e.code).toBe("INVALID_ARGUMENT");
+      expect(e.message).not.toContain(PASS);
+    }
+    expect(emu.requests).toEqual([]);
+  });
+
+  it("refuses a missing secret, a password in the body and bad fields", async () => {
+    const emu = await emulator();
+    const missing = await failure(run(emu, "metal.bmc.inspect", {}, ctx("metal.bmc.inspect", {})));
+    expect(missing).toMatchObject({ code: "INVALID_ARGUMENT", message: `the command carries no value for ${REF}` });
+
+    const plain = await failure(
+      siteHandlers()["metal.bmc.inspect"]!({ bmc: { address: `${emu.url}/redfish/v1/Systems/abc`, username: USER, password: PASS } }, ctx("metal.bmc.inspect")) as Promise<unknown>,
+    );
+    expect(plain.code).toBe("INVALID_ARGUMENT");
+    expect(plain.message).toContain("bmc.password");
+    expect(plain.message).not.toContain(PASS);
+
+    expect(await failure(run(emu, "metal.bmc.power", { action: "reboot" }))).toMatchObject({ code: "INVALID_ARGUMENT", message: expect.stringContaining("action") });
+    expect(await failure(run(emu, "metal.bmc.boot", { device: "floppy" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
+    expect(await failure(run(emu, "metal.bmc.media.insert", { url: "file:///etc/passwd" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
+    expect(emu.requests).toEqual([]);
+  });
+
+  it("sends Basic auth to the BMC only: a link to another origin is not followed", async () => {
+    const seen: Array<{ url: string; authorization: string | undefined }> = [];
+    const json = (body: unknown) => new Response(JSON.stringify(body), { status: 200, headers: { "content-type": "application/json" } });
+    const fakeFetch = async (url: string, init: RequestInit) => {
+      seen.push({ url, authorization: (init.headers as Record<string, string>).authorization });
+      return json({ Id: "abc", PowerState: "On", Links: { ManagedBy: [{ "@odata.id": "https://elsewhere.example/redfish/v1/Managers/x" }] } });
+    };
+    const client = new RedfishClient({ address: "https://bmc.example:8443/redfish/v1/Systems/abc/", username: USER, password: PASS }, { fetch: fakeFetch });
+    expect(client.address).toBe("https://bmc.example:8443/redfish/v1/Systems/abc");
+    const e = await failure(client.inspect());
+    expect(e.code).toBe("DRIVER_ERROR");
+    expect(e.message).toContain("outside the BMC");
+    expect(seen).toEqual([{ url: "https://bmc.example:8443/redfish/v1/Systems/abc", authorization: `Basic ${Buffer.from(`${USER}:${PASS}`).toString("base64")}` }]);
+  });
+});
+
+describe("site role: network boot", () => {
+  it("renders an iPXE script", () => {
+    expect(ipxeScript({ kernelUrl: "http://10.0.0.1/vmlinuz", initrdUrl: "http://10.0.0.1/initrd.img", cmdline: "console=ttyS0 ip=dhcp" })).toBe(
+      "#!ipxe\nkernel http://10.0.0.1/vmlinuz initrd=initrd console=ttyS0 ip=dhcp\ninitrd --name initrd http://10.0.0.1/initrd.img\nboot\n",
+    );
+  });
+
+  it("refuses values that would change the script", () => {
+    const ok = { kernelUrl: "http://10.0.0.1/vmlinuz", initrdUrl: "http://10.0.0.1/initrd.img", cmdline: "ip=dhcp" };
+    for (const bad of [
+      { ...ok, cmdline: "ip=dhcp\nshell" },
+      { ...ok, cmdline: "ip=dhcp\r\nchain http://evil/" },
+      { ...ok, kernelUrl: "http://10.0.0.1/vmlinuz\nshell" },
+      { ...ok, initrdUrl: "http://10.0.0.1/initrd.img extra" },
+      { ...ok, kernelUrl: "tftp://10.0.0.1/vmlinuz" },
+    ]) {
+      expect(() => ipxeScript(bad)).toThrow(expect.objectContaining({ code: "INVALID_ARGUMENT" }));
+    }
+  });
+
+  it("serves cached images by sha256 over HTTP", async () => {
+    const cache = createImageCache();
+    const bytes = new Uint8Array(100_000).map((_, i) => (i * 31) % 251);
+    const sha = cache.put(bytes);
+    expect(sha).toBe(createHash("sha256").update(bytes).digest("hex"));
+    bytes[0] = 255; // the cache holds a copy
+    expect(cache.has(sha)).toBe(true);
+    expect(cache.get(sha)![0]).toBe(0);
+    expect(cache.has("0".repeat(64))).toBe(false);
+
+    const server = await cache.serve();
+    cleanups.push(() => server.stop());
+    const res = await fetch(`${server.url}/images/${sha}`);
+    expect(res.status).toBe(200);
+    const got = new Uint8Array(await res.arrayBuffer());
+    expect(createHash("sha256").update(got).digest("hex")).toBe(sha);
+    expect((await fetch(`${server.url}/images/${"0".repeat(64)}`)).status).toBe(404);
+    expect((await fetch(`${server.url}/images/${sha.toUpperCase()}`)).status).toBe(404);
+    expect((await fetch(`${server.url}/${sha}`)).status).toBe(404);
+    expect((await fetch(`${server.url}/images/${sha}`, { method: "POST" })).status).toBe(404);
+
+    await server.stop();
+    cleanups.pop();
+    await expect(fetch(`${server.url}/images/${sha}`)).rejects.toThrow();
+  });
+});

@@ -1,0 +1,395 @@
+// The metal module: sites, pools, hardware profiles, BMC bindings and the node lifecycle.
+// Methods move a machine by events of the state machine (lifecycle.ts) and start the workflow
+// that does the work; the reconciler moves it on when that workflow ends, and starts
+// commissioning for enrolled machines by itself.
+import { sql } from "drizzle-orm";
+import { z } from "zod";
+import { defineModule, type DriverDefinition, type DriverKind, type Module } from "better-compute";
+import { ComputeError, conflict, defineMethod, invalidArgument, invalidConfig, notFound, schemaIssues, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
+import { startWorkflow, type ProfileDefinition } from "better-compute/provision";
+import { METAL_STATES, transition, type MetalEvent, type MetalState } from "./lifecycle.ts";
+import { imageStreamDriver, ipxeDriver, metalCommands, metalProfiles, metalSteps, redfishDriver, WIPE_STEP, type BmcBinding } from "./steps.ts";
+
+export interface HardwareProfile {
+  description?: string;
+  /** Driver id per kind; each must be a registered driver of that kind. power's manifest validates BMC bindings. */
+  drivers: Partial<Record<DriverKind, string>> & { power: string };
+  /** Workflow profiles for the lifecycle's own work; default metal.commission and metal.release. */
+  profiles?: { commission?: string; release?: string };
+}
+
+export interface MetalOptions {
+  hardwareProfiles?: Record<string, HardwareProfile>;
+}
+
+export const DEFAULT_HARDWARE_PROFILES: Record<string, HardwareProfile> = {
+  "redfish-pxe": {
+    description: "Redfish BMC, PXE into the bcd ramdisk through the site agent, image streamed from the ramdisk",
+    drivers: { power: "redfish", management: "redfish", boot: "ipxe", deploy: "image-stream" },
+  },
+};
+
+const SCHEMA_SQL = `
+CREATE TABLE IF NOT EXISTS metal_sites (
+  id text PRIMARY KEY,
+  description text,
+  created_at timestamptz NOT NULL DEFAULT compute_now()
+);
+CREATE TABLE IF NOT EXISTS metal_pools (
+  id text PRIMARY KEY,
+  site_id text NOT NULL REFERENCES metal_sites (id),
+  class text NOT NULL CHECK (class IN ('metal')),
+  agent text NOT NULL CHECK (agent IN ('bcd', 'none')),
+  policy jsonb NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT compute_now()
+);
+CREATE TABLE IF NOT EXISTS metal_nodes (
+  id text PRIMARY KEY,
+  pool_id text NOT NULL REFERENCES metal_pools (id),
+  site_id text NOT NULL REFERENCES metal_sites (id),
+  -- The BMC binding: address and username, the password as a secret:// reference only.
+  bmc jsonb NOT NULL,
+  state text NOT NULL CHECK (state IN (${METAL_STATES.map((s) => `'${s}'`).join(", ")})),
+  maintenance boolean NOT NULL DEFAULT false,
+  maintenance_reason text,
+  role text,
+  workflow_id text,
+  product_uuid text,
+  inventory jsonb,
+  last_error jsonb,
+  state_changed_at timestamptz NOT NULL DEFAULT compute_now(),
+  created_at timestamptz NOT NULL DEFAULT compute_now(),
+  updated_at timestamptz NOT NULL DEFAULT compute_now()
+);
+CREATE INDEX IF NOT EXISTS metal_nodes_moving ON metal_nodes (state) WHERE state IN ('enrolled', 'commissioning', 'deploying', 'releasing');
+CREATE UNIQUE INDEX IF NOT EXISTS metal_nodes_bmc ON metal_nodes ((bmc->>'address')) WHERE state <> 'retired';
+-- Every change of state, in order: the lifecycle's history.
+CREATE TABLE IF NOT EXISTS metal_transitions (
+  id bigserial PRIMARY KEY,
+  node_id text NOT NULL REFERENCES metal_nodes (id),
+  event text NOT NULL,
+  from_state text NOT NULL,
+  to_state text NOT NULL,
+  workflow_id text,
+  reason text,
+  at timestamptz NOT NULL DEFAULT compute_now()
+);
+CREATE INDEX IF NOT EXISTS metal_transitions_node ON metal_transitions (node_id, id);`;
+
+const slug = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "lower-case letters, digits and dashes");
+const policy = z.object({
+  hardwareProfile: z.string(),
+  /** Release may reach ready without an attested wipe (agentless machines); recorded as node.release.unverified. */
+  allowUnverifiedRelease: z.boolean().default(false),
+  /** Networks a site agent may reach machines on over plain HTTP. */
+  provisioningCidrs: z.array(z.string().regex(/^[\d.]+\/\d{1,2}$|^[0-9a-f:]+\/\d{1,3}$/i)).default([]),
+});
+type Policy = z.infer<typeof policy>;
+
+const metalNode = z.object({
+  id: z.string(),
+  pool: z.string(),
+  site: z.string(),
+  state: z.enum(METAL_STATES),
+  maintenance: z.boolean(),
+  maintenanceReason: z.string().nullable(),
+  role: z.string().nullable(),
+  workflow: z.string().nullable(),
+  productUuid: z.string().nullable(),
+  bmc: z.object({ driver: z.string(), address: z.string(), username: z.string() }),
+  lastError: z.unknown().nullable(),
+});
+
+interface NodeRow {
+  id: string;
+  pool_id: string;
+  site_id: string;
+  state: MetalState;
+  maintenance: boolean;
+  maintenance_reason: string | null;
+  role: string | null;
+  workflow_id: string | null;
+  product_uuid: string | null;
+  bmc: BmcBinding;
+  last_error: unknown;
+  policy: Policy;
+}
+
+const toNode = (r: NodeRow): z.input<typeof metalNode> => ({
+  id: r.id, pool: r.pool_id, site: r.site_id, state: r.state, maintenance: r.maintenance, maintenanceReason: r.maintenance_reason,
+  role: r.role, workflow: r.workflow_id, productUuid: r.product_uuid,
+  bmc: { driver: r.bmc.driver, address: r.bmc.address, username: r.bmc.username }, lastError: r.last_error ?? null,
+});
+
+async function loadNode(tx: Pick<Tx, "execute">, id: string, lock = false): Promise<NodeRow> {
+  const found = await tx.execute(sql`
+    SELECT n.*, p.policy FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id WHERE n.id = ${id} ${lock ? sql`FOR UPDATE OF n` : sql``}`);
+  const row = found.rows[0] as NodeRow | undefined;
+  if (!row) throw notFound(`metal node ${id} does not exist`);
+  return row;
+}
+
+export function metalModule(options: MetalOptions = {}): Module {
+  const hardwareProfiles = { ...DEFAULT_HARDWARE_PROFILES, ...options.hardwareProfiles };
+  const lifecycleProfile = (p: Policy, which: "commission" | "release") =>
+    hardwareProfiles[p.hardwareProfile]?.profiles?.[which] ?? (which === "commission" ? "metal.commission" : "metal.release");
+
+  /** The site's connected agent: every BMC command goes through it. */
+  async function siteAgent(tx: Tx, site: string): Promise<string | undefined> {
+    const found = await tx.execute(sql`
+      SELECT id FROM bc_nodes WHERE role = 'site' AND labels->>'bc.dev/site' = ${site} AND revoked_at IS NULL
+      ORDER BY (state = 'connected') DESC, connected_at DESC NULLS LAST LIMIT 1`);
+    return (found.rows[0] as { id: string } | undefined)?.id;
+  }
+
+  /**
+   * Moves the node by event and starts the profile's workflow for it, in the caller's transaction.
+   * Returns undefined (nothing written) when the node is not in a state the event leaves from.
+   */
+  async function runLifecycle(ctx: ModuleContext, tx: Tx, node: NodeRow, event: MetalEvent, profile: string, input: Record<string, unknown> = {}, extra: { role?: string | null; version?: string; createdBy?: string } = {}) {
+    const agent = await siteAgent(tx, node.site_id);
+    if (!agent) throw new ComputeError("FAILED_PRECONDITION", `site ${node.site_id} has no agent: join one with a site token (siteTokens.create)`, { site: node.site_id });
+    const workflowInput = { ...input, machine: node.id, siteAgent: agent, bmc: node.bmc, ...(node.product_uuid ? { productUuid: node.product_uuid } : {}) };
+    const wf = await startWorkflow(ctx, tx, { profile, ...(extra.version ? { version: extra.version } : {}), target: node.id, input: workflowInput, createdBy: extra.createdBy ?? "system:metal" });
+    const moved = await transition(ctx, tx, node.id, event, { workflowId: wf.id, lastError: null, ...(extra.role !== undefined ? { role: extra.role } : {}) });
+    if (!moved) throw conflict(`metal node ${node.id} is ${node.state}; ${event} needs it to be in another state`, { node: node.id, state: node.state });
+    return wf;
+  }
+
+  // ------------------------------------------------------------------ methods
+
+  const sitesCreate = defineMethod({
+    name: "metal.sites.create",
+    action: "metal.sites.create",
+    resource: (input) => `metal/sites/${input.id}`,
+    input: z.object({ id: slug, description: z.string().max(500).optional() }),
+    output: z.object({ id: z.string(), created: z.boolean() }),
+    handler: async (ctx, input, tx) => {
+      const inserted = await tx.execute(sql`INSERT INTO metal_sites (id, description) VALUES (${input.id}, ${input.description ?? null}) ON CONFLICT DO NOTHING RETURNING id`);
+      if (inserted.rows.length) await ctx.events.publish(tx, { type: "metal.site.created", subject: `metal/sites/${input.id}` });
+      return { id: input.id, created: inserted.rows.length > 0 };
+    },
+  });
+
+  const poolsCreate = defineMethod({
+    name: "metal.pools.create",
+    action: "metal.pools.create",
+    resource: (input) => `metal/pools/${input.id}`,
+    input: z.object({ id: slug, site: slug, class: z.literal("metal").default("metal"), agent: z.enum(["bcd", "none"]).default("bcd"), policy }),
+    output: z.object({ id: z.string(), created: z.boolean() }),
+    handler: async (ctx, input, tx) => {
+      const hw = hardwareProfiles[input.policy.hardwareProfile];
+      if (!hw) throw invalidArgument(`no hardware profile ${input.policy.hardwareProfile} is configured`, { known: Object.keys(hardwareProfiles) });
+      const site = await tx.execute(sql`SELECT 1 FROM metal_sites WHERE id = ${input.site}`);
+      if (site.rows.length === 0) throw notFound(`site ${input.site} does not exist`);
+      const inserted = await tx.execute(sql`
+        INSERT INTO metal_pools (id, site_id, class, agent, policy) VALUES (${input.id}, ${input.site}, ${input.class}, ${input.agent}, ${JSON.stringify(input.policy)}::jsonb)
+        ON CONFLICT DO NOTHING RETURNING id`);
+      if (inserted.rows.length) await ctx.events.publish(tx, { type: "metal.pool.created", subject: `metal/pools/${input.id}`, data: { site: input.site, hardwareProfile: input.policy.hardwareProfile } });
+      return { id: input.id, created: inserted.rows.length > 0 };
+    },
+  });
+
+  const enroll = defineMethod({
+    name: "metal.enroll",
+    action: "metal.enroll",
+    resource: (input) => `metal/pools/${input.pool}`,
+    description: "Enroll a machine by its BMC; commissioning starts by itself (the password is sealed and never shown again)",
+    input: z.object({
+      id: slug.optional(),
+      pool: slug,
+      bmc: z.object({
+        address: z.string(),
+        username: z.string(),
+        /** The BMC password (sealed at once) or a secret:// reference to one already stored. */
+        password: z.string().min(1).max(256),
+      }),
+    }),
+    output: metalNode,
+    handler: async (ctx, input, tx) => {
+      const pool = (await tx.execute(sql`SELECT id, site_id, policy FROM metal_pools WHERE id = ${input.pool}`)).rows[0] as { id: string; site_id: string; policy: Policy } | undefined;
+      if (!pool) throw notFound(`pool ${input.pool} does not exist`);
+      const driverId = hardwareProfiles[pool.policy.hardwareProfile]?.drivers.power;
+      const driver = ctx.registered.extensions<DriverDefinition>("driver").find((d) => d.id === driverId && d.kinds.includes("power"));
+      if (!driver) throw invalidConfig(`hardware profile ${pool.policy.hardwareProfile} names power driver ${driverId}, which is not registered`);
+      const id = input.id ?? `m-${crypto.randomUUID().slice(0, 8)}`;
+      const password = /^secret:\/\/[\w-]+$/.test(input.bmc.password)
+        ? (input.bmc.password as SecretRef)
+        : await ctx.secrets.put(tx, { module: "metal", name: `bmc/${id}`, value: input.bmc.password });
+      const binding = { driver: driver.id, address: input.bmc.address, username: input.bmc.username, password };
+      const checked = driver.manifest?.safeParse(binding);
+      if (checked && !checked.success) throw invalidArgument(`the BMC binding does not match driver ${driver.id}'s manifest`, { issues: schemaIssues(checked.error) });
+      const inserted = await tx.execute(sql`
+        INSERT INTO metal_nodes (id, pool_id, site_id, bmc, state) VALUES (${id}, ${pool.id}, ${pool.site_id}, ${JSON.stringify(binding)}::jsonb, 'enrolled')
+        ON CONFLICT DO NOTHING RETURNING id`);
+      if (inserted.rows.length === 0) throw conflict(`metal node ${id} already exists`);
+      await ctx.events.publish(tx, { type: "metal.node.enrolled", subject: `metal/nodes/${id}`, data: { pool: pool.id, bmc: input.bmc.address } });
+      const node = await loadNode(tx, id);
+      // Commissioning starts now if the site has an agent; otherwise the reconciler starts it once one joins.
+      if (await siteAgent(tx, node.site_id)) await runLifecycle(ctx, tx, node, "commission", lifecycleProfile(node.policy, "commission"));
+      return toNode(await loadNode(tx, id));
+    },
+  });
+
+  const nodesGet = defineMethod({
+    name: "metal.nodes.get",
+    action: "metal.nodes.get",
+    readOnly: true,
+    resource: (input) => `metal/nodes/${input.id}`,
+    input: z.object({ id: z.string() }),
+    output: metalNode,
+    handler: async (_ctx, input, tx) => toNode(await loadNode(tx, input.id)),
+  });
+
+  const nodesList = defineMethod({
+    name: "metal.nodes.list",
+    action: "metal.nodes.list",
+    readOnly: true,
+    input: z.object({ pool: z.string().optional(), state: z.enum(METAL_STATES).optional() }),
+    output: z.object({ nodes: z.array(metalNode) }),
+    handler: async (_ctx, input, tx) => {
+      const rows = await tx.execute(sql`
+        SELECT n.*, p.policy FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
+        WHERE (${input.pool ?? null}::text IS NULL OR n.pool_id = ${input.pool ?? null})
+          AND (${input.state ?? null}::text IS NULL OR n.state = ${input.state ?? null})
+        ORDER BY n.created_at, n.id LIMIT 1000`);
+      return { nodes: (rows.rows as unknown as NodeRow[]).map(toNode) };
+    },
+  });
+
+  const deploy = defineMethod({
+    name: "metal.deploy",
+    action: "metal.deploy",
+    resource: (input) => `metal/nodes/${input.node}`,
+    description: "Deploy a ready machine with a profile (target metal); it ends deployed with the profile's role",
+    input: z.object({ node: z.string(), profile: z.string(), version: z.string().optional(), input: z.record(z.string(), z.unknown()).default({}) }),
+    output: z.object({ node: z.string(), workflow: z.string() }),
+    handler: async (ctx, input, tx) => {
+      const node = await loadNode(tx, input.node, true);
+      if (node.maintenance) throw new ComputeError("FAILED_PRECONDITION", `metal node ${node.id} is in maintenance: ${node.maintenance_reason ?? "no reason given"}`);
+      if (node.state !== "ready") throw new ComputeError("FAILED_PRECONDITION", `metal node ${node.id} is ${node.state}; only a ready machine can be deployed`);
+      const profile = ctx.registered.extensions<ProfileDefinition>("profile").find((p) => p.id === input.profile && (!input.version || p.version === input.version));
+      if (!profile) throw notFound(`no profile ${input.profile} is registered`);
+      if (profile.target !== "metal") throw invalidArgument(`profile ${profile.id} targets ${profile.target}, not metal`);
+      const wf = await runLifecycle(ctx, tx, node, "deploy", profile.id, input.input, { role: profile.role ?? "host", version: profile.version, createdBy: ctx.principal.id });
+      return { node: node.id, workflow: wf.id };
+    },
+  });
+
+  const undeploy = defineMethod({
+    name: "metal.undeploy",
+    action: "metal.undeploy",
+    resource: (input) => `metal/nodes/${input.node}`,
+    description: "Release a deployed machine: its disks are wiped (attested) before it is ready again",
+    input: z.object({ node: z.string() }),
+    output: z.object({ node: z.string(), workflow: z.string() }),
+    handler: async (ctx, input, tx) => {
+      const node = await loadNode(tx, input.node, true);
+      if (node.state !== "deployed") throw new ComputeError("FAILED_PRECONDITION", `metal node ${node.id} is ${node.state}; only a deployed machine can be undeployed`);
+      const wf = await runLifecycle(ctx, tx, node, "undeploy", lifecycleProfile(node.policy, "release"), {}, { createdBy: ctx.principal.id });
+      return { node: node.id, workflow: wf.id };
+    },
+  });
+
+  const recommission = defineMethod({
+    name: "metal.nodes.recommission",
+    action: "metal.nodes.recommission",
+    resource: (input) => `metal/nodes/${input.node}`,
+    description: "Take a failed machine out of maintenance and commission it again from the start",
+    input: z.object({ node: z.string() }),
+    output: metalNode,
+    handler: async (ctx, input, tx) => {
+      const moved = await transition(ctx, tx, input.node, "recommission", { maintenance: false, reason: null, workflowId: null, role: null });
+      if (!moved) throw new ComputeError("FAILED_PRECONDITION", `metal node ${input.node} is not failed`);
+      const node = await loadNode(tx, input.node);
+      if (await siteAgent(tx, node.site_id)) await runLifecycle(ctx, tx, node, "commission", lifecycleProfile(node.policy, "commission"));
+      return toNode(await loadNode(tx, input.node));
+    },
+  });
+
+  // ------------------------------------------------------------------ reconciler
+
+  /** Exactly one attested wipe in the workflow: a succeeded wipe step whose command's result is node-signed. */
+  async function attestedWipes(tx: Tx, workflowId: string): Promise<number> {
+    const found = await tx.execute(sql`
+      SELECT count(*)::int AS n FROM workflow_steps s JOIN bc_commands c ON c.id = s.command_id
+      WHERE s.workflow_id = ${workflowId} AND s.step_id = ${WIPE_STEP} AND s.state = 'succeeded' AND c.attested AND c.signature IS NOT NULL`);
+    return (found.rows[0] as { n: number }).n;
+  }
+
+  /** Moves one node whose workflow ended; returns whether it changed. */
+  async function settle(ctx: ModuleContext, node: NodeRow & { wf_state: string; wf_error: Record<string, unknown> | null }): Promise<boolean> {
+    return ctx.store.transaction(async (tx) => {
+      const wf = node.workflow_id!;
+      if (node.wf_state !== "succeeded") {
+        const error = node.wf_error ?? { code: "CANCELLED", message: `workflow ${wf} was ${node.wf_state}` };
+        const reason = `${node.state} failed: ${String(error.message ?? error.code)}`;
+        return (await transition(ctx, tx, node.id, "fail", { maintenance: true, reason, lastError: { ...error, workflow: wf } })) !== undefined;
+      }
+      if (node.state === "deploying") return (await transition(ctx, tx, node.id, "deployed")) !== undefined;
+      const event = node.state === "commissioning" ? "commissioned" : "released";
+      const wipes = await attestedWipes(tx, wf);
+      if (wipes === 1) return (await transition(ctx, tx, node.id, event, { role: null })) !== undefined;
+      if (event === "released" && node.policy.allowUnverifiedRelease) {
+        const moved = await transition(ctx, tx, node.id, event, { role: null, reason: "released without an attested wipe (pool policy allowUnverifiedRelease)" });
+        if (moved) await ctx.events.publish(tx, { type: "node.release.unverified", subject: `metal/nodes/${node.id}`, data: { workflow: wf, attestedWipes: wipes } });
+        return moved !== undefined;
+      }
+      const reason = `${wipes === 0 ? "no attested wipe" : `${wipes} attested wipes`} in workflow ${wf}; a machine reaches ready only after exactly one`;
+      return (await transition(ctx, tx, node.id, "fail", { maintenance: true, reason, lastError: { code: "FAILED_PRECONDITION", message: reason, workflow: wf } })) !== undefined;
+    });
+  }
+
+  const reconciler = {
+    id: "metal.lifecycle",
+    async run(ctx: ModuleContext & { afterCommit(): Promise<void> }) {
+      let changed = 0;
+      // Machines whose workflow ended.
+      const ended = await ctx.store.db.execute(sql`
+        SELECT n.*, p.policy, w.state AS wf_state, w.error AS wf_error
+        FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id JOIN workflows w ON w.id = n.workflow_id
+        WHERE n.state IN ('commissioning', 'deploying', 'releasing') AND w.state <> 'running'
+        ORDER BY n.state_changed_at LIMIT 500`);
+      for (const node of ended.rows as unknown as (NodeRow & { wf_state: string; wf_error: Record<string, unknown> | null })[]) {
+        if (await settle(ctx, node)) changed++;
+      }
+      // Enrolled machines (enrolled before their site had an agent, or recommissioned): commission them.
+      const enrolled = await ctx.store.db.execute(sql`
+        SELECT n.*, p.policy FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
+        WHERE n.state = 'enrolled' AND NOT n.maintenance ORDER BY n.created_at LIMIT 500`);
+      for (const node of enrolled.rows as unknown as NodeRow[]) {
+        try {
+          await ctx.store.transaction((tx) => runLifecycle(ctx, tx, node, "commission", lifecycleProfile(node.policy, "commission")));
+          changed++;
+        } catch (err) {
+          // No site agent yet, or someone else moved it first: the next pass looks again.
+          if (!(err instanceof ComputeError)) throw err;
+        }
+      }
+      return changed;
+    },
+  };
+
+  return defineModule({
+    id: "metal",
+    description: "Bare-metal machines behind BMCs: sites, pools, hardware profiles and their lifecycle",
+    iam: {
+      actions: {
+        "metal.sites.create": "Create sites",
+        "metal.pools.create": "Create machine pools",
+        "metal.enroll": "Enroll machines by their BMC",
+        "metal.nodes.get": "Read a machine",
+        "metal.nodes.list": "List machines",
+        "metal.deploy": "Deploy machines",
+        "metal.undeploy": "Release machines (wipes their disks)",
+        "metal.nodes.recommission": "Take failed machines out of maintenance",
+      },
+    },
+    migrations: [{ name: "metal/0001_metal", sql: SCHEMA_SQL }],
+    api: [sitesCreate, poolsCreate, enroll, nodesGet, nodesList, deploy, undeploy, recommission],
+    commands: metalCommands,
+    extensions: [redfishDriver, ipxeDriver, imageStreamDriver, ...metalSteps],
+    profiles: metalProfiles,
+    reconcilers: [reconciler],
+  });
+}

@@ -1,0 +1,207 @@
+// Metal's built-in steps, command kinds, drivers and profiles. BMC steps run on the machine's
+// site agent (its node id and the BMC binding are in every metal workflow's input, put there by
+// the module); ramdisk steps run on the ramdisk that PXE-booted on the machine in this workflow.
+import { sql } from "drizzle-orm";
+import { z } from "zod";
+import { defineDriver, type CommandKind } from "better-compute";
+import { ComputeError, type ModuleContext, type SecretRef } from "better-compute/core";
+import { defineProfile, defineStep, stepNotReady, type StepContext } from "better-compute/provision";
+
+const secretRef = z.string().regex(/^secret:\/\/[\w-]+$/, "a secret:// reference");
+
+/** A Redfish BMC: the system it drives is named in the address. */
+export const redfishAddress = z
+  .string()
+  .url()
+  .refine((value) => {
+    const url = new URL(value);
+    return (url.protocol === "https:" || url.protocol === "http:") && !url.username && !url.password && /^\/redfish\/v1\/Systems\/[^/]+\/?$/.test(url.pathname);
+  }, "a BMC address is http(s)://host[:port]/redfish/v1/Systems/<id>, with no credentials in it");
+
+export const bmcBinding = z.object({ driver: z.string(), address: redfishAddress, username: z.string().min(1).max(128), password: secretRef });
+export type BmcBinding = z.infer<typeof bmcBinding>;
+
+/** What metal puts into every workflow it starts. */
+const machineInput = z.object({ machine: z.string(), siteAgent: z.string(), bmc: bmcBinding });
+
+export const redfishDriver = defineDriver({
+  id: "redfish",
+  kinds: ["power", "management", "media"],
+  runsOn: "site",
+  manifest: bmcBinding.extend({ driver: z.literal("redfish") }),
+  secretFields: ["password"],
+});
+export const ipxeDriver = defineDriver({ id: "ipxe", kinds: ["boot"], runsOn: "site" });
+export const imageStreamDriver = defineDriver({ id: "image-stream", kinds: ["deploy"], runsOn: "ramdisk" });
+
+const bmcCommand = { roles: ["site" as const] };
+export const metalCommands: CommandKind[] = [
+  { kind: "metal.bmc.inspect", description: "Read a system's identity and state from its BMC", ...bmcCommand },
+  { kind: "metal.bmc.power", description: "Power a system on, off or cycle it", destructive: true, ...bmcCommand },
+  { kind: "metal.bmc.boot", description: "Set a system's next boot device", ...bmcCommand },
+  { kind: "metal.bmc.media.insert", description: "Mount an image as the system's virtual CD", ...bmcCommand },
+  { kind: "metal.bmc.media.eject", description: "Eject the system's virtual CD", ...bmcCommand },
+  { kind: "metal.ramdisk.inventory", description: "List the machine's disks from the ramdisk", roles: ["ramdisk"] },
+  { kind: "metal.ramdisk.wipe", description: "Erase every disk; the ramdisk signs what it wiped and how", attested: true, destructive: true, roles: ["ramdisk"] },
+  { kind: "metal.ramdisk.writeImage", description: "Stream an image onto a disk, verified by sha256", destructive: true, roles: ["ramdisk"] },
+];
+
+/** A site-agent step: one BMC command for the workflow's machine. */
+type MachineInput = z.output<typeof machineInput>;
+function bmcStep<S extends z.ZodRawShape>(id: string, kind: string, shape: S, body: (input: z.output<z.ZodObject<S>>) => Record<string, unknown>, description: string) {
+  const input = machineInput.extend(shape) as unknown as z.ZodType<MachineInput & z.output<z.ZodObject<S>>>;
+  return defineStep({
+    id,
+    description,
+    runsOn: "site",
+    sends: [kind],
+    input,
+    // BMCs drop requests; each attempt is one command and shows in the workflow's steps.
+    retry: { attempts: 6, backoffSeconds: 1, maxBackoffSeconds: 8 },
+    deadlineSeconds: 120,
+    target: (value) => value.siteAgent,
+    command: {
+      kind,
+      body: (value) => ({ bmc: { address: value.bmc.address, username: value.bmc.username, password: value.bmc.password }, ...body(value) }),
+      secretRefs: (value) => [value.bmc.password as SecretRef],
+    },
+  });
+}
+
+export const inspectBmc = bmcStep("inventory.bmc", "metal.bmc.inspect", {}, () => ({}), "Read the system's identity (UUID, model, firmware) from its BMC");
+export const setPower = bmcStep("power.setPower", "metal.bmc.power", { action: z.enum(["on", "off", "cycle"]) }, (i) => ({ action: i.action }), "Power the machine on, off, or cycle it");
+export const setBootDevice = bmcStep("management.setBootDevice", "metal.bmc.boot", { device: z.enum(["pxe", "cd", "disk"]) }, (i) => ({ device: i.device }), "Set the next boot device");
+export const insertMedia = bmcStep("media.insert", "metal.bmc.media.insert", { url: z.string().url() }, (i) => ({ url: i.url }), "Mount an image (fromStep: the step that made it) as the virtual CD");
+export const ejectMedia = bmcStep("media.eject", "metal.bmc.media.eject", {}, () => ({}), "Eject the virtual CD");
+
+/** Records what inspection found; the ramdisk is matched to the machine by this UUID. */
+export const recordInventory = defineStep({
+  id: "metal.recordInventory",
+  runsOn: "control-plane",
+  description: "Record the BMC's view of the machine (fromStep: inventory.bmc)",
+  input: z.object({ machine: z.string(), uuid: z.string().min(1), manufacturer: z.string().optional(), model: z.string().optional() }).passthrough(),
+  run: async (ctx, input) => {
+    const { machine, ...inventory } = input;
+    await ctx.store.transaction(async (tx) => {
+      await tx.execute(sql`
+        UPDATE metal_nodes SET product_uuid = ${input.uuid.toLowerCase()}, inventory = ${JSON.stringify(inventory)}::jsonb, updated_at = compute_now()
+        WHERE id = ${machine}`);
+    });
+    return { productUuid: input.uuid.toLowerCase() };
+  },
+});
+
+/** The agent of this role that joined for the machine during this workflow, if any. */
+export async function joinedAgent(ctx: ModuleContext, workflowId: string, machine: string, role: "ramdisk" | "node"): Promise<string | undefined> {
+  const match =
+    role === "ramdisk"
+      ? sql`a.labels->>'bc.dev/product-uuid' = (SELECT product_uuid FROM metal_nodes WHERE id = ${machine})`
+      : sql`a.labels->>'bc.dev/machine' = ${machine}`;
+  const found = await ctx.store.db.execute(sql`
+    SELECT a.id FROM bc_nodes a
+    WHERE a.role = ${role} AND a.state = 'connected' AND a.revoked_at IS NULL AND ${match}
+      AND a.joined_at >= (SELECT created_at FROM workflows WHERE id = ${workflowId})
+    ORDER BY a.joined_at DESC LIMIT 1`);
+  return (found.rows[0] as { id: string } | undefined)?.id;
+}
+
+export const waitAgentJoined = defineStep({
+  id: "wait.agentJoined",
+  runsOn: "control-plane",
+  description: "Wait until an agent of the role (ramdisk after PXE, node after an install) joined for the machine and is connected",
+  input: z.object({ machine: z.string(), role: z.enum(["ramdisk", "node"]) }),
+  pollSeconds: 2,
+  deadlineSeconds: 1800,
+  run: async (ctx, input) => {
+    const nodeId = await joinedAgent(ctx, ctx.workflow.id, input.machine, input.role);
+    if (!nodeId) stepNotReady(`no ${input.role} agent has joined for ${input.machine} yet`);
+    return { nodeId, role: input.role };
+  },
+});
+
+/** Ramdisk steps run on the ramdisk that joined for the machine in this workflow. */
+async function ramdiskOf(input: { machine: string }, ctx: StepContext): Promise<string> {
+  const nodeId = await joinedAgent(ctx, ctx.workflow.id, input.machine, "ramdisk");
+  if (!nodeId) throw new ComputeError("FAILED_PRECONDITION", `no ramdisk is connected for ${input.machine}: run wait.agentJoined (role ramdisk) first`);
+  return nodeId;
+}
+
+export const inventoryRamdisk = defineStep({
+  id: "inventory.ramdisk",
+  runsOn: "ramdisk",
+  description: "List the machine's disks from inside the ramdisk",
+  sends: ["metal.ramdisk.inventory"],
+  input: z.object({ machine: z.string() }),
+  deadlineSeconds: 300,
+  target: ramdiskOf,
+  command: { kind: "metal.ramdisk.inventory", body: () => ({}) },
+});
+
+export const wipeDisks = defineStep({
+  id: "disk.wipe",
+  runsOn: "ramdisk",
+  description: "Erase every disk; the result is signed by the ramdisk's key (attested)",
+  sends: ["metal.ramdisk.wipe"],
+  input: z.object({ machine: z.string(), wipeMethod: z.enum(["zero", "discard"]).default("zero") }),
+  deadlineSeconds: 3600,
+  target: ramdiskOf,
+  command: { kind: "metal.ramdisk.wipe", body: (input) => ({ method: input.wipeMethod }) },
+});
+
+export const writeImage = defineStep({
+  id: "image.write",
+  runsOn: "ramdisk",
+  description: "Stream the image onto the first disk, verified against its sha256",
+  sends: ["metal.ramdisk.writeImage"],
+  input: z.object({ machine: z.string(), image: z.object({ url: z.string().url(), sha256: z.string().regex(/^[0-9a-f]{64}$/) }) }),
+  deadlineSeconds: 3600,
+  target: ramdiskOf,
+  command: { kind: "metal.ramdisk.writeImage", body: (input) => ({ url: input.image.url, sha256: input.image.sha256 }) },
+});
+
+export const metalSteps = [inspectBmc, setPower, setBootDevice, insertMedia, ejectMedia, recordInventory, waitAgentJoined, inventoryRamdisk, wipeDisks, writeImage];
+
+/** The ID of the step whose attested result proves a wipe (checked in SQL before ready). */
+export const WIPE_STEP = wipeDisks.id;
+
+const pxeIntoRamdisk = [
+  { step: "management.setBootDevice", name: "boot.pxe", input: { device: "pxe" } },
+  { step: "power.setPower", name: "power.cycle", input: { action: "cycle" } },
+  { step: "wait.agentJoined", name: "wait.ramdisk", input: { role: "ramdisk" } },
+];
+
+export const commissionProfile = defineProfile({
+  id: "metal.commission",
+  target: "metal",
+  description: "Inspect through the BMC, boot the ramdisk, list the disks, wipe them (attested), power off",
+  steps: [
+    { step: "inventory.bmc", name: "inspect" },
+    { step: "metal.recordInventory", fromStep: "inspect" },
+    ...pxeIntoRamdisk,
+    { step: "inventory.ramdisk" },
+    { step: "disk.wipe" },
+    { step: "power.setPower", name: "power.off", input: { action: "off" } },
+  ],
+});
+
+export const releaseProfile = defineProfile({
+  id: "metal.release",
+  target: "metal",
+  description: "Boot the ramdisk, wipe every disk (attested), power off",
+  steps: [...pxeIntoRamdisk, { step: "disk.wipe" }, { step: "power.setPower", name: "power.off", input: { action: "off" } }],
+});
+
+export const imageStreamProfile = defineProfile({
+  id: "metal.deploy.image-stream",
+  target: "metal",
+  role: "host",
+  description: "Boot the ramdisk, stream the image (input.image: { url, sha256 }) onto the disk, boot it",
+  steps: [
+    ...pxeIntoRamdisk,
+    { step: "image.write" },
+    { step: "management.setBootDevice", name: "boot.disk", input: { device: "disk" } },
+    { step: "power.setPower", name: "power.reboot", input: { action: "cycle" } },
+  ],
+});
+
+export const metalProfiles = [commissionProfile, releaseProfile, imageStreamProfile];

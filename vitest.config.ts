@@ -1,5 +1,7 @@
 // Two projects: `workers` runs in workerd (miniflare) against Postgres through the same
-// driver as production; `node` runs agent-side code and scripts.
+// driver as production; `node` runs agent-side code, scripts, and the metal simulations
+// (createMetalSim serves simulated BMCs over HTTP, which workerd cannot).
+const NODE_SUITES = ["test/node/**/*.test.ts", "test/extensions/ubuntu-autoinstall.test.ts", "test/metal/**/*.test.ts"];
 import { cloudflareTest } from "@cloudflare/vitest-plugin";
 import { defineConfig } from "vitest/config";
 
@@ -24,7 +26,7 @@ export default defineConfig({
         test: {
           name: "workers",
           include: ["test/**/*.test.ts"],
-          exclude: ["test/node/**"],
+          exclude: NODE_SUITES,
           globalSetup: ["test/support/global-setup.ts"],
           testTimeout: 30_000,
         },
@@ -32,7 +34,7 @@ export default defineConfig({
       {
         test: {
           name: "node",
-          include: ["test/node/**/*.test.ts"],
+          include: NODE_SUITES,
           environment: "node",
           testTimeout: 60_000,
         },

@@ -1,0 +1,303 @@
+// The in-process control plane of createMetalSim (better-compute/testing/metal): the real
+// betterCompute (provision engine, metal module, JoinService) on PGlite through the production
+// driver and the WebSocket bridge. What a deployment runs in Durable Objects runs here in
+// process: WorkflowRunner drives advance() as the WorkflowDO does, and Gateway holds agent
+// sessions as the NodeDO does (challenge, signed hello, ordered delivery, results taken once),
+// writing through the same core/agents/sessions.ts. SIMULATED: only the socket (in memory).
+import { sql } from "drizzle-orm";
+import { betterCompute, type Compute, type Module } from "better-compute";
+import { metalModule, type HardwareProfile } from "better-compute/metal";
+import { advance, provisionModule, wakeStalledWorkflows } from "better-compute/provision";
+import { AgentError, type AgentTransport } from "../client.ts";
+import { BufferedSocket } from "../socket.ts";
+import { verifyCredential } from "../../core/agents/credentials.ts";
+import { expireOverdue, markDelivered, openCommands, recordConnected, recordDisconnected, recordResult, waitingWorkflow } from "../../core/agents/sessions.ts";
+import { databaseSecrets } from "../../core/context.ts";
+import { base64url } from "../../core/encoding.ts";
+import { agentFrame, CloseCode, helloMessage, PING, PONG, PROTOCOL_VERSION, verifyMessage, type CommandFrame, type ServerFrame } from "../../core/protocol.ts";
+import { applyMigrations } from "../../core/store/migrate.ts";
+import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
+import { startPglite } from "../../scripts/local/pglite-server.ts";
+import { startBridge } from "../../scripts/local/ws-bridge.ts";
+
+/** What the simulated site needs of a control plane: in process here, or a running stack. */
+export interface SimControlPlane {
+  baseUrl: string;
+  transport: AgentTransport;
+  /** A store on the control plane's database, for assertions and the simulation's own reads. */
+  store: NodeStore;
+  compute?: Compute;
+  call<T>(method: string, input?: Record<string, unknown>): Promise<T>;
+  /** Moves compute_now() forward and wakes what waits on time. */
+  advanceClock(seconds: number): Promise<void>;
+  roundTrips(): number;
+  stop(): Promise<void>;
+}
+
+const BASE_URL = "https://metal-sim.test";
+const SECRET = "metal-sim-deployment-secret-0123456789abcdef";
+
+export async function inProcessControlPlane(options: { modules?: Module[]; hardwareProfiles?: Record<string, HardwareProfile> }): Promise<SimControlPlane> {
+  const cleanup: Array<() => Promise<unknown>> = [];
+  const stop = async () => {
+    for (const step of cleanup.reverse()) await step().catch(() => {});
+    cleanup.length = 0;
+  };
+  try {
+    const pglite = await startPglite();
+    cleanup.push(() => pglite.stop());
+    const bridge = await startBridge();
+    cleanup.push(() => bridge.stop());
+    const store = await openNodeStore(pglite.connectionString, { bridge: bridge.url });
+    cleanup.push(() => store.close());
+
+    const extra = options.modules ?? [];
+    const compute = betterCompute({
+      secret: SECRET,
+      modules: [provisionModule(), metalModule({ hardwareProfiles: options.hardwareProfiles }), ...extra.filter((m) => m.contract === "module")],
+      plugins: extra.filter((m) => m.contract === "plugin"),
+    });
+    await applyMigrations(store, [...coreMigrations(), ...compute.migrations()]);
+    const adminKey = (await compute.mintApiKey(store, { name: "metal-sim", roles: ["admin"] })).key;
+
+    let stopped = false;
+    const workflows = new WorkflowRunner(compute, () => env, store, () => stopped);
+    const gateway = new Gateway(store, SECRET, () => workflows);
+    // The Durable Object bindings, as wakeObjects() finds them: a wake-up calls straight in.
+    const namespace = (wake: (name: string) => void) => ({
+      idFromName: (name: string) => name,
+      get: (name: string) => ({ fetch: async () => (wake(name), new Response(null, { status: 204 })) }),
+    });
+    const env: Record<string, unknown> = {
+      DATABASE_URL: pglite.connectionString,
+      BC_DB_WS_PROXY: bridge.url,
+      BC_SECRET: SECRET,
+      NODE: namespace((nodeId) => gateway.deliverSoon(nodeId)),
+      WORKFLOW: namespace((id) => workflows.wake(id)),
+    };
+    // The cron's safety net, faster: stalled workflows are woken and the reconcilers run.
+    const tick = setInterval(() => {
+      if (stopped) return;
+      void wakeStalledWorkflows(compute.moduleContext("provision", env, store), 30).catch(() => {});
+      workflows.reconcileSoon();
+    }, 1000);
+    tick.unref();
+    cleanup.push(async () => {
+      stopped = true;
+      clearInterval(tick);
+      workflows.stopAll();
+      await gateway.closeAll();
+    });
+
+    return {
+      baseUrl: BASE_URL,
+      transport: { fetch: (url, init) => compute.fetch(new Request(url, init), env), openSocket: (_url, headers) => gateway.open(headers) },
+      store,
+      compute,
+      call: (method, input) => callApi(BASE_URL, adminKey, method, input, (request) => compute.fetch(request, env)),
+      async advanceClock(seconds) {
+        await store.db.execute(sql`UPDATE bc_clock SET skew = skew + make_interval(secs => ${seconds})`);
+        const running = await store.db.execute(sql`SELECT id FROM workflows WHERE state = 'running'`);
+        for (const row of running.rows as { id: string }[]) workflows.wake(row.id);
+      },
+      roundTrips: () => pglite.stats.roundTrips,
+      stop,
+    };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+/** POST /v1/<method> as the admin; a refusal throws an Error carrying the API's code and details. */
+export async function callApi<T>(baseUrl: string, adminKey: string, method: string, input: Record<string, unknown> = {}, send: (request: Request) => Promise<Response> = fetch): Promise<T> {
+  const res = await send(
+    new Request(`${baseUrl}/v1/${method}`, { method: "POST", headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" }, body: JSON.stringify(input) }),
+  );
+  const body = (await res.json()) as Record<string, unknown>;
+  if (!res.ok) throw Object.assign(new Error(`${method}: ${String(body.code)}: ${String(body.message)}`), { code: body.code, details: body.details });
+  return body as T;
+}
+
+/** The WorkflowDO's part: advance() per workflow, one pass at a time, woken or on a timer. */
+export class WorkflowRunner {
+  readonly #timers = new Map<string, NodeJS.Timeout>();
+  readonly #running = new Map<string, Promise<void>>();
+  readonly #again = new Set<string>();
+  #reconciling: Promise<void> | undefined;
+  #reconcileAgain = false;
+
+  constructor(private readonly compute: Compute, private readonly env: () => object, private readonly store: NodeStore, private readonly stopped: () => boolean) {}
+
+  wake(id: string): void {
+    if (this.stopped()) return;
+    clearTimeout(this.#timers.get(id));
+    this.#timers.delete(id);
+    if (this.#running.has(id)) return void this.#again.add(id);
+    const pass = this.#pass(id).finally(() => {
+      this.#running.delete(id);
+      if (this.#again.delete(id)) this.wake(id);
+    });
+    this.#running.set(id, pass);
+  }
+
+  async #pass(id: string): Promise<void> {
+    try {
+      const result = await advance(this.compute.moduleContext("provision", this.env(), this.store), id);
+      if (result.wakeInMs === null) return this.reconcileSoon();
+      this.#later(id, result.wakeInMs);
+    } catch (err) {
+      if (!this.stopped()) console.warn(`metal-sim: advancing ${id} failed, retrying: ${err instanceof Error ? err.message : String(err)}`);
+      this.#later(id, 1000);
+    }
+  }
+
+  #later(id: string, ms: number): void {
+    if (this.stopped()) return;
+    const timer = setTimeout(() => this.wake(id), ms);
+    timer.unref();
+    this.#timers.set(id, timer);
+  }
+
+  /** Runs the reconcilers (metal's lifecycle); requests during a pass coalesce into one more. */
+  reconcileSoon(): void {
+    if (this.stopped()) return;
+    if (this.#reconciling) return void (this.#reconcileAgain = true);
+    this.#reconciling = this.compute
+      .reconcile(this.env(), this.store)
+      .then(() => undefined, () => undefined)
+      .finally(() => {
+        this.#reconciling = undefined;
+        if (this.#reconcileAgain) {
+          this.#reconcileAgain = false;
+          this.reconcileSoon();
+        }
+      });
+  }
+
+  stopAll(): void {
+    for (const t of this.#timers.values()) clearTimeout(t);
+    this.#timers.clear();
+  }
+}
+
+interface Session {
+  nodeId: string;
+  role: string;
+  publicKey: string;
+  sessionId: string;
+  nonce: string | null;
+  ready: boolean;
+  sentSeq: number;
+  socket: BufferedSocket;
+  delivering: Promise<void>;
+  closed: boolean;
+}
+
+/**
+ * The NodeDO's part, in process: challenge, signed hello, ordered delivery, results taken once.
+ * Every write goes through core/agents/sessions.ts, as the NodeDO's do.
+ */
+export class Gateway {
+  readonly #sessions = new Map<string, Session>();
+  readonly #secrets;
+
+  constructor(private readonly store: NodeStore, secret: string, private readonly workflows: () => WorkflowRunner) {
+    this.#secrets = databaseSecrets(store, secret);
+  }
+
+  async open(headers: Record<string, string>): Promise<BufferedSocket> {
+    const credential = /^Bearer\s+(\S+)$/i.exec(headers.authorization ?? headers.Authorization ?? "")?.[1];
+    let node;
+    try {
+      node = await verifyCredential(this.store, credential ?? "");
+    } catch (err) {
+      throw new AgentError((err as { code?: string }).code ?? "UNAUTHENTICATED", (err as Error).message, 401);
+    }
+    this.#sessions.get(node.nodeId)?.socket.end(CloseCode.REPLACED, "replaced by a newer connection");
+    const nonce = base64url(crypto.getRandomValues(new Uint8Array(32)));
+    const session: Session = {
+      nodeId: node.nodeId, role: node.role, publicKey: node.publicKey, sessionId: crypto.randomUUID(), nonce, ready: false, sentSeq: 0,
+      delivering: Promise.resolve(), closed: false,
+      socket: new BufferedSocket({
+        send: (text) => queueMicrotask(() => void this.#onFrame(session, text)),
+        close: (code = 1000, reason = "") => queueMicrotask(() => void this.#closed(session, code, reason)),
+        terminate: () => queueMicrotask(() => void this.#closed(session, 1006, "terminated")),
+      }),
+    };
+    this.#sessions.set(node.nodeId, session);
+    this.#send(session, { t: "challenge", protocol: PROTOCOL_VERSION, nonce });
+    return session.socket;
+  }
+
+  #send(session: Session, frame: ServerFrame | string): void {
+    const text = typeof frame === "string" ? frame : JSON.stringify(frame);
+    queueMicrotask(() => session.socket.receive(text));
+  }
+
+  async #onFrame(session: Session, text: string): Promise<void> {
+    if (session.closed) return;
+    if (text === PING) return this.#send(session, PONG);
+    const parsed = agentFrame.safeParse(JSON.parse(text));
+    if (!parsed.success) return this.#end(session, CloseCode.MALFORMED_FRAME, "malformed frame");
+    const frame = parsed.data;
+    if (frame.t === "hello") {
+      if (frame.nonce !== session.nonce || !(await verifyMessage(session.publicKey, helloMessage(session.nodeId, frame.nonce, frame.bootId), frame.signature))) {
+        return this.#end(session, CloseCode.PROOF_FAILED, "the hello does not answer this socket's challenge");
+      }
+      session.nonce = null;
+      if (!(await recordConnected(this.store, session, frame))) return this.#end(session, CloseCode.REVOKED, "the node was revoked");
+      session.ready = true;
+      this.#send(session, { t: "welcome", nodeId: session.nodeId, sessionId: session.sessionId });
+      return this.deliverSoon(session.nodeId);
+    }
+    if (!session.ready) return this.#end(session, CloseCode.HELLO_REQUIRED, "say hello first");
+    if (frame.t !== "result") return;
+    const outcome = await recordResult(this.store, session, frame);
+    if ("refused" in outcome) return this.#send(session, { t: "error", code: outcome.refused, message: outcome.message, ref: frame.id });
+    this.#send(session, { t: "result-ack", id: frame.id });
+    const waiting = waitingWorkflow(outcome);
+    if (waiting) this.workflows().wake(waiting);
+  }
+
+  deliverSoon(nodeId: string): void {
+    const session = this.#sessions.get(nodeId);
+    if (!session?.ready || session.closed) return;
+    session.delivering = session.delivering.then(() => this.#deliver(session)).catch((err: unknown) => {
+      if (session.closed) return; // the simulation is stopping
+      console.warn(`metal-sim: delivery to ${nodeId} failed: ${err instanceof Error ? err.message : String(err)}`);
+    });
+  }
+
+  async #deliver(session: Session): Promise<void> {
+    await expireOverdue(this.store, session.nodeId);
+    for (;;) {
+      if (session.closed) return;
+      const frames: CommandFrame[] = await openCommands(this.store, session.nodeId, session.sentSeq, 100, () => this.#secrets);
+      if (frames.length === 0) return;
+      for (const frame of frames) {
+        this.#send(session, frame);
+        session.sentSeq = frame.seq;
+      }
+      await markDelivered(this.store, frames.map((f) => f.id));
+    }
+  }
+
+  #end(session: Session, code: number, reason: string): void {
+    queueMicrotask(() => session.socket.end(code, reason));
+    void this.#closed(session, code, reason);
+  }
+
+  async #closed(session: Session, code: number, _reason: string): Promise<void> {
+    if (session.closed) return;
+    session.closed = true;
+    session.socket.end(code, _reason);
+    if (this.#sessions.get(session.nodeId) === session) this.#sessions.delete(session.nodeId);
+    if (session.ready) await recordDisconnected(this.store, session, code).catch(() => {});
+  }
+
+  async closeAll(): Promise<void> {
+    for (const session of [...this.#sessions.values()]) await this.#closed(session, 1001, "the simulation stopped");
+  }
+}
+

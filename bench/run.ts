@@ -10,12 +10,15 @@
 //   BENCH_AGENTS_HOLD   agents section: seconds each step is held before it is checked (default 6)
 //   BENCH_AGENTS_HEARTBEAT  agents section: each agent's ping interval, seconds (default 2)
 //   BENCH_WORKFLOW_BATCHES  workflows section: batch sizes started at once (default 1,10,100)
+//   BENCH_FLEET         fleet section: machine counts, comma-separated (default 100,1000)
+//   BENCH_FLEET_TIMEOUT fleet section: seconds a phase may take before the run is failed (default 1800)
 //   DATABASE_URL        bench a real Postgres instead of the embedded PGlite
 import os from "node:os";
 import { agentsSection } from "./agents.ts";
 import { apiSection } from "./api.ts";
 import { commandsSection } from "./commands.ts";
 import { workflowsSection } from "./workflows.ts";
+import { fleetSection } from "./fleet.ts";
 
 export interface BenchContext {
   concurrency: number;
@@ -27,6 +30,7 @@ export interface BenchContext {
     /** Sizes of the batches started at once (BENCH_WORKFLOW_BATCHES, comma-separated). */
     batches: number[];
   };
+  fleet: { sizes: number[]; timeoutSeconds: number };
   agents: {
     /** The ramp's last step. */
     max: number;
@@ -48,7 +52,7 @@ export interface BenchSection {
 }
 
 /** Sections in the order they run; later issues append theirs. */
-const allSections: BenchSection[] = [apiSection, commandsSection, agentsSection, workflowsSection];
+const allSections: BenchSection[] = [apiSection, commandsSection, agentsSection, workflowsSection, fleetSection];
 const only = (process.env.BENCH_ONLY ?? "").split(",").map((s) => s.trim()).filter(Boolean);
 for (const id of only) {
   if (!allSections.some((s) => s.id === id)) throw new Error(`BENCH_ONLY: no section ${JSON.stringify(id)} (sections: ${allSections.map((s) => s.id).join(", ")})`);
@@ -60,7 +64,8 @@ const ctx: BenchContext = {
   seconds: positiveNumber("BENCH_SECONDS", 10),
   warmupSeconds: positiveNumber("BENCH_WARMUP", 2, true),
   commands: positiveInt("BENCH_COMMANDS", 1000),
-  workflows: { batches: (process.env.BENCH_WORKFLOW_BATCHES ?? "1,10,100").split(",").map((n) => Number(n.trim())).filter((n) => Number.isInteger(n) && n > 0) },
+  workflows: { batches: intList("BENCH_WORKFLOW_BATCHES", "1,10,100") },
+  fleet: { sizes: intList("BENCH_FLEET", "100,1000"), timeoutSeconds: positiveNumber("BENCH_FLEET_TIMEOUT", 1800) },
   agents: {
     max: positiveInt("BENCH_AGENTS_MAX", 200),
     holdSeconds: positiveNumber("BENCH_AGENTS_HOLD", 6),
@@ -84,6 +89,7 @@ console.log(`  ${os.availableParallelism()} CPUs: ${models}; ${(os.totalmem() / 
 console.log(`  database: ${ctx.databaseUrl ? `DATABASE_URL host ${databaseHost(ctx.databaseUrl)}` : "PGlite (embedded, in this process)"}`);
 console.log(`  sections: ${sections.map((s) => s.id).join(", ")}${only.length ? " (BENCH_ONLY)" : ""}`);
 console.log(`  api: ${ctx.concurrency} concurrent clients (BENCH_CONCURRENCY), ${ctx.warmupSeconds} s warm-up (BENCH_WARMUP) + ${ctx.seconds} s measured (BENCH_SECONDS) per target`);
+console.log(`  fleet: ${ctx.fleet.sizes.join(", ")} simulated machines (BENCH_FLEET)`);
 console.log(`  commands: ${ctx.commands} sequential round trips per path (BENCH_COMMANDS)`);
 console.log(
   `  agents: up to ${ctx.agents.max} (BENCH_AGENTS_MAX), each step held ${ctx.agents.holdSeconds} s (BENCH_AGENTS_HOLD), a ping every ${ctx.agents.heartbeatSeconds} s (BENCH_AGENTS_HEARTBEAT)`,
@@ -131,4 +137,8 @@ function positiveInt(name: string, fallback: number): number {
   const value = positiveNumber(name, fallback);
   if (!Number.isInteger(value)) throw new Error(`${name} must be a whole number, got ${JSON.stringify(process.env[name])}`);
   return value;
+}
+
+function intList(name: string, fallback: string): number[] {
+  return (process.env[name] ?? fallback).split(",").map((n) => Number(n.trim())).filter((n) => Number.isInteger(n) && n > 0);
 }

@@ -1,0 +1,82 @@
+// Fleet: N simulated machines (createMetalSim: emulated Redfish BMCs, simulated disks, real
+// agents, engine, metal module and PGlite) taken from enroll to ready, then through one
+// image-stream deploy and one release. Per phase: wall time, lifecycle transitions per second,
+// workflow steps per second, and Postgres round trips per transition (counted by the embedded
+// PGlite server: each group of client messages answered is one round trip).
+import { sql } from "drizzle-orm";
+import { createImageCache } from "../agent/roles/image-cache.ts";
+import { createMetalSim, type MetalSim } from "../agent/testing/metal-sim.ts";
+import type { BenchContext, BenchSection } from "./run.ts";
+import { mapLimit } from "./stack.ts";
+
+const POLL_MS = 250;
+
+export const fleetSection: BenchSection = {
+  id: "fleet",
+  title: "Fleet: simulated machines from enroll to ready, one deploy (image-stream) and one release",
+  async run(ctx: BenchContext) {
+    ctx.log("one process: PGlite, the engine and metal module, the Redfish emulator, a site agent and one agent per booted machine");
+    ctx.log("an enroll, deploy or undeploy request per machine, 16 in flight; a phase ends when every machine is in its target state");
+    const rows: string[][] = [];
+    for (const size of ctx.fleet.sizes) {
+      const cache = createImageCache();
+      const image = { sha256: cache.put(new TextEncoder().encode(`simulated disk image for the fleet bench\n`.repeat(256))), url: "" };
+      const served = await cache.serve();
+      image.url = `${served.url}/images/${image.sha256}`;
+      const sim = await createMetalSim({ machines: size });
+      try {
+        const ids = sim.machines.map((_, i) => `m-${String(i).padStart(4, "0")}`);
+        const phases: [string, () => Promise<void>, string][] = [
+          ["enroll → ready", () => each(ids, (id, i) => sim.enroll(sim.machines[i]!, { id })), "ready"],
+          ["ready → deployed", () => each(ids, (id) => sim.call("metal.deploy", { node: id, profile: "metal.deploy.image-stream", input: { image } })), "deployed"],
+          ["deployed → ready", () => each(ids, (id) => sim.call("metal.undeploy", { node: id })), "ready"],
+        ];
+        for (const [name, start, target] of phases) {
+          const before = await counters(sim);
+          const t0 = performance.now();
+          await start();
+          await allIn(sim, size, target, ctx);
+          const seconds = (performance.now() - t0) / 1000;
+          const after = await counters(sim);
+          const transitions = after.transitions - before.transitions;
+          const steps = after.steps - before.steps;
+          const trips = after.roundTrips - before.roundTrips - (after.observerTrips - before.observerTrips);
+          rows.push([String(size), name, seconds.toFixed(1), String(transitions), (transitions / seconds).toFixed(1), (steps / seconds).toFixed(1), (trips / transitions).toFixed(0), (trips / steps).toFixed(1)]);
+        }
+      } finally {
+        await sim.stop();
+        await served.stop();
+      }
+    }
+    ctx.table(["machines", "phase", "wall s", "transitions", "transitions/s", "steps/s", "round trips/transition", "round trips/step"], rows);
+    ctx.log("a transition is one change of a machine's lifecycle state (metal_transitions); each phase is two per machine, and each rides on a workflow of 5 to 10 steps");
+    ctx.log("round trips count everything the phase did (API requests, joins, sessions, the engine, the reconciler), the bench's own polling subtracted");
+  },
+};
+
+const each = (ids: string[], fn: (id: string, i: number) => Promise<unknown>) => mapLimit(ids, 16, fn).then(() => undefined);
+
+let observerTrips = 0;
+
+async function counters(sim: MetalSim) {
+  const before = sim.roundTrips();
+  const found = await sim.store.db.execute(sql`
+    SELECT (SELECT count(*)::int FROM metal_transitions) AS transitions, (SELECT count(*)::int FROM workflow_steps WHERE state = 'succeeded') AS steps`);
+  observerTrips += sim.roundTrips() - before;
+  const row = found.rows[0] as { transitions: number; steps: number };
+  return { ...row, roundTrips: sim.roundTrips(), observerTrips };
+}
+
+async function allIn(sim: MetalSim, size: number, state: string, ctx: BenchContext): Promise<void> {
+  const started = performance.now();
+  for (;;) {
+    const before = sim.roundTrips();
+    const found = await sim.store.db.execute(sql`SELECT state, count(*)::int AS n FROM metal_nodes GROUP BY state`);
+    observerTrips += sim.roundTrips() - before;
+    const counts = Object.fromEntries((found.rows as { state: string; n: number }[]).map((r) => [r.state, r.n]));
+    if (counts[state] === size) return;
+    if (counts.failed) throw new Error(`${counts.failed} machine(s) failed: ${JSON.stringify(counts)}`);
+    if (performance.now() - started > ctx.fleet.timeoutSeconds * 1000) throw new Error(`not all ${size} machines reached ${state} in ${ctx.fleet.timeoutSeconds} s: ${JSON.stringify(counts)}`);
+    await new Promise((r) => setTimeout(r, POLL_MS));
+  }
+}

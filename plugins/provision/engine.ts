@@ -50,8 +50,9 @@ export const commandKey = (workflowId: string, position: number, attempt: number
 
 export async function advance(ctx: EngineContext, workflowId: string): Promise<Advanced> {
   for (let i = 0; i < MAX_TRANSITIONS_PER_ADVANCE; i++) {
-    const wf = await loadWorkflow(ctx, workflowId);
-    if (!wf) return { state: "missing", wakeInMs: null };
+    const loaded = await loadWorkflow(ctx, workflowId);
+    if (!loaded) return { state: "missing", wakeInMs: null };
+    const { attempt, ...wf } = loaded;
     if (wf.state !== "running") return { state: wf.state, wakeInMs: null };
     if (wf.overdue) {
       await finish(ctx, wf, "failed", { code: "DEADLINE_EXCEEDED", message: "the workflow did not finish before its deadline" });
@@ -66,14 +67,14 @@ export async function advance(ctx: EngineContext, workflowId: string): Promise<A
       await finish(ctx, wf, "succeeded", null);
       continue;
     }
-    const wait = await advanceStep(ctx, wf, profile);
+    const wait = await advanceStep(ctx, wf, profile, attempt);
     if (wait !== undefined) return { state: "running", wakeInMs: wait };
   }
   return { state: "running", wakeInMs: 0 };
 }
 
 /** One transition of the current step; returns how long to wait, or undefined to go on at once. */
-async function advanceStep(ctx: EngineContext, wf: WorkflowRow, profile: ProfileDefinition): Promise<number | undefined> {
+async function advanceStep(ctx: EngineContext, wf: WorkflowRow, profile: ProfileDefinition, attempt: AttemptRow | undefined): Promise<number | undefined> {
   const entry = profile.steps[wf.position]!;
   const name = entry.name ?? entry.step;
   const step = stepsById(ctx.registered).get(entry.step);
@@ -81,7 +82,6 @@ async function advanceStep(ctx: EngineContext, wf: WorkflowRow, profile: Profile
     await finish(ctx, wf, "failed", { code: "INVALID_CONFIG", message: `step ${entry.step} is no longer registered`, step: name });
     return undefined;
   }
-  const attempt = await loadAttempt(ctx, wf.id, wf.position);
   if (!attempt) return beginAttempt(ctx, wf, profile, step, 1);
 
   switch (attempt.state) {
@@ -114,8 +114,8 @@ async function advanceStep(ctx: EngineContext, wf: WorkflowRow, profile: Profile
 async function beginAttempt(ctx: EngineContext, wf: WorkflowRow, profile: ProfileDefinition, step: StepDefinition, attempt: number): Promise<undefined> {
   const entry = profile.steps[wf.position]!;
   const name = entry.name ?? entry.step;
-  const outputs = await loadOutputs(ctx, wf.id);
-  const merged = { ...wf.input, ...entry.input, ...(entry.fromStep ? asObject(outputs.get(entry.fromStep)) : {}) };
+  const fromStep = entry.fromStep ? asObject((await loadOutputs(ctx, wf.id)).get(entry.fromStep)) : {};
+  const merged = { ...wf.input, ...entry.input, ...fromStep };
   const parsed = step.input.safeParse(merged);
   const input = parsed.success ? (parsed.data as Record<string, unknown>) : merged;
   await ctx.store.transaction(async (tx) => {
@@ -297,12 +297,22 @@ async function stepContext(ctx: EngineContext, wf: WorkflowRow, step: StepDefini
   });
 }
 
-async function loadWorkflow(ctx: ModuleContext, id: string): Promise<WorkflowRow | undefined> {
+/** The workflow and the latest attempt of its current step, in one round trip. */
+async function loadWorkflow(ctx: ModuleContext, id: string): Promise<(WorkflowRow & { attempt: AttemptRow | undefined }) | undefined> {
   const rows = await ctx.store.db.execute(sql`
-    SELECT id, profile_id, profile_version, target, state, position, input,
-           (deadline IS NOT NULL AND deadline < compute_now()) AS overdue
-    FROM workflows WHERE id = ${id}`);
-  return rows.rows[0] as WorkflowRow | undefined;
+    SELECT w.id, w.profile_id, w.profile_version, w.target, w.state, w.position, w.input,
+           (w.deadline IS NOT NULL AND w.deadline < compute_now()) AS overdue,
+           CASE WHEN s.attempt IS NULL THEN NULL ELSE json_build_object(
+             'attempt', s.attempt, 'state', s.state, 'input', s.input, 'command_id', s.command_id::text,
+             'wait_ms', (extract(epoch FROM (s.next_attempt_at - compute_now())) * 1000)::float8,
+             'overdue', coalesce(s.deadline_at < compute_now(), false)) END AS attempt
+    FROM workflows w
+    LEFT JOIN LATERAL (
+      SELECT * FROM workflow_steps WHERE workflow_id = w.id AND position = w.position ORDER BY attempt DESC LIMIT 1
+    ) s ON true
+    WHERE w.id = ${id}`);
+  const row = rows.rows[0] as (WorkflowRow & { attempt: AttemptRow | null }) | undefined;
+  return row && { ...row, attempt: row.attempt ?? undefined };
 }
 
 async function loadAttempt(ctx: ModuleContext, workflowId: string, position: number): Promise<AttemptRow | undefined> {

@@ -86,6 +86,16 @@ describe("joining", () => {
 });
 
 describe("the agent protocol", () => {
+  it("keeps the platform's bc.dev/ labels: an agent's own report cannot set or override them", async () => {
+    const joined = await joinRaw(compute, env, await siteToken());
+    const agent = await connectRaw(compute, env, { nodeId: joined.body.nodeId, credential: joined.body.credential, key: joined.key });
+    await agent.hello({ labels: { "bc.dev/site": "elsewhere", "bc.dev/machine": "m-stolen", rack: "r12" } });
+    await agent.next("welcome");
+    const node = (await client.call("nodes.get", { id: joined.body.nodeId })).body as { labels: Record<string, string> };
+    expect(node.labels).toEqual({ "bc.dev/site": "lab", rack: "r12" });
+    agent.ws.close(1000);
+  });
+
   it("records the connection with driver labels, delivers a command and takes its result", async () => {
     const agent = await connectedAgent();
     const node = (await client.call("nodes.get", { id: agent.nodeId })).body;

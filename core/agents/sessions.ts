@@ -6,6 +6,8 @@ import { databaseEvents, pgArray, type SecretRef, type SecretStore } from "../co
 import { FrameError, resultMessage, verifyMessage, type CommandFrame, type HelloFrame, type ResultFrame } from "../protocol.ts";
 import type { Store } from "../store/database.ts";
 
+export const RESERVED_LABEL_PREFIX = "bc.dev/";
+
 export interface SessionRef {
   nodeId: string;
   sessionId: string;
@@ -16,6 +18,9 @@ const events = (nodeId: string) => databaseEvents("agents", `node:${nodeId}`, un
 /** The hello verified: the node is connected on this session. False when it was revoked (or its key changed). */
 export async function recordConnected(store: Store, session: SessionRef & { publicKey: string }, hello: HelloFrame): Promise<boolean> {
   const driverLabels = Object.fromEntries(hello.drivers.map((d) => [`bc.dev/driver.${d.id}`, d.version]));
+  // bc.dev/ labels are the platform's (attestors vouch for a site, a machine, a product UUID):
+  // an agent's own report cannot set or override them.
+  const reported = Object.fromEntries(Object.entries(hello.labels).filter(([key]) => !key.startsWith(RESERVED_LABEL_PREFIX)));
   return store.transaction(async (tx) => {
     // Agent-reported labels replace the previous report; driver labels are rewritten whole.
     const updated = await tx.execute(sql`
@@ -23,7 +28,7 @@ export async function recordConnected(store: Store, session: SessionRef & { publ
       SET state = 'connected', session_id = ${session.sessionId}, boot_id = ${hello.bootId}, agent_version = ${hello.version},
           connected_at = compute_now(),
           labels = (SELECT coalesce(jsonb_object_agg(k, v), '{}'::jsonb) FROM jsonb_each(labels) AS l(k, v) WHERE k NOT LIKE 'bc.dev/driver.%')
-                   || ${JSON.stringify({ ...hello.labels, ...driverLabels })}::jsonb
+                   || ${JSON.stringify({ ...reported, ...driverLabels })}::jsonb
       WHERE id = ${session.nodeId} AND revoked_at IS NULL AND public_key = ${session.publicKey}
       RETURNING id`);
     if (updated.rows.length === 0) return false;

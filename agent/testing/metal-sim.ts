@@ -56,8 +56,10 @@ export interface MetalSimOptions {
   /** The pool's hardware profile; default redfish-pxe. */
   hardwareProfile?: string;
   allowUnverifiedRelease?: boolean;
-  /** Site and pool ids; default sim-site and sim-pool (a stack shared by tests wants its own). */
+  /** Site and pool ids; default sim-site and sim-site-pool (a stack shared by tests wants its own). */
   siteId?: string;
+  /** Join the site's agent at creation; default true (false: a site whose agent comes later, see joinSiteAgent). */
+  joinSiteAgent?: boolean;
 }
 
 export interface SimMachine {
@@ -91,7 +93,9 @@ export interface MetalSim {
   store: SimControlPlane["store"];
   bmc: RedfishEmulator;
   machines: SimMachine[];
-  site: { id: string; pool: string; agentNodeId: string };
+  site: { id: string; pool: string; readonly agentNodeId: string | undefined };
+  /** Joins the site's agent (done at creation unless joinSiteAgent: false); answers its node id. */
+  joinSiteAgent(): Promise<string>;
   /** Every command an agent of the site ran, with its body, in order. */
   commandsSeen: SeenCommand[];
   /** POST /v1/<method> as an admin; throws an Error with .code on a refusal. */
@@ -150,7 +154,7 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
   /** An agent whose handlers record what they were sent. */
   function simAgent(state: MemoryState, role: string, handlers: Record<string, CommandHandler>): AgentClient {
     const client = new AgentClient({
-      transport, state, baseUrl: control.baseUrl, labels: { "bc.dev/sim-role": role },
+      transport, state, baseUrl: control.baseUrl, labels: { "sim/role": role },
       heartbeatMs: 60_000, backoff: { initialMs: 20, maxMs: 500, healthyAfterMs: 1000 },
     });
     for (const [kind, handler] of Object.entries(handlers)) {
@@ -175,13 +179,19 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
     id: poolId, site: siteId, agent: "bcd",
     policy: { hardwareProfile: options.hardwareProfile ?? "redfish-pxe", allowUnverifiedRelease: options.allowUnverifiedRelease ?? false },
   });
-  const siteState = new MemoryState();
-  const siteAgent = simAgent(siteState, "site", siteHandlers());
-  const { token: siteToken } = await control.call<{ token: string }>("siteTokens.create", { site: siteId });
-  const siteIdentity = await siteAgent.join({ attestor: "join-token", evidence: { token: siteToken }, role: "site", hostname: `${siteId}-agent` });
-  await run(siteAgent);
-  cleanup.push(() => siteAgent.stop());
-  const siteKey = await importNodeKey((await siteState.loadKey())!);
+  let site: { nodeId: string; key: CryptoKey } | undefined;
+  async function joinSiteAgent(): Promise<string> {
+    if (site) return site.nodeId;
+    const siteState = new MemoryState();
+    const siteAgent = simAgent(siteState, "site", siteHandlers());
+    const { token } = await control.call<{ token: string }>("siteTokens.create", { site: siteId });
+    const identity = await siteAgent.join({ attestor: "join-token", evidence: { token }, role: "site", hostname: `${siteId}-agent` });
+    await run(siteAgent);
+    cleanup.push(() => siteAgent.stop());
+    site = { nodeId: identity.nodeId, key: (await importNodeKey((await siteState.loadKey())!)).privateKey };
+    return site.nodeId;
+  }
+  if (options.joinSiteAgent !== false) await joinSiteAgent();
 
   // The machines: power changes boot them, one event after another per machine, as firmware would.
   const machines: SimMachine[] = [];
@@ -245,12 +255,13 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
 
   async function bootRamdisk(machine: SimMachine): Promise<void> {
     machine.boots.push("pxe");
+    if (!site) return; // nobody on the network to vouch for it: the ramdisk cannot join
     const state = new MemoryState();
     const key = await generateNodeKey();
     await state.saveKey(key.privateJwk);
     // The site agent vouches for what PXE-booted on its network (discovery attestation).
     const assertion: DiscoveryAssertion = { publicKey: key.publicKey, issuedAt: await databaseNow(), productUuid: machine.uuid.toLowerCase() };
-    const signature = await signMessage(siteKey.privateKey, discoveryMessage(siteIdentity.nodeId, assertion));
+    const signature = await signMessage(site.key, discoveryMessage(site.nodeId, assertion));
     const handlers = ramdiskHandlers({ disks: machine.disks, productUuid: machine.uuid });
     const wipe = handlers["metal.ramdisk.wipe"]!;
     handlers["metal.ramdisk.wipe"] = async (body, ctx) => {
@@ -259,7 +270,7 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
       return output;
     };
     const agent = simAgent(state, "ramdisk", handlers);
-    const identity = await agent.join({ attestor: "discovery", evidence: { siteNodeId: siteIdentity.nodeId, assertion, signature }, role: "ramdisk", hostname: `ramdisk-${machine.id}` });
+    const identity = await agent.join({ attestor: "discovery", evidence: { siteNodeId: site.nodeId, assertion, signature }, role: "ramdisk", hostname: `ramdisk-${machine.id}` });
     if (machine.unsignedRamdisk) unsigned.add(identity.nodeId);
     machine.agent = agent;
     await run(agent);
@@ -282,7 +293,14 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
     store: control.store,
     bmc,
     machines,
-    site: { id: siteId, pool: poolId, agentNodeId: siteIdentity.nodeId },
+    site: {
+      id: siteId,
+      pool: poolId,
+      get agentNodeId() {
+        return site?.nodeId;
+      },
+    },
+    joinSiteAgent,
     commandsSeen,
     call: (method, input) => control.call(method, input),
     enroll: (machine, opts = {}) =>

@@ -299,7 +299,7 @@ export function metalModule(options: MetalOptions = {}): Module {
     input: z.object({ node: z.string() }),
     output: metalNode,
     handler: async (ctx, input, tx) => {
-      const moved = await transition(ctx, tx, input.node, "recommission", { maintenance: false, reason: null, workflowId: null, role: null });
+      const moved = await transition(ctx, tx, input.node, "recommission", { maintenance: false, reason: null, workflowId: null, role: null, lastError: null });
       if (!moved) throw new ComputeError("FAILED_PRECONDITION", `metal node ${input.node} is not failed`);
       const node = await loadNode(tx, input.node);
       if (await siteAgent(tx, node.site_id)) await runLifecycle(ctx, tx, node, "commission", lifecycleProfile(node.policy, "commission"));

@@ -14,6 +14,7 @@ export const redfishAddress = z
   .string()
   .url()
   .refine((value) => {
+    if (!URL.canParse(value)) return false; // .url() has said so; a refine runs anyway and must not throw
     const url = new URL(value);
     return (url.protocol === "https:" || url.protocol === "http:") && !url.username && !url.password && /^\/redfish\/v1\/Systems\/[^/]+\/?$/.test(url.pathname);
   }, "a BMC address is http(s)://host[:port]/redfish/v1/Systems/<id>, with no credentials in it");
@@ -95,7 +96,8 @@ export const recordInventory = defineStep({
 export async function joinedAgent(ctx: ModuleContext, workflowId: string, machine: string, role: "ramdisk" | "node"): Promise<string | undefined> {
   const match =
     role === "ramdisk"
-      ? sql`a.labels->>'bc.dev/product-uuid' = (SELECT product_uuid FROM metal_nodes WHERE id = ${machine})`
+      ? // Vouched for by this machine's own site: another site's agent cannot claim its ramdisk.
+        sql`(a.labels->>'bc.dev/product-uuid', a.labels->>'bc.dev/site') = (SELECT product_uuid, site_id FROM metal_nodes WHERE id = ${machine})`
       : sql`a.labels->>'bc.dev/machine' = ${machine}`;
   const found = await ctx.store.db.execute(sql`
     SELECT a.id FROM bc_nodes a

@@ -7,6 +7,7 @@ import {
   databaseClock,
   databaseCommands,
   databaseEvents,
+  databaseNodes,
   databaseSecrets,
   databaseWork,
   type Clock,
@@ -100,14 +101,17 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     let secrets: SecretStore | undefined;
     const touchedNodes = new Set<string>();
     const touchedWorkflows = new Set<string>();
+    const events = databaseEvents(mod.id, principal?.id, requestId);
+    const wake = { node: (id: string) => void touchedNodes.add(id), workflow: (id: string) => void touchedWorkflows.add(id) };
     const ctx: PlatformContext = {
       moduleId: mod.id,
       env,
       store,
-      events: databaseEvents(mod.id, principal?.id, requestId),
+      events,
       work: databaseWork(mod.id),
       commands: databaseCommands(mod.id, reg.commandKinds, (nodeId) => touchedNodes.add(nodeId)),
-      wake: { node: (id) => void touchedNodes.add(id), workflow: (id) => void touchedWorkflows.add(id) },
+      wake,
+      nodes: databaseNodes(events, wake),
       registered,
       async afterCommit() {
         const nodes = [...touchedNodes];

@@ -106,6 +106,16 @@ export interface PkiPort {
   mintJoinToken(tx: Tx, input: ProvisionedTokenInput): Promise<{ token: string; tokenId: string; nodeId: string; expiresAt: string }>;
 }
 
+/** Agents' nodes, as modules act on them. */
+export interface NodesPort {
+  /**
+   * Revokes nodes in the caller's transaction: their sockets close after commit and they can
+   * neither renew nor reconnect. Select one node by id, or every live node of a role whose labels
+   * include all of `labels` (e.g. the installed system of a machine being wiped). Returns the ids.
+   */
+  revoke(tx: Tx, which: { nodeId: string } | { role: "node" | "site" | "ramdisk"; labels: Record<string, string> }, reason: string): Promise<string[]>;
+}
+
 export interface ModuleContext {
   readonly moduleId: string;
   readonly env: Readonly<Record<string, unknown>>;
@@ -117,6 +127,7 @@ export interface ModuleContext {
   readonly clock: Clock;
   readonly secrets: SecretStore;
   readonly pki: PkiPort;
+  readonly nodes: NodesPort;
   readonly log: Logger;
   /** What the deployment registered: extensions of a contract (steps, profiles, drivers...) and command kinds. */
   readonly registered: RegisteredView;
@@ -217,6 +228,24 @@ export function databaseCommands(
       if (!row) return this.enqueue(tx, input);
       onEnqueued(input.nodeId);
       return { id: String(row.id), seq: Number(seq), created: true };
+    },
+  };
+}
+
+export function databaseNodes(events: EventsPort, wake: WakePort): NodesPort {
+  return {
+    async revoke(tx, which, reason) {
+      const selected =
+        "nodeId" in which
+          ? sql`id = ${which.nodeId}`
+          : sql`role = ${which.role} AND labels @> ${JSON.stringify(which.labels)}::jsonb`;
+      const rows = await tx.execute(sql`UPDATE bc_nodes SET revoked_at = compute_now() WHERE ${selected} AND revoked_at IS NULL RETURNING id`);
+      const ids = (rows.rows as { id: string }[]).map((r) => r.id);
+      for (const id of ids) {
+        await events.publish(tx, { type: "node.revoked", subject: `nodes/${id}`, data: { reason } });
+        wake.node(id);
+      }
+      return ids;
     },
   };
 }

@@ -1,6 +1,6 @@
 // better-compute/core: methods, ports and errors, for module and plugin authors.
 export { defineMethod, type MethodDefinition } from "./contracts.ts";
-export type { Clock, CommandInput, CommandsPort, EnqueuedCommand, RegisteredView, EventInput, EventsPort, MethodContext, ModuleContext, PkiPort, ProvisionedTokenInput, SecretRef, SecretStore, WorkInput, WorkPort } from "./context.ts";
+export type { Clock, CommandInput, CommandsPort, EnqueuedCommand, RegisteredView, EventInput, EventsPort, MethodContext, ModuleContext, NodesPort, PkiPort, ProvisionedTokenInput, SecretRef, SecretStore, WorkInput, WorkPort } from "./context.ts";
 export { ComputeError, conflict, driverError, errorStatus, invalidArgument, invalidConfig, isComputeError, notFound, schemaIssues, unsupported, type ErrorCode, type ErrorDetails } from "./errors.ts";
 export type { IamPort, Principal, ResolvedCatalog } from "./iam.ts";
 export type { Logger } from "./log.ts";

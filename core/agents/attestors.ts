@@ -84,7 +84,7 @@ export const discoveryAttestor = defineAttestor({
     if (!(age >= -60 && age <= DISCOVERY_MAX_AGE_SECONDS)) throw refuse("the discovery assertion is stale");
     const labels: Record<string, string> = { "bc.dev/discovered-by": siteNodeId };
     if (site.labels["bc.dev/site"]) labels["bc.dev/site"] = site.labels["bc.dev/site"];
-    if (assertion.data.productUuid) labels["bc.dev/product-uuid"] = assertion.data.productUuid;
+    if (assertion.data.productUuid) labels["bc.dev/product-uuid"] = assertion.data.productUuid.toLowerCase(); // SMBIOS UUIDs compare case-insensitively
     return { role: "ramdisk", labels };
   },
 });

@@ -125,11 +125,9 @@ export function agentsModule(): Module {
     input: z.object({ id: z.string() }),
     output: node,
     handler: async (ctx, input, tx) => {
-      const rows = await tx.execute(sql`
-        UPDATE bc_nodes SET revoked_at = coalesce(revoked_at, compute_now()) WHERE id = ${input.id} RETURNING *`);
+      await ctx.nodes.revoke(tx, { nodeId: input.id }, `revoked by ${ctx.principal.id}`);
+      const rows = await tx.execute(sql`SELECT * FROM bc_nodes WHERE id = ${input.id}`);
       if (!rows.rows[0]) throw notFound(`node ${input.id} does not exist`);
-      await ctx.events.publish(tx, { type: "node.revoked", subject: `nodes/${input.id}` });
-      ctx.wake.node(input.id);
       return toNode(rows.rows[0] as Record<string, any>);
     },
   });

@@ -286,6 +286,8 @@ export function metalModule(options: MetalOptions = {}): Module {
     handler: async (ctx, input, tx) => {
       const node = await loadNode(tx, input.node, true);
       if (node.state !== "deployed") throw new ComputeError("FAILED_PRECONDITION", `metal node ${node.id} is ${node.state}; only a deployed machine can be undeployed`);
+      // The installed system's agent goes with its disks: it can no longer renew or reconnect.
+      await ctx.nodes.revoke(tx, { role: "node", labels: { "bc.dev/machine": node.id } }, `metal node ${node.id} is being released`);
       const wf = await runLifecycle(ctx, tx, node, "undeploy", lifecycleProfile(node.policy, "release"), {}, { createdBy: ctx.principal.id });
       return { node: node.id, workflow: wf.id };
     },
@@ -321,6 +323,10 @@ export function metalModule(options: MetalOptions = {}): Module {
   async function settle(ctx: ModuleContext, node: NodeRow & { wf_state: string; wf_error: Record<string, unknown> | null }): Promise<boolean> {
     return ctx.store.transaction(async (tx) => {
       const wf = node.workflow_id!;
+      // The ramdisks this workflow booted are done: none may act for the machine again.
+      if (node.product_uuid) {
+        await ctx.nodes.revoke(tx, { role: "ramdisk", labels: { "bc.dev/product-uuid": node.product_uuid, "bc.dev/site": node.site_id } }, `workflow ${wf} ended`);
+      }
       if (node.wf_state !== "succeeded") {
         const error = node.wf_error ?? { code: "CANCELLED", message: `workflow ${wf} was ${node.wf_state}` };
         const reason = `${node.state} failed: ${String(error.message ?? error.code)}`;

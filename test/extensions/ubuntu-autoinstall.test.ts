@@ -72,6 +72,13 @@ describe("Walkthrough 1: Ubuntu autoinstall", () => {
     expect(isos.size).toBeGreaterThan(0);
     expect(JSON.stringify(sim.commandsSeen)).not.toContain(token);
     expect(await recordedText()).not.toContain(token);
+    // Released: the installed system's agent and the ramdisks are revoked; none can act for the machine again.
+    const agents = await sim.store.db.execute(sql`
+      SELECT role, revoked_at IS NOT NULL AS revoked FROM bc_nodes
+      WHERE labels->>'bc.dev/machine' = 'm-first' OR labels->>'bc.dev/product-uuid' = ${machine.uuid.toLowerCase()}`);
+    expect(agents.rows.length).toBe(3); // the installed system, and the ramdisks of commissioning and release
+    expect(agents.rows).toEqual(expect.arrayContaining([{ role: "node", revoked: true }, { role: "ramdisk", revoked: true }]));
+    expect(agents.rows.every((r) => (r as { revoked: boolean }).revoked)).toBe(true);
     // The installed system joined with it once: the token is used up.
     const used = await sim.store.db.execute(sql`SELECT consumed_at FROM bc_join_tokens WHERE id = ${token.split("_")[1]!}`);
     expect((used.rows[0] as { consumed_at: string | null }).consumed_at).not.toBeNull();

@@ -7,6 +7,9 @@ import path from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { repoRoot } from "../../scripts/local/node-store.ts";
 import { startStack, type Stack } from "../../scripts/local/stack.ts";
+import { startRedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
+
+const BMC_PASSWORD = "bmc-password-never-logged";
 
 const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-bcd-stack-"));
 const stateDir = path.join(dataDir, "agent");
@@ -39,7 +42,7 @@ async function eventually<T>(read: () => Promise<T>, done: (v: T) => boolean, wh
   }
 }
 
-it("joins with a site token, connects, runs a command and disconnects on SIGTERM", async () => {
+it("joins with a site token, connects, runs a command, drives a BMC for commissioning, and disconnects on SIGTERM", async () => {
   const token = (await api("siteTokens.create", { site: "lab" })).body.token as string;
   bcd = spawn(process.execPath, [path.join(repoRoot, "node_modules", "tsx", "dist", "cli.mjs"), path.join(repoRoot, "agent", "bcd.ts"), "start", "--url", stack.url, "--role", "site", "--state-dir", stateDir], {
     cwd: repoRoot,
@@ -63,6 +66,25 @@ it("joins with a site token, connects, runs a command and disconnects on SIGTERM
   const secret = /^bcj_[0-9a-f]{16}_(.{43})$/.exec(token)![1]!;
   for (const file of fs.readdirSync(stateDir)) expect(fs.readFileSync(path.join(stateDir, file), "utf8")).not.toContain(secret);
   expect(bcdOutput).not.toContain(secret);
+
+  // The site role: bcd drives a (simulated) BMC for commissioning, the password resolved at delivery.
+  const bmc = await startRedfishEmulator({ machines: 1, username: "admin", password: BMC_PASSWORD });
+  try {
+    const system = [...bmc.machines.values()][0]!;
+    expect((await api("metal.sites.create", { id: "lab" })).status).toBe(200);
+    expect((await api("metal.pools.create", { id: "lab-metal", site: "lab", policy: { hardwareProfile: "redfish-pxe" } })).status).toBe(200);
+    const enrolled = await api("metal.enroll", { id: "m-1", pool: "lab-metal", bmc: { address: `${bmc.url}/redfish/v1/Systems/${system.id}`, username: "admin", password: BMC_PASSWORD } });
+    expect(enrolled.body).toMatchObject({ state: "commissioning" });
+    // No ramdisk will boot here (no PXE): commissioning gets as far as the power cycle and waits.
+    await eventually(async () => system.powerHistory, (h) => h.includes("On"), "the power cycle through bcd");
+    const workflow = (await api("workflows.get", { id: enrolled.body.workflow })).body;
+    expect(workflow.steps[0]).toMatchObject({ name: "inspect", attempts: [{ state: "succeeded", output: { uuid: system.uuid } }] });
+    expect(bmc.requests.some((r) => r.method === "POST" && r.path.endsWith("/Actions/ComputerSystem.Reset") && r.status === 204)).toBe(true);
+    for (const file of fs.readdirSync(stateDir)) expect(fs.readFileSync(path.join(stateDir, file), "utf8")).not.toContain(BMC_PASSWORD);
+    expect(bcdOutput).not.toContain(BMC_PASSWORD);
+  } finally {
+    await bmc.stop();
+  }
 
   bcd.kill("SIGTERM");
   const code = await new Promise<number | null>((resolve) => bcd!.once("exit", (c) => resolve(c)));

@@ -26,6 +26,34 @@ export interface RedfishClientOptions {
 
 export type PowerAction = "on" | "off" | "cycle";
 export type BootDevice = "pxe" | "cd" | "disk";
+export type BiosValue = string | number | boolean;
+export const RAID_LEVELS = ["RAID0", "RAID1", "RAID5", "RAID10"] as const;
+export type RaidLevel = (typeof RAID_LEVELS)[number];
+
+/** Why `count` drives cannot make a `level` volume, or undefined when they can. */
+export function raidDriveCountProblem(level: RaidLevel, count: number): string | undefined {
+  switch (level) {
+    case "RAID0":
+      return count >= 1 ? undefined : `RAID0 takes at least 1 drive, not ${count}`;
+    case "RAID1":
+      return count === 2 ? undefined : `RAID1 takes exactly 2 drives, not ${count}`;
+    case "RAID5":
+      return count >= 3 ? undefined : `RAID5 takes at least 3 drives, not ${count}`;
+    case "RAID10":
+      return count >= 4 && count % 2 === 0 ? undefined : `RAID10 takes an even number of drives, at least 4, not ${count}`;
+  }
+}
+
+export interface BiosResult {
+  /** Attributes the BMC holds for the next power-on that differ from the ones in effect. */
+  pending: Record<string, BiosValue>;
+  /** True when every wanted attribute is already in effect (nothing was sent). */
+  applied: boolean;
+}
+
+export interface RaidResult {
+  volume: { id: string; level: RaidLevel; drives: number };
+}
 
 /** Values as the BMC reports them (PowerState "On", boot target "Pxe"...); absent when it does not say. */
 export interface BmcInspection {
@@ -40,6 +68,8 @@ export interface BmcInspection {
   bootTarget?: string;
   bootEnabled?: string;
   media: { inserted: boolean; image: string | null };
+  /** Present when the system links Storage: its drives (count) and volumes. */
+  storage?: { drives: number; volumes: Array<{ id: string; level: string | null }> };
 }
 
 const DEFAULT_TIMEOUT_MS = 10_000;
@@ -61,7 +91,16 @@ const systemResource = z.object({
   Boot: z.object({ BootSourceOverrideTarget: text, BootSourceOverrideEnabled: text }).nullish(),
   Actions: z.object({ "#ComputerSystem.Reset": action }).nullish(),
   Links: z.object({ ManagedBy: z.array(link).nullish() }).nullish(),
+  Bios: link.nullish(),
+  Storage: link.nullish(),
 });
+const attributes = z.record(z.string(), z.unknown()).nullish();
+const biosResource = z.object({ Attributes: attributes, "@Redfish.Settings": z.object({ SettingsObject: link.nullish() }).nullish() });
+const biosSettingsResource = z.object({ Attributes: attributes });
+const storageResource = z.object({ Drives: z.array(link).nullish(), Volumes: link.nullish() });
+const volumeResource = z.object({ Id: text, RAIDType: text, VolumeType: text, Links: z.object({ Drives: z.array(link).nullish() }).nullish() });
+/** Older BMCs state VolumeType only. */
+const VOLUME_TYPE_LEVELS: Record<string, RaidLevel> = { NonRedundant: "RAID0", Mirrored: "RAID1", StripedWithParity: "RAID5", SpannedMirrors: "RAID10" };
 const managerResource = z.object({ FirmwareVersion: text, VirtualMedia: link.nullish() });
 const collectionResource = z.object({ Members: z.array(link) });
 const mediaResource = z.object({
@@ -72,6 +111,7 @@ const mediaResource = z.object({
 });
 type SystemResource = z.infer<typeof systemResource>;
 type MediaResource = z.infer<typeof mediaResource>;
+type Volume = { path: string; id: string; level: string | null; drives: number };
 
 const invalid = (message: string) => new AgentError("INVALID_ARGUMENT", message);
 
@@ -157,6 +197,7 @@ export class RedfishClient {
       bootTarget: system.Boot?.BootSourceOverrideTarget ?? undefined,
       bootEnabled: system.Boot?.BootSourceOverrideEnabled ?? undefined,
       media: { inserted: cd?.media.Inserted === true, image: cd?.media.Image ?? null },
+      ...(await this.#storageSummary(system)),
     };
   }
 
@@ -214,6 +255,83 @@ export class RedfishClient {
     return { ejected: true };
   }
 
+  /**
+   * Stage BIOS attributes for the next power-on (PATCH of the Bios settings object). Idempotent:
+   * when every wanted value is already in effect nothing is sent (applied: true); values already
+   * pending are not sent again. The BMC judges names and types: an unknown one is a DRIVER_ERROR.
+   */
+  async applyBiosSettings(wanted: Record<string, BiosValue>): Promise<BiosResult> {
+    if (typeof wanted !== "object" || wanted === null || Array.isArray(wanted)) throw invalid("the BIOS attributes must be an object");
+    const entries = Object.entries(wanted);
+    if (entries.length === 0) throw invalid("no BIOS attributes given");
+    for (const [k, v] of entries) {
+      if (!k || !["string", "number", "boolean"].includes(typeof v)) throw invalid(`the BIOS attribute ${JSON.stringify(k)} must be a string, number or boolean`);
+    }
+    const system = await this.#system();
+    const biosPath = system.Bios?.["@odata.id"];
+    if (!biosPath) throw this.#fail(`links no BIOS resource to ${this.#systemPath} (Bios)`);
+    const bios = await this.#get(biosPath, biosResource, "Bios");
+    const current = bios.Attributes ?? {};
+    const has = (attrs: Record<string, unknown>, k: string, v: unknown) => Object.hasOwn(attrs, k) && attrs[k] === v;
+    const changes = Object.fromEntries(entries.filter(([k, v]) => !has(current, k, v)));
+    if (Object.keys(changes).length === 0) return { pending: {}, applied: true };
+
+    const settingsPath = bios["@Redfish.Settings"]?.SettingsObject?.["@odata.id"] ?? `${biosPath.replace(/\/$/, "")}/Settings`;
+    const staged = (await this.#get(settingsPath, biosSettingsResource, "Bios settings")).Attributes ?? {};
+    if (!Object.entries(changes).every(([k, v]) => has(staged, k, v))) {
+      await this.#call("PATCH", settingsPath, { Attributes: changes });
+    }
+    // Re-read: many BMCs answer with 204. Some list only pending values, others all of them.
+    const after = (await this.#get(settingsPath, biosSettingsResource, "Bios settings")).Attributes ?? {};
+    const pending = Object.fromEntries(
+      Object.entries(after).filter((e): e is [string, BiosValue] => ["string", "number", "boolean"].includes(typeof e[1]) && !has(current, e[0], e[1])),
+    );
+    return { pending, applied: false };
+  }
+
+  /**
+   * One RAID volume of `level` over `drives` drives (default: all of the controller's). Idempotent:
+   * a volume of that level over that many drives is returned as it is; otherwise every volume of
+   * the controller is deleted and the volume created over its first drives.
+   */
+  async configureRaid(spec: { level: RaidLevel; drives?: number | "all" }): Promise<RaidResult> {
+    const level = spec?.level;
+    if (!RAID_LEVELS.includes(level)) throw invalid(`unknown RAID level ${JSON.stringify(level)}; one of ${RAID_LEVELS.join(", ")}`);
+    const asked = spec?.drives ?? "all";
+    if (asked !== "all" && !(Number.isInteger(asked) && asked >= 1)) throw invalid(`drives must be a positive integer or "all", not ${JSON.stringify(asked)}`);
+    if (asked !== "all") {
+      const problem = raidDriveCountProblem(level, asked);
+      if (problem) throw invalid(problem);
+    }
+    const system = await this.#system();
+    const controllers = await this.#storageControllers(system);
+    if (controllers === null) throw this.#fail(`links no Storage to ${this.#systemPath}; no RAID to configure`);
+    const controller = controllers.find((c) => c.storage.Volumes && (c.storage.Drives?.length ?? 0) > 0);
+    if (!controller) throw this.#fail("has no storage controller with drives and volumes");
+    const drives = controller.storage.Drives ?? [];
+    const count = asked === "all" ? drives.length : asked;
+    if (count > drives.length) throw invalid(`BMC ${this.address} has ${drives.length} drive(s) on ${controller.path}; ${level} over ${count} cannot be made`);
+    const problem = raidDriveCountProblem(level, count);
+    if (problem) throw invalid(`BMC ${this.address} has ${drives.length} drives on ${controller.path}: ${problem}`);
+
+    const volumesPath = controller.storage.Volumes!["@odata.id"];
+    const existing = await this.#volumes(volumesPath);
+    const fits = (v: Volume) => v.level === level && v.drives === count;
+    const found = existing.find(fits);
+    if (found) return { volume: { id: found.id, level, drives: count } };
+
+    for (const v of existing) await this.#call("DELETE", v.path);
+    const answer = await this.#call("POST", volumesPath, { RAIDType: level, Drives: drives.slice(0, count), Name: `${level} volume` });
+    const created = volumeResource.safeParse(answer);
+    // Trust the answer's Id only when it is a Volume (a 202 may carry a Task instead).
+    const id = created.success && (created.data.RAIDType || created.data.VolumeType) ? created.data.Id : undefined;
+    if (id) return { volume: { id, level, drives: count } };
+    // No body (201/202/204 without one): find it.
+    const made = (await this.#volumes(volumesPath)).find(fits);
+    if (!made) throw this.#fail(`accepted the ${level} volume but ${volumesPath} does not list it`);
+    return { volume: { id: made.id, level, drives: count } };
+  }
+
   // ------------------------------------------------------------ resources
 
   #system(): Promise<SystemResource> {
@@ -236,6 +354,42 @@ export class RedfishClient {
       if (namedCd(path) || media.MediaTypes?.some((t) => t === "CD" || t === "DVD")) return { path, media };
     }
     return null;
+  }
+
+  /** The system's storage controllers; null when it links no Storage. */
+  async #storageControllers(system: SystemResource): Promise<Array<{ path: string; storage: z.infer<typeof storageResource> }> | null> {
+    const ref = system.Storage?.["@odata.id"];
+    if (!ref) return null;
+    const members = (await this.#get(ref, collectionResource, "Storage collection")).Members.map((m) => m["@odata.id"]);
+    const out = [];
+    for (const path of members) out.push({ path, storage: await this.#get(path, storageResource, "Storage") });
+    return out;
+  }
+
+  async #volumes(collectionPath: string): Promise<Volume[]> {
+    const members = (await this.#get(collectionPath, collectionResource, "Volume collection")).Members.map((m) => m["@odata.id"]);
+    const out: Volume[] = [];
+    for (const path of members) {
+      const v = await this.#get(path, volumeResource, "Volume");
+      const id = v.Id ?? decodeURIComponent(path.replace(/\/$/, "").split("/").pop() ?? path);
+      const level = v.RAIDType ?? (v.VolumeType && Object.hasOwn(VOLUME_TYPE_LEVELS, v.VolumeType) ? VOLUME_TYPE_LEVELS[v.VolumeType]! : null);
+      out.push({ path, id, level, drives: v.Links?.Drives?.length ?? 0 });
+    }
+    return out;
+  }
+
+  /** inspect()'s storage: drives and volumes over every controller; nothing when there is no Storage. */
+  async #storageSummary(system: SystemResource): Promise<Pick<BmcInspection, "storage">> {
+    const controllers = await this.#storageControllers(system);
+    if (controllers === null) return {};
+    let drives = 0;
+    const volumes: Array<{ id: string; level: string | null }> = [];
+    for (const c of controllers) {
+      drives += c.storage.Drives?.length ?? 0;
+      const ref = c.storage.Volumes?.["@odata.id"];
+      if (ref) for (const v of await this.#volumes(ref)) volumes.push({ id: v.id, level: v.level });
+    }
+    return { storage: { drives, volumes } };
   }
 
   async #requireCd(): Promise<{ path: string; media: MediaResource }> {

@@ -4,7 +4,7 @@
 // Runtime-neutral: Node-only parts (the image cache's HTTP server) live in image-cache.ts.
 import { z } from "zod";
 import { AgentError, type CommandContext, type CommandHandler, type FetchLike } from "../client.ts";
-import { RedfishClient, type BmcCredential } from "./redfish.ts";
+import { RAID_LEVELS, RedfishClient, raidDriveCountProblem, type BmcCredential } from "./redfish.ts";
 
 export interface SiteHandlerOptions {
   fetch?: FetchLike;
@@ -34,6 +34,17 @@ function resolveBmc(ref: BmcBody, ctx: CommandContext): BmcCredential {
   return { address: ref.address, username: ref.username, password };
 }
 
+const biosAttributes = z
+  .record(z.string().min(1), z.union([z.string(), z.number(), z.boolean()]))
+  .refine((a) => Object.keys(a).length > 0, "at least one BIOS attribute");
+
+const raidBody = z
+  .object({ bmc, level: z.enum(RAID_LEVELS), drives: z.union([z.number().int().min(1), z.literal("all")]).default("all") })
+  .superRefine((b, ctx) => {
+    const problem = typeof b.drives === "number" ? raidDriveCountProblem(b.level, b.drives) : undefined;
+    if (problem) ctx.addIssue({ code: "custom", path: ["drives"], message: problem });
+  });
+
 export function siteHandlers(options: SiteHandlerOptions = {}): Record<string, CommandHandler> {
   /** A handler that validates the body, then runs `op` against the body's BMC. */
   const onBmc =
@@ -52,5 +63,8 @@ export function siteHandlers(options: SiteHandlerOptions = {}): Record<string, C
     ),
     "metal.bmc.media.insert": onBmc(z.object({ bmc, url: z.url({ protocol: /^https?$/ }) }), (c, b) => c.insertMedia(b.url)),
     "metal.bmc.media.eject": onBmc(z.object({ bmc }), (c) => c.ejectMedia()),
+    // Staged for the next power-on: the workflow power-cycles when `applied` is false.
+    "metal.bmc.bios": onBmc(z.object({ bmc, attributes: biosAttributes }), (c, b) => c.applyBiosSettings(b.attributes)),
+    "metal.bmc.raid": onBmc(raidBody, (c, b) => c.configureRaid({ level: b.level, drives: b.drives })),
   };
 }

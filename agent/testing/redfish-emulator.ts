@@ -4,7 +4,11 @@
 //
 //   /redfish/v1                                   ServiceRoot (unauthenticated, as in the spec)
 //   /redfish/v1/Systems[/<id>]                    ComputerSystem: PowerState, Boot override, BiosVersion
-//   /redfish/v1/Systems/<id>/Bios                 BIOS attributes (read-only)
+//   /redfish/v1/Systems/<id>/Bios                 BIOS attributes (read-only), @Redfish.Settings → Bios/Settings
+//   /redfish/v1/Systems/<id>/Bios/Settings        pending attributes; PATCH { Attributes } stages them for
+//                                                 the next power-on, when they are applied (as real BIOSes do)
+//   /redfish/v1/Systems/<id>/Storage[/RAID.Integrated.1]   one RAID controller and its Drives/<id>
+//   …/Storage/RAID.Integrated.1/Volumes[/<id>]    POST { RAIDType, Drives, Name? } creates a volume; DELETE removes it
 //   POST …/Systems/<id>/Actions/ComputerSystem.Reset   { ResetType }
 //   PATCH /redfish/v1/Systems/<id>                { Boot: { BootSourceOverrideTarget, BootSourceOverrideEnabled } }
 //   /redfish/v1/Managers[/<id>]                   one BMC per system, linked both ways
@@ -24,6 +28,57 @@ export const BOOT_ENABLED = ["Disabled", "Once", "Continuous"] as const;
 export type BootEnabled = (typeof BOOT_ENABLED)[number];
 export const RESET_TYPES = ["On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "PowerCycle"] as const;
 export type ResetType = (typeof RESET_TYPES)[number];
+export const RAID_TYPES = ["RAID0", "RAID1", "RAID5", "RAID10"] as const;
+export type RaidType = (typeof RAID_TYPES)[number];
+export type BiosValue = string | number | boolean;
+
+/** The Id of the one simulated RAID controller of every machine that has drives. */
+export const RAID_CONTROLLER_ID = "RAID.Integrated.1";
+const DRIVE_CAPACITY_BYTES = 480_103_981_056;
+
+export interface SimDrive {
+  id: string;
+  name: string;
+  capacityBytes: number;
+  mediaType: "SSD" | "HDD";
+}
+
+export interface SimVolume {
+  id: string;
+  name: string;
+  raidType: RaidType;
+  /** Ids of the member drives (SimDrive.id). */
+  drives: string[];
+  capacityBytes: number;
+}
+
+/** Why `count` drives cannot make a `level` volume, or undefined when they can. */
+export function raidDriveCountProblem(level: RaidType, count: number): string | undefined {
+  switch (level) {
+    case "RAID0":
+      return count >= 1 ? undefined : `RAID0 takes at least 1 drive, not ${count}`;
+    case "RAID1":
+      return count === 2 ? undefined : `RAID1 takes exactly 2 drives, not ${count}`;
+    case "RAID5":
+      return count >= 3 ? undefined : `RAID5 takes at least 3 drives, not ${count}`;
+    case "RAID10":
+      return count >= 4 && count % 2 === 0 ? undefined : `RAID10 takes an even number of drives, at least 4, not ${count}`;
+  }
+}
+
+function raidCapacity(level: RaidType, drives: SimDrive[]): number {
+  const smallest = Math.min(...drives.map((d) => d.capacityBytes));
+  const n = drives.length;
+  return smallest * (level === "RAID0" ? n : level === "RAID1" ? 1 : level === "RAID5" ? n - 1 : n / 2);
+}
+
+export interface MachineOptions {
+  id?: string;
+  uuid?: string;
+  power?: PowerState;
+  /** Simulated drives behind its RAID controller (default: the emulator's `drives`); 0: no controller, no Storage. */
+  drives?: number;
+}
 
 /** The state of one simulated machine and its simulated BMC. Tests may read and mutate it. */
 export interface MachineState {
@@ -35,7 +90,12 @@ export interface MachineState {
   media: { inserted: boolean; image: string | null };
   biosVersion: string;
   bmcFirmwareVersion: string;
-  biosSettings: Record<string, string | number | boolean>;
+  /** The BIOS attributes in effect. */
+  biosSettings: Record<string, BiosValue>;
+  /** Attributes staged through Bios/Settings; applied (and cleared) at the next power-on. */
+  biosPending: Record<string, BiosValue>;
+  /** The RAID controller's drives and volumes (no controller when there are no drives). */
+  storage: { drives: SimDrive[]; volumes: SimVolume[] };
   /** Power transitions so far, e.g. ["On", "Off", "On"]. */
   powerHistory: PowerState[];
 }
@@ -59,7 +119,12 @@ export interface RedfishRequestRecord {
 }
 
 export interface RedfishEmulatorOptions {
-  machines: Array<{ id?: string; uuid?: string; power?: PowerState }> | number;
+  machines: MachineOptions[] | number;
+  /**
+   * Simulated drives per machine unless the machine says otherwise; default 0, no Storage at all
+   * (as sushy-tools without storage configured; inspecting a machine with Storage costs requests).
+   */
+  drives?: number;
   username?: string;
   password?: string;
   faults?: RedfishFaults;
@@ -139,9 +204,11 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
   const specs = typeof opts.machines === "number" ? Array.from({ length: opts.machines }, () => ({})) : opts.machines;
   const machines = new Map<string, MachineState>();
   const byManager = new Map<string, MachineState>();
-  specs.forEach((s: { id?: string; uuid?: string; power?: PowerState }, i) => {
+  specs.forEach((s: MachineOptions, i) => {
     const id = s.id ?? `node-${i + 1}`;
     if (machines.has(id)) throw new Error(`duplicate machine id ${id}`);
+    const driveCount = s.drives ?? opts.drives ?? 0;
+    if (!Number.isInteger(driveCount) || driveCount < 0 || driveCount > 24) throw new Error(`machine ${id}: drives must be an integer from 0 to 24`);
     const m: MachineState = {
       id,
       uuid: s.uuid ?? fakeUuid(i),
@@ -152,6 +219,11 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       biosVersion: "SIM-BIOS-1.0.0",
       bmcFirmwareVersion: "SIM-BMC-2.0.0",
       biosSettings: { BootMode: "Uefi", SriovGlobalEnable: false, ProcTurboMode: "Enabled" },
+      biosPending: {},
+      storage: {
+        drives: Array.from({ length: driveCount }, (_, d) => ({ id: `Disk.Bay.${d}`, name: `Simulated SSD ${d}`, capacityBytes: DRIVE_CAPACITY_BYTES, mediaType: "SSD" as const })),
+        volumes: [],
+      },
       powerHistory: [],
     };
     machines.set(id, m);
@@ -170,6 +242,11 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     if (from === to) return;
     m.power = to;
     m.powerHistory.push(to);
+    // The BIOS applies staged settings while it starts, before anything boots.
+    if (to === "On" && Object.keys(m.biosPending).length > 0) {
+      m.biosSettings = { ...m.biosSettings, ...m.biosPending };
+      m.biosPending = {};
+    }
     await opts.onPowerChange?.(m, from, to);
     // A "Once" boot override is consumed by the boot it applied to, as on real BMCs.
     if (to === "On" && m.boot.enabled === "Once") m.boot = { target: "None", enabled: "Disabled" };
@@ -211,6 +288,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         "BootSourceOverrideEnabled@Redfish.AllowableValues": [...BOOT_ENABLED],
       },
       Bios: { "@odata.id": `${sys(m)}/Bios` },
+      ...(m.storage.drives.length > 0 ? { Storage: { "@odata.id": `${sys(m)}/Storage` } } : {}),
       Actions: {
         "#ComputerSystem.Reset": {
           target: `${sys(m)}/Actions/ComputerSystem.Reset`,
@@ -315,11 +393,16 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
   const notFound = (path: string) => new HttpError(404, "ResourceMissingAtURI", `The resource at the URI ${path} was not found.`, [path]);
   const noMethod = (method: string) => new HttpError(405, "ActionNotSupported", `The method ${method} is not supported here.`, [method]);
 
-  /** Routes one authorized request; returns [status, body]. */
-  async function route(req: IncomingMessage, method: string, path: string): Promise<[number, unknown]> {
+  /** Routes one authorized request; returns [status, body, extra headers?]. */
+  async function route(req: IncomingMessage, method: string, path: string): Promise<[number, unknown, Record<string, string>?]> {
     const parts = splitPath(path); // ["redfish","v1",…]
     if (parts[0] !== "redfish" || parts[1] !== "v1") throw notFound(path);
     const [, , top, id, sub, action, name] = parts;
+    if (top === "Systems" && id !== undefined && sub === "Storage") {
+      const m = machines.get(id);
+      if (!m) throw notFound(path);
+      return storageRoute(req, method, path, m, parts.slice(5));
+    }
     if (parts.length > 7) throw notFound(path);
     const get = () => {
       if (method !== "GET") throw noMethod(method);
@@ -362,7 +445,13 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       }
       if (sub === "Bios" && action === undefined) {
         get();
-        return [200, { "@odata.id": `${sys(m)}/Bios`, "@odata.type": "#Bios.v1_2_0.Bios", Id: "Bios", Name: "BIOS Configuration", Attributes: { ...m.biosSettings } }];
+        return [200, biosResource(m)];
+      }
+      if (sub === "Bios" && action === "Settings" && name === undefined) {
+        if (method === "GET") return [200, biosSettingsResource(m)];
+        if (method !== "PATCH") throw noMethod(method);
+        stageBiosSettings(m, await jsonBody(req));
+        return [204, undefined];
       }
       if (sub === "Actions" && action === "ComputerSystem.Reset" && name === undefined) {
         if (method !== "POST") throw noMethod(method);
@@ -409,6 +498,182 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     throw notFound(path);
   }
 
+  function biosResource(m: MachineState): unknown {
+    return {
+      "@odata.id": `${sys(m)}/Bios`,
+      "@odata.type": "#Bios.v1_2_0.Bios",
+      Id: "Bios",
+      Name: "BIOS Configuration",
+      Attributes: { ...m.biosSettings },
+      "@Redfish.Settings": {
+        "@odata.type": "#Settings.v1_3_0.Settings",
+        SettingsObject: { "@odata.id": `${sys(m)}/Bios/Settings` },
+        SupportedApplyTimes: ["OnReset"],
+      },
+    };
+  }
+
+  function biosSettingsResource(m: MachineState): unknown {
+    return { "@odata.id": `${sys(m)}/Bios/Settings`, "@odata.type": "#Bios.v1_2_0.Bios", Id: "Settings", Name: "BIOS pending settings", Attributes: { ...m.biosPending } };
+  }
+
+  /** PATCH Bios/Settings: every attribute checked (known, same type) before any is staged. */
+  function stageBiosSettings(m: MachineState, body: Record<string, unknown>): void {
+    for (const [k, v] of Object.entries(body)) {
+      if (k === "Attributes") continue;
+      if (k === "@Redfish.SettingsApplyTime") {
+        const at = (v as { ApplyTime?: unknown } | null)?.ApplyTime;
+        if (at !== "OnReset") throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(at)} for the property ApplyTime is not in the list of acceptable values.`, [String(at), "ApplyTime"]);
+        continue;
+      }
+      throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known or patchable property.`, [k]);
+    }
+    const attrs = body.Attributes;
+    if (attrs === undefined) throw new HttpError(400, "PropertyMissing", "The property Attributes is a required property and must be included in the request.", ["Attributes"]);
+    if (typeof attrs !== "object" || attrs === null || Array.isArray(attrs)) {
+      throw new HttpError(400, "PropertyValueTypeError", "The value for the property Attributes must be an object.", ["Attributes"]);
+    }
+    const staged: Record<string, BiosValue> = {};
+    for (const [k, v] of Object.entries(attrs)) {
+      if (!Object.hasOwn(m.biosSettings, k)) throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known BIOS attribute.`, [k]);
+      if (typeof v !== typeof m.biosSettings[k]) {
+        throw new HttpError(400, "PropertyValueTypeError", `The value ${JSON.stringify(v)} for the property ${k} is of a different type than the property can accept.`, [JSON.stringify(v), k]);
+      }
+      staged[k] = v as BiosValue;
+    }
+    m.biosPending = { ...m.biosPending, ...staged };
+  }
+
+  const storagePath = (m: MachineState) => `${sys(m)}/Storage/${RAID_CONTROLLER_ID}`;
+  const drivePath = (m: MachineState, d: SimDrive) => `${storagePath(m)}/Drives/${encodeURIComponent(d.id)}`;
+  const volumePath = (m: MachineState, v: SimVolume) => `${storagePath(m)}/Volumes/${encodeURIComponent(v.id)}`;
+  const health = { State: "Enabled", Health: "OK" };
+
+  function storageResource(m: MachineState): unknown {
+    const base = storagePath(m);
+    return {
+      "@odata.id": base,
+      "@odata.type": "#Storage.v1_13_0.Storage",
+      Id: RAID_CONTROLLER_ID,
+      Name: "Simulated RAID controller",
+      Status: health,
+      StorageControllers: [
+        { "@odata.id": `${base}#/StorageControllers/0`, MemberId: "0", Name: "Simulated RAID controller", Status: health, SupportedRAIDTypes: [...RAID_TYPES] },
+      ],
+      "Drives@odata.count": m.storage.drives.length,
+      Drives: m.storage.drives.map((d) => ({ "@odata.id": drivePath(m, d) })),
+      Volumes: { "@odata.id": `${base}/Volumes` },
+    };
+  }
+
+  function driveResource(m: MachineState, d: SimDrive): unknown {
+    const volumes = m.storage.volumes.filter((v) => v.drives.includes(d.id));
+    return {
+      "@odata.id": drivePath(m, d),
+      "@odata.type": "#Drive.v1_17_0.Drive",
+      Id: d.id,
+      Name: d.name,
+      CapacityBytes: d.capacityBytes,
+      MediaType: d.mediaType,
+      Protocol: "SATA",
+      Status: health,
+      Links: { "Volumes@odata.count": volumes.length, Volumes: volumes.map((v) => ({ "@odata.id": volumePath(m, v) })) },
+    };
+  }
+
+  function volumeResource(m: MachineState, v: SimVolume): unknown {
+    const drives = v.drives.flatMap((id) => m.storage.drives.filter((d) => d.id === id));
+    return {
+      "@odata.id": volumePath(m, v),
+      "@odata.type": "#Volume.v1_9_0.Volume",
+      Id: v.id,
+      Name: v.name,
+      RAIDType: v.raidType,
+      CapacityBytes: v.capacityBytes,
+      Status: health,
+      Links: { "Drives@odata.count": drives.length, Drives: drives.map((d) => ({ "@odata.id": drivePath(m, d) })) },
+    };
+  }
+
+  /** /Systems/<id>/Storage[...]; `rest` is what follows "Storage". A machine without drives has no controller. */
+  async function storageRoute(req: IncomingMessage, method: string, path: string, m: MachineState, rest: string[]): Promise<[number, unknown, Record<string, string>?]> {
+    if (m.storage.drives.length === 0 || rest.length > 3) throw notFound(path);
+    const get = () => {
+      if (method !== "GET") throw noMethod(method);
+    };
+    const [ctrl, coll, item] = rest;
+    if (ctrl === undefined) {
+      get();
+      return [200, collection(`${sys(m)}/Storage`, "StorageCollection.StorageCollection", "Storage Collection", [storagePath(m)])];
+    }
+    if (ctrl !== RAID_CONTROLLER_ID) throw notFound(path);
+    if (coll === undefined) {
+      get();
+      return [200, storageResource(m)];
+    }
+    if (coll === "Drives" && item !== undefined) {
+      const d = m.storage.drives.find((x) => x.id === item);
+      if (!d) throw notFound(path);
+      get();
+      return [200, driveResource(m, d)];
+    }
+    if (coll !== "Volumes") throw notFound(path);
+    if (item === undefined) {
+      if (method === "GET") return [200, collection(`${storagePath(m)}/Volumes`, "VolumeCollection.VolumeCollection", "Volume Collection", m.storage.volumes.map((v) => volumePath(m, v)))];
+      if (method !== "POST") throw noMethod(method);
+      const v = createVolume(m, await jsonBody(req));
+      return [201, volumeResource(m, v), { Location: volumePath(m, v) }];
+    }
+    const v = m.storage.volumes.find((x) => x.id === item);
+    if (!v) throw notFound(path);
+    if (method === "GET") return [200, volumeResource(m, v)];
+    if (method !== "DELETE") throw noMethod(method);
+    m.storage.volumes = m.storage.volumes.filter((x) => x !== v);
+    return [204, undefined];
+  }
+
+  const volumeCounters = new Map<MachineState, number>();
+
+  /** POST …/Volumes: the level, the drives (known, distinct, free, as many as the level takes). */
+  function createVolume(m: MachineState, body: Record<string, unknown>): SimVolume {
+    for (const k of Object.keys(body)) {
+      if (!["RAIDType", "Drives", "Name", "CapacityBytes"].includes(k)) throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known property of a Volume.`, [k]);
+    }
+    const level = body.RAIDType;
+    if (level === undefined) throw new HttpError(400, "PropertyMissing", "The property RAIDType is a required property and must be included in the request.", ["RAIDType"]);
+    if (!RAID_TYPES.includes(level as RaidType)) throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(level)} for the property RAIDType is not in the list of acceptable values.`, [String(level), "RAIDType"]);
+    const refs = body.Drives;
+    if (refs === undefined) throw new HttpError(400, "PropertyMissing", "The property Drives is a required property and must be included in the request.", ["Drives"]);
+    if (!Array.isArray(refs)) throw new HttpError(400, "PropertyValueTypeError", "The value for the property Drives must be an array of links.", ["Drives"]);
+    const drives: SimDrive[] = [];
+    for (const ref of refs) {
+      const uri = (ref as { "@odata.id"?: unknown } | null)?.["@odata.id"];
+      const wanted = typeof uri === "string" ? uri.replace(/^https?:\/\/[^/]+/, "").replace(/\/+$/, "") : undefined;
+      const d = m.storage.drives.find((x) => drivePath(m, x) === wanted);
+      if (!d) throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(uri ?? ref)} in the property Drives is not a drive of this controller.`, [String(uri), "Drives"]);
+      if (drives.includes(d)) throw new HttpError(400, "PropertyValueConflict", `The drive ${String(uri)} is listed more than once in the property Drives.`, ["Drives", "Drives"]);
+      const holder = m.storage.volumes.find((v) => v.drives.includes(d.id));
+      if (holder) throw new HttpError(400, "ResourceInUse", `The drive ${String(uri)} is already a member of the volume ${holder.id}.`, [String(uri)]);
+      drives.push(d);
+    }
+    const problem = raidDriveCountProblem(level as RaidType, drives.length);
+    if (problem) throw new HttpError(400, "PropertyValueConflict", `The property Drives conflicts with the property RAIDType: ${problem}.`, ["Drives", "RAIDType"]);
+    const max = raidCapacity(level as RaidType, drives);
+    const capacity = body.CapacityBytes ?? max;
+    if (typeof capacity !== "number" || !Number.isInteger(capacity) || capacity <= 0 || capacity > max) {
+      throw new HttpError(400, "PropertyValueIncorrect", `The value ${JSON.stringify(capacity)} for the property CapacityBytes is not a size these drives can hold (at most ${max}).`, ["CapacityBytes", String(capacity)]);
+    }
+    const name = body.Name;
+    if (name !== undefined && (typeof name !== "string" || name === "")) throw new HttpError(400, "PropertyValueTypeError", "The value for the property Name must be a non-empty string.", ["Name"]);
+    let n = volumeCounters.get(m) ?? 0;
+    let id = `Volume.${++n}`;
+    while (m.storage.volumes.some((v) => v.id === id)) id = `Volume.${++n}`;
+    volumeCounters.set(m, n);
+    const volume: SimVolume = { id, name: name ?? `${level} volume ${n}`, raidType: level as RaidType, drives: drives.map((d) => d.id), capacityBytes: capacity };
+    m.storage.volumes = [...m.storage.volumes, volume];
+    return volume;
+  }
+
   function serviceRoot(): unknown {
     return {
       "@odata.id": "/redfish/v1",
@@ -423,7 +688,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
   }
 
   /** VirtualMedia actions live one level deeper than route()'s destructuring covers. */
-  async function mediaAction(req: IncomingMessage, method: string, parts: string[]): Promise<[number, unknown]> {
+  async function mediaAction(req: IncomingMessage, method: string, parts: string[]): Promise<[number, unknown, Record<string, string>?]> {
     // ["redfish","v1","Managers",mgrId,"VirtualMedia","Cd","Actions",action]
     const m = byManager.get(parts[3] ?? "");
     const action = parts[7];
@@ -502,11 +767,11 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         return;
       }
       const parts = splitPath(path);
-      const [status, body] =
+      const [status, body, headers] =
         parts.length === 8 && parts[2] === "Managers" && parts[4] === "VirtualMedia" && parts[5] === "Cd" && parts[6] === "Actions"
           ? await mediaAction(req, method, parts)
           : await route(req, method, path);
-      reply(status, body);
+      reply(status, body, headers);
     } catch (e) {
       const he = e instanceof HttpError ? e : new HttpError(500, "InternalError", "The request failed due to an internal service error.");
       reply(he.status, errorBody(he));

@@ -1,6 +1,6 @@
 // The site agent's role (agent/roles/site.ts, redfish.ts, boot.ts, image-cache.ts) against the
 // Redfish emulator (simulated hardware over real HTTP): inspect, idempotent power, boot
-// override, virtual media, failures as DRIVER_ERROR naming the BMC and never its credential,
+// override, virtual media, BIOS settings staged for the next power-on, RAID volumes, failures as DRIVER_ERROR naming the BMC and never its credential,
 // bodies and secrets refused; the iPXE script; the image cache over HTTP.
 import { createHash } from "node:crypto";
 import { afterEach, describe, expect, it } from "vitest";
@@ -9,7 +9,7 @@ import { ipxeScript } from "../../agent/roles/boot.ts";
 import { createImageCache } from "../../agent/roles/image-cache.ts";
 import { RedfishClient } from "../../agent/roles/redfish.ts";
 import { siteHandlers } from "../../agent/roles/site.ts";
-import { startRedfishEmulator, type RedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
+import { startRedfishEmulator, type MachineOptions, type RedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
 
 const USER = "bmc-operator-7";
 const PASS = "s3cret-Pa55word-xyz";
@@ -20,8 +20,8 @@ afterEach(async () => {
   await Promise.all(cleanups.splice(0).map((stop) => stop()));
 });
 
-async function emulator(faults?: Parameters<typeof startRedfishEmulator>[0]["faults"]): Promise<RedfishEmulator> {
-  const emu = await startRedfishEmulator({ machines: [{ id: "abc" }], username: USER, password: PASS, faults });
+async function emulator(faults?: Parameters<typeof startRedfishEmulator>[0]["faults"], machine: Omit<MachineOptions, "id"> = {}): Promise<RedfishEmulator> {
+  const emu = await startRedfishEmulator({ machines: [{ ...machine, id: "abc" }], username: USER, password: PASS, faults });
   cleanups.push(() => emu.stop());
   return emu;
 }
@@ -46,10 +46,11 @@ async function failure(p: Promise<unknown>): Promise<AgentError> {
 }
 
 const posts = (emu: RedfishEmulator, suffix: string) => emu.requests.filter((r) => r.method === "POST" && r.path.endsWith(suffix)).length;
+const writes = (emu: RedfishEmulator) => emu.requests.filter((r) => r.method !== "GET").map((r) => `${r.method} ${r.path.replace(/^\/redfish\/v1\/Systems\/abc/, "")} ${r.status}`);
 
 describe("site role: Redfish", () => {
-  it("inspects the system, its manager's firmware and its virtual media", async () => {
-    const emu = await emulator();
+  it("inspects the system, its manager's firmware, its virtual media and its storage", async () => {
+    const emu = await emulator(undefined, { drives: 2 });
     const m = emu.machines.get("abc")!;
     m.bmcFirmwareVersion = "BMC-9.9.9";
     m.media = { inserted: true, image: "http://10.0.0.1/a.iso" };
@@ -65,7 +66,120 @@ describe("site role: Redfish", () => {
       bootTarget: "Pxe",
       bootEnabled: "Continuous",
       media: { inserted: true, image: "http://10.0.0.1/a.iso" },
+      storage: { drives: 2, volumes: [] },
     });
+    m.storage.volumes.push({ id: "Volume.9", name: "os", raidType: "RAID1", drives: ["Disk.Bay.0", "Disk.Bay.1"], capacityBytes: 1 });
+    expect((await run(emu, "metal.bmc.inspect")).storage).toEqual({ drives: 2, volumes: [{ id: "Volume.9", level: "RAID1" }] });
+  });
+
+  it("leaves storage out of the inspection when the BMC has no Storage", async () => {
+    const emu = await emulator(); // the emulator's machines have no drives unless asked for
+    const found = await run(emu, "metal.bmc.inspect");
+    expect(found.systemId).toBe("abc");
+    expect("storage" in found).toBe(false);
+    expect(emu.requests.some((r) => r.path.includes("/Storage"))).toBe(false);
+  });
+
+  it("stages BIOS settings, applied only when the machine power-cycles; idempotent by desired state", async () => {
+    const emu = await emulator();
+    const m = emu.machines.get("abc")!;
+    await run(emu, "metal.bmc.power", { action: "on" });
+    const wanted = { BootMode: "Uefi", SriovGlobalEnable: true, ProcTurboMode: "Disabled" };
+    expect(await run(emu, "metal.bmc.bios", { attributes: wanted })).toEqual({ pending: { SriovGlobalEnable: true, ProcTurboMode: "Disabled" }, applied: false });
+    // Only what differs is sent; a retry does not send it again.
+    expect(await run(emu, "metal.bmc.bios", { attributes: wanted })).toEqual({ pending: { SriovGlobalEnable: true, ProcTurboMode: "Disabled" }, applied: false });
+    expect(writes(emu)).toEqual(["POST /Actions/ComputerSystem.Reset 204", "PATCH /Bios/Settings 204"]);
+    expect(m.biosPending).toEqual({ SriovGlobalEnable: true, ProcTurboMode: "Disabled" });
+    expect(m.biosSettings).toEqual({ BootMode: "Uefi", SriovGlobalEnable: false, ProcTurboMode: "Enabled" });
+
+    await run(emu, "metal.bmc.power", { action: "off" });
+    expect(m.biosSettings.SriovGlobalEnable).toBe(false); // off is not a boot
+    await run(emu, "metal.bmc.power", { action: "on" });
+    expect(m.biosSettings).toEqual(wanted);
+    expect(m.biosPending).toEqual({});
+
+    const before = emu.requests.length;
+    expect(await run(emu, "metal.bmc.bios", { attributes: wanted })).toEqual({ pending: {}, applied: true });
+    expect(emu.requests.slice(before).every((r) => r.method === "GET")).toBe(true);
+    expect(writes(emu).filter((w) => w.startsWith("PATCH"))).toHaveLength(1);
+
+    // A value already staged by someone else is reported with what is asked.
+    m.biosPending = { BootMode: "Legacy" };
+    expect(await run(emu, "metal.bmc.bios", { attributes: { ProcTurboMode: "Enabled" } })).toEqual({ pending: { BootMode: "Legacy", ProcTurboMode: "Enabled" }, applied: false });
+  });
+
+  it("reports an attribute the BIOS does not know as DRIVER_ERROR naming the BMC, and stages nothing", async () => {
+    const emu = await emulator();
+    const m = emu.machines.get("abc")!;
+    const address = `${emu.url}/redfish/v1/Systems/abc`;
+    const e = await failure(run(emu, "metal.bmc.bios", { attributes: { SriovGlobalEnable: true, NoSuchKnob: "On" } }));
+    expect(e.code).toBe("DRIVER_ERROR");
+    expect(e.message).toBe(`BMC ${address} answered 400 Bad Request to PATCH /redfish/v1/Systems/abc/Bios/Settings: The property NoSuchKnob is not a known BIOS attribute.`);
+    expect(e.message).not.toContain(PASS);
+    const typed = await failure(run(emu, "metal.bmc.bios", { attributes: { SriovGlobalEnable: "yes" } }));
+    expect(typed.code).toBe("DRIVER_ERROR");
+    expect(typed.message).toContain(`BMC ${address} answered 400`);
+    expect(m.biosPending).toEqual({});
+
+    const before = emu.requests.length;
+    for (const attributes of [{}, { BootMode: ["Uefi"] }, { BootMode: null }, "BootMode=Uefi"]) {
+      expect(await failure(run(emu, "metal.bmc.bios", { attributes }))).toMatchObject({ code: "INVALID_ARGUMENT", message: expect.stringContaining("attributes") });
+    }
+    const client = new RedfishClient({ address, username: USER, password: PASS });
+    expect(await failure(client.applyBiosSettings({}))).toMatchObject({ code: "INVALID_ARGUMENT" });
+    expect(emu.requests.length).toBe(before);
+  });
+
+  it("configures RAID: creates a volume, keeps a matching one, replaces another", async () => {
+    const emu = await emulator(undefined, { drives: 4 });
+    const m = emu.machines.get("abc")!;
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID1", drives: 2 })).toEqual({ volume: { id: "Volume.1", level: "RAID1", drives: 2 } });
+    expect(m.storage.volumes).toMatchObject([{ id: "Volume.1", raidType: "RAID1", drives: ["Disk.Bay.0", "Disk.Bay.1"] }]);
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID1", drives: 2 })).toEqual({ volume: { id: "Volume.1", level: "RAID1", drives: 2 } });
+    expect(writes(emu)).toEqual(["POST /Storage/RAID.Integrated.1/Volumes 201"]);
+
+    // Another level, or the same level over other drives: every volume goes, one is made.
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID10" })).toEqual({ volume: { id: "Volume.2", level: "RAID10", drives: 4 } });
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID10", drives: "all" })).toEqual({ volume: { id: "Volume.2", level: "RAID10", drives: 4 } });
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID5", drives: 3 })).toEqual({ volume: { id: "Volume.3", level: "RAID5", drives: 3 } });
+    expect(m.storage.volumes).toMatchObject([{ id: "Volume.3", raidType: "RAID5", drives: ["Disk.Bay.0", "Disk.Bay.1", "Disk.Bay.2"] }]);
+    expect(writes(emu)).toEqual([
+      "POST /Storage/RAID.Integrated.1/Volumes 201",
+      "DELETE /Storage/RAID.Integrated.1/Volumes/Volume.1 204",
+      "POST /Storage/RAID.Integrated.1/Volumes 201",
+      "DELETE /Storage/RAID.Integrated.1/Volumes/Volume.2 204",
+      "POST /Storage/RAID.Integrated.1/Volumes 201",
+    ]);
+
+    // Two volumes (made elsewhere): one that fits is kept, and nothing else is touched.
+    m.storage.volumes.push({ id: "Volume.7", name: "scratch", raidType: "RAID0", drives: ["Disk.Bay.3"], capacityBytes: 1 });
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID0", drives: 1 })).toEqual({ volume: { id: "Volume.7", level: "RAID0", drives: 1 } });
+    expect((await run(emu, "metal.bmc.inspect")).storage).toEqual({ drives: 4, volumes: [{ id: "Volume.3", level: "RAID5" }, { id: "Volume.7", level: "RAID0" }] });
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID1", drives: 2 })).toEqual({ volume: { id: "Volume.4", level: "RAID1", drives: 2 } });
+    expect(m.storage.volumes.map((v) => v.id)).toEqual(["Volume.4"]);
+  });
+
+  it("refuses drive counts that do not fit the level or the machine", async () => {
+    const emu = await emulator(undefined, { drives: 2 });
+    for (const [level, drives] of [["RAID1", 3], ["RAID1", 1], ["RAID5", 2], ["RAID10", 3], ["RAID10", 5], ["RAID0", 0], ["RAID6", 2], ["RAID1", "some"]] as const) {
+      const e = await failure(run(emu, "metal.bmc.raid", { level, drives }));
+      expect(e.code).toBe("INVALID_ARGUMENT");
+      expect(e.message).toMatch(/^metal\.bmc\.raid: (drives|level)/);
+    }
+    expect(emu.requests).toEqual([]); // refused before asking the BMC
+
+    // Counts that fit the level but not this machine: refused once its drives are known, nothing written.
+    for (const [level, drives] of [["RAID5", "all"], ["RAID10", "all"], ["RAID10", 4], ["RAID10", 6], ["RAID0", 3]] as const) {
+      const e = await failure(run(emu, "metal.bmc.raid", { level, drives }));
+      expect(e.code).toBe("INVALID_ARGUMENT");
+      expect(e.message).toContain(`BMC ${emu.url}/redfish/v1/Systems/abc has 2 drive`);
+    }
+    expect(writes(emu)).toEqual([]);
+    expect(emu.machines.get("abc")!.storage.volumes).toEqual([]);
+
+    const bare = await emulator(undefined, { drives: 0 });
+    const none = await failure(run(bare, "metal.bmc.raid", { level: "RAID1", drives: 2 }));
+    expect(none).toMatchObject({ code: "DRIVER_ERROR", message: `BMC ${bare.url}/redfish/v1/Systems/abc links no Storage to /redfish/v1/Systems/abc; no RAID to configure` });
   });
 
   it("powers on, off and cycles by desired state, resetting only when needed", async () => {

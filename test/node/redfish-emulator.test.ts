@@ -1,14 +1,15 @@
 // The Redfish BMC emulator (agent/testing/redfish-emulator.ts), simulated hardware served
 // over real HTTP: the resource tree, power actions and the power hook, boot override,
-// virtual media, Basic auth that never echoes the password, seeded faults, and stop().
+// virtual media, BIOS settings staged for the next power-on, RAID volumes on the Storage
+// controller, Basic auth that never echoes the password, seeded faults, and stop().
 import { afterEach, describe, expect, it } from "vitest";
-import { startRedfishEmulator, type PowerState, type RedfishEmulator, type RedfishFaults } from "../../agent/testing/redfish-emulator.ts";
+import { startRedfishEmulator, type MachineOptions, type PowerState, type RedfishEmulator, type RedfishFaults } from "../../agent/testing/redfish-emulator.ts";
 
 const USER = "root";
 const PASS = "s3cret-Pa55word-xyz";
 const running: RedfishEmulator[] = [];
 
-async function start(machines: number | Array<{ id?: string; uuid?: string }> = 2, faults?: RedfishFaults, onPowerChange?: Parameters<typeof startRedfishEmulator>[0]["onPowerChange"]) {
+async function start(machines: number | MachineOptions[] = 2, faults?: RedfishFaults, onPowerChange?: Parameters<typeof startRedfishEmulator>[0]["onPowerChange"]) {
   const emu = await startRedfishEmulator({ machines, username: USER, password: PASS, faults, onPowerChange });
   running.push(emu);
   return emu;
@@ -137,6 +138,120 @@ describe("redfish emulator", () => {
     expect((await call(emu, "GET", cd)).json).toMatchObject({ Inserted: false, Image: null });
     expect((await call(emu, "POST", `${cd}/Actions/VirtualMedia.InsertMedia`, { Image: "file:///etc/passwd" })).status).toBe(400);
     expect(emu.machines.get("node-1")!.media.inserted).toBe(false);
+  });
+
+  it("stages BIOS attributes in Bios/Settings and applies them at the next power-on only", async () => {
+    const applied: Array<Record<string, unknown>> = [];
+    const emu = await start(1, undefined, (m, _from, to) => {
+      if (to === "On") applied.push({ ...m.biosSettings, pending: Object.keys(m.biosPending).length });
+    });
+    const m = emu.machines.get("node-1")!;
+    const bios = "/redfish/v1/Systems/node-1/Bios";
+    const settings = `${bios}/Settings`;
+    const sys = "/redfish/v1/Systems/node-1";
+    expect((await call(emu, "GET", sys)).json.Bios["@odata.id"]).toBe(bios);
+    const b = await call(emu, "GET", bios);
+    expect(b.json.Attributes).toEqual({ BootMode: "Uefi", SriovGlobalEnable: false, ProcTurboMode: "Enabled" });
+    expect(b.json["@Redfish.Settings"].SettingsObject["@odata.id"]).toBe(settings);
+    expect((await call(emu, "GET", settings)).json.Attributes).toEqual({});
+    expect((await call(emu, "PATCH", bios, { Attributes: { SriovGlobalEnable: true } })).status).toBe(405); // Bios itself is read-only
+
+    await call(emu, "POST", `${sys}/Actions/ComputerSystem.Reset`, { ResetType: "On" });
+    expect((await call(emu, "PATCH", settings, { Attributes: { SriovGlobalEnable: true } })).status).toBe(204);
+    expect((await call(emu, "PATCH", settings, { Attributes: { ProcTurboMode: "Disabled" }, "@Redfish.SettingsApplyTime": { ApplyTime: "OnReset" } })).status).toBe(204);
+    expect((await call(emu, "GET", settings)).json.Attributes).toEqual({ SriovGlobalEnable: true, ProcTurboMode: "Disabled" });
+    expect(m.biosPending).toEqual({ SriovGlobalEnable: true, ProcTurboMode: "Disabled" });
+    expect((await call(emu, "GET", bios)).json.Attributes.SriovGlobalEnable).toBe(false); // not yet: the machine has not restarted
+
+    // Unknown names and wrong types: a Redfish 400, and nothing of that request staged.
+    const unknown = await call(emu, "PATCH", settings, { Attributes: { BootMode: "Legacy", NoSuchKnob: "On" } });
+    expect(unknown.status).toBe(400);
+    expect(unknown.json.error.code).toBe("Base.1.8.PropertyUnknown");
+    expect(unknown.json.error["@Message.ExtendedInfo"][0].MessageArgs).toEqual(["NoSuchKnob"]);
+    const wrongType = await call(emu, "PATCH", settings, { Attributes: { SriovGlobalEnable: "yes" } });
+    expect(wrongType.status).toBe(400);
+    expect(wrongType.json.error.code).toBe("Base.1.8.PropertyValueTypeError");
+    expect((await call(emu, "PATCH", settings, { Attributes: { BootMode: "Legacy" }, "@Redfish.SettingsApplyTime": { ApplyTime: "Immediate" } })).status).toBe(400);
+    expect((await call(emu, "PATCH", settings, { Attrs: {} })).status).toBe(400);
+    expect((await call(emu, "PATCH", settings, { Attributes: [] })).status).toBe(400);
+    expect(m.biosPending).toEqual({ SriovGlobalEnable: true, ProcTurboMode: "Disabled" });
+
+    await call(emu, "POST", `${sys}/Actions/ComputerSystem.Reset`, { ResetType: "ForceOff" });
+    expect(m.biosSettings.SriovGlobalEnable).toBe(false); // powering off applies nothing
+    await call(emu, "POST", `${sys}/Actions/ComputerSystem.Reset`, { ResetType: "On" });
+    expect(m.biosSettings).toEqual({ BootMode: "Uefi", SriovGlobalEnable: true, ProcTurboMode: "Disabled" });
+    expect(m.biosPending).toEqual({});
+    expect((await call(emu, "GET", settings)).json.Attributes).toEqual({});
+    expect((await call(emu, "GET", bios)).json.Attributes).toEqual(m.biosSettings);
+    // The hook (the simulated boot) already sees the settings the BIOS applied while starting.
+    expect(applied).toEqual([
+      { BootMode: "Uefi", SriovGlobalEnable: false, ProcTurboMode: "Enabled", pending: 0 },
+      { BootMode: "Uefi", SriovGlobalEnable: true, ProcTurboMode: "Disabled", pending: 0 },
+    ]);
+  });
+
+  it("serves a RAID controller's drives and creates and deletes volumes", async () => {
+    const emu = await start([{ id: "r", drives: 4 }, { id: "bare", drives: 0 }, { id: "default" }]);
+    const m = emu.machines.get("r")!;
+    const storage = "/redfish/v1/Systems/r/Storage";
+    const ctrl = `${storage}/RAID.Integrated.1`;
+    const vols = `${ctrl}/Volumes`;
+    expect((await call(emu, "GET", "/redfish/v1/Systems/r")).json.Storage).toEqual({ "@odata.id": storage });
+    expect((await call(emu, "GET", storage)).json.Members).toEqual([{ "@odata.id": ctrl }]);
+    const c = (await call(emu, "GET", ctrl)).json;
+    const drives: string[] = c.Drives.map((d: any) => d["@odata.id"]);
+    expect(drives).toEqual([0, 1, 2, 3].map((i) => `${ctrl}/Drives/Disk.Bay.${i}`));
+    expect(c.StorageControllers[0].SupportedRAIDTypes).toEqual(["RAID0", "RAID1", "RAID5", "RAID10"]);
+    expect(c.Volumes["@odata.id"]).toBe(vols);
+    expect((await call(emu, "GET", drives[0]!)).json).toMatchObject({ Id: "Disk.Bay.0", MediaType: "SSD", Links: { Volumes: [] } });
+    expect((await call(emu, "GET", vols)).json.Members).toEqual([]);
+    for (const id of ["bare", "default"]) {
+      expect(emu.machines.get(id)!.storage.drives).toEqual([]); // no drives unless asked for: no Storage
+      expect((await call(emu, "GET", `/redfish/v1/Systems/${id}`)).json.Storage).toBeUndefined();
+      expect((await call(emu, "GET", `/redfish/v1/Systems/${id}/Storage`)).status).toBe(404);
+    }
+    const fleet = await startRedfishEmulator({ machines: [{}, { drives: 3 }], drives: 2 });
+    running.push(fleet);
+    expect([...fleet.machines.values()].map((x) => x.storage.drives.length)).toEqual([2, 3]);
+    await expect(startRedfishEmulator({ machines: [{ drives: 2.5 }] })).rejects.toThrow(/drives must be an integer/);
+
+    const link = (i: number) => ({ "@odata.id": drives[i] });
+    const created = await fetch(emu.url + vols, { method: "POST", headers: { ...auth(), "content-type": "application/json" }, body: JSON.stringify({ RAIDType: "RAID1", Drives: [link(0), link(1)], Name: "boot" }) });
+    expect(created.status).toBe(201);
+    const v1 = (await created.json()) as any;
+    expect(created.headers.get("location")).toBe(`${vols}/Volume.1`);
+    expect(v1).toMatchObject({ Id: "Volume.1", Name: "boot", RAIDType: "RAID1", CapacityBytes: m.storage.drives[0]!.capacityBytes, Links: { Drives: [link(0), link(1)] } });
+    expect(m.storage.volumes).toEqual([{ id: "Volume.1", name: "boot", raidType: "RAID1", drives: ["Disk.Bay.0", "Disk.Bay.1"], capacityBytes: m.storage.drives[0]!.capacityBytes }]);
+    expect((await call(emu, "GET", drives[1]!)).json.Links.Volumes).toEqual([{ "@odata.id": `${vols}/Volume.1` }]);
+    expect((await call(emu, "GET", vols)).json.Members).toEqual([{ "@odata.id": `${vols}/Volume.1` }]);
+
+    // Refused, each with a Redfish 400, and nothing created.
+    const refused = async (body: unknown, code: string) => {
+      const r = await call(emu, "POST", vols, body);
+      expect(r.status).toBe(400);
+      expect(r.json.error.code).toBe(`Base.1.8.${code}`);
+    };
+    await refused({ RAIDType: "RAID1", Drives: [link(2)] }, "PropertyValueConflict"); // RAID1 takes exactly 2
+    await refused({ RAIDType: "RAID1", Drives: [link(0), link(2), link(3)] }, "ResourceInUse");
+    await refused({ RAIDType: "RAID5", Drives: [link(2), link(3)] }, "PropertyValueConflict");
+    await refused({ RAIDType: "RAID10", Drives: [link(2), link(3)] }, "PropertyValueConflict");
+    await refused({ RAIDType: "RAID0", Drives: [link(1)] }, "ResourceInUse");
+    await refused({ RAIDType: "RAID0", Drives: [link(2), link(2)] }, "PropertyValueConflict");
+    await refused({ RAIDType: "RAID0", Drives: [] }, "PropertyValueConflict");
+    await refused({ RAIDType: "RAID6", Drives: [link(2), link(3)] }, "PropertyValueNotInList");
+    await refused({ RAIDType: "RAID0", Drives: [{ "@odata.id": "/redfish/v1/Systems/default/Storage/RAID.Integrated.1/Drives/Disk.Bay.0" }] }, "PropertyValueNotInList");
+    await refused({ Drives: [link(2)] }, "PropertyMissing");
+    await refused({ RAIDType: "RAID0", Drives: [link(2)], Colour: "red" }, "PropertyUnknown");
+    expect(m.storage.volumes).toHaveLength(1);
+
+    expect((await call(emu, "DELETE", `${vols}/Volume.1`)).status).toBe(204);
+    expect((await call(emu, "GET", `${vols}/Volume.1`)).status).toBe(404);
+    expect((await call(emu, "DELETE", `${vols}/Volume.1`)).status).toBe(404);
+    expect(m.storage.volumes).toEqual([]);
+    const r10 = await call(emu, "POST", vols, { RAIDType: "RAID10", Drives: [0, 1, 2, 3].map(link) });
+    expect(r10.status).toBe(201);
+    expect(r10.json).toMatchObject({ Id: "Volume.2", RAIDType: "RAID10", CapacityBytes: 2 * m.storage.drives[0]!.capacityBytes });
+    expect((await call(emu, "DELETE", ctrl)).status).toBe(405);
   });
 
   it("answers wrong credentials with 401 and never echoes the password", async () => {

@@ -8,13 +8,17 @@ import { defineModule, type DriverDefinition, type DriverKind, type Module } fro
 import { ComputeError, conflict, defineMethod, invalidArgument, invalidConfig, notFound, schemaIssues, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
 import { startWorkflow, type ProfileDefinition } from "better-compute/provision";
 import { METAL_STATES, transition, type MetalEvent, type MetalState } from "./lifecycle.ts";
-import { imageStreamDriver, ipxeDriver, metalCommands, metalProfiles, metalSteps, redfishDriver, WIPE_STEP, type BmcBinding } from "./steps.ts";
+import { commissionProfileFor, imageStreamDriver, ipxeDriver, metalCommands, metalProfiles, metalSteps, redfishDriver, WIPE_STEP, type BmcBinding } from "./steps.ts";
 
 export interface HardwareProfile {
   description?: string;
   /** Driver id per kind; each must be a registered driver of that kind. power's manifest validates BMC bindings. */
   drivers: Partial<Record<DriverKind, string>> & { power: string };
-  /** Workflow profiles for the lifecycle's own work; default metal.commission and metal.release. */
+  /** BIOS settings staged during commissioning (applied when the ramdisk boots). */
+  bios?: Record<string, string | number | boolean>;
+  /** The RAID volume commissioning makes (replacing any other): level, and drives (default all). */
+  raid?: { level: "RAID0" | "RAID1" | "RAID5" | "RAID10"; drives?: number | "all" };
+  /** Workflow profiles for the lifecycle's own work; default metal.commission (or metal.commission.<name> with bios/raid) and metal.release. */
   profiles?: { commission?: string; release?: string };
 }
 
@@ -131,8 +135,15 @@ async function loadNode(tx: Pick<Tx, "execute">, id: string, lock = false): Prom
 
 export function metalModule(options: MetalOptions = {}): Module {
   const hardwareProfiles = { ...DEFAULT_HARDWARE_PROFILES, ...options.hardwareProfiles };
-  const lifecycleProfile = (p: Policy, which: "commission" | "release") =>
-    hardwareProfiles[p.hardwareProfile]?.profiles?.[which] ?? (which === "commission" ? "metal.commission" : "metal.release");
+  // A hardware profile with BIOS settings or a RAID layout commissions with its own profile.
+  const configured = Object.entries(hardwareProfiles).filter(([, hw]) => hw.bios || hw.raid);
+  const commissionProfiles = configured.map(([name, hw]) => commissionProfileFor({ name, ...hw }));
+  const lifecycleProfile = (p: Policy, which: "commission" | "release") => {
+    const hw = hardwareProfiles[p.hardwareProfile];
+    if (hw?.profiles?.[which]) return hw.profiles[which]!;
+    if (which === "release") return "metal.release";
+    return hw && (hw.bios || hw.raid) ? `metal.commission.${p.hardwareProfile}` : "metal.commission";
+  };
 
   /** The site's connected agent: every BMC command goes through it. */
   async function siteAgent(tx: Tx, site: string): Promise<string | undefined> {
@@ -395,7 +406,7 @@ export function metalModule(options: MetalOptions = {}): Module {
     api: [sitesCreate, poolsCreate, enroll, nodesGet, nodesList, deploy, undeploy, recommission],
     commands: metalCommands,
     extensions: [redfishDriver, ipxeDriver, imageStreamDriver, ...metalSteps],
-    profiles: metalProfiles,
+    profiles: [...metalProfiles, ...commissionProfiles],
     reconcilers: [reconciler],
   });
 }

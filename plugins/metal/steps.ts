@@ -42,6 +42,8 @@ export const metalCommands: CommandKind[] = [
   { kind: "metal.bmc.boot", description: "Set a system's next boot device", ...bmcCommand },
   { kind: "metal.bmc.media.insert", description: "Mount an image as the system's virtual CD", ...bmcCommand },
   { kind: "metal.bmc.media.eject", description: "Eject the system's virtual CD", ...bmcCommand },
+  { kind: "metal.bmc.bios", description: "Stage BIOS settings (applied at the next power-on)", ...bmcCommand },
+  { kind: "metal.bmc.raid", description: "Make the controller's volume of a RAID level (replaces other volumes)", destructive: true, ...bmcCommand },
   { kind: "metal.ramdisk.inventory", description: "List the machine's disks from the ramdisk", roles: ["ramdisk"] },
   { kind: "metal.ramdisk.wipe", description: "Erase every disk; the ramdisk signs what it wiped and how", attested: true, destructive: true, roles: ["ramdisk"] },
   { kind: "metal.ramdisk.writeImage", description: "Stream an image onto a disk, verified by sha256", destructive: true, roles: ["ramdisk"] },
@@ -74,6 +76,11 @@ export const setPower = bmcStep("power.setPower", "metal.bmc.power", { action: z
 export const setBootDevice = bmcStep("management.setBootDevice", "metal.bmc.boot", { device: z.enum(["pxe", "cd", "disk"]) }, (i) => ({ device: i.device }), "Set the next boot device");
 export const insertMedia = bmcStep("media.insert", "metal.bmc.media.insert", { url: z.string().url() }, (i) => ({ url: i.url }), "Mount an image (fromStep: the step that made it) as the virtual CD");
 export const ejectMedia = bmcStep("media.eject", "metal.bmc.media.eject", {}, () => ({}), "Eject the virtual CD");
+
+export const biosSettings = z.record(z.string().min(1).max(128), z.union([z.string().max(256), z.number(), z.boolean()]));
+export const raidLayout = z.object({ level: z.enum(["RAID0", "RAID1", "RAID5", "RAID10"]), drives: z.union([z.number().int().positive(), z.literal("all")]).default("all") });
+export const applyBios = bmcStep("bios.apply", "metal.bmc.bios", { attributes: biosSettings }, (i) => ({ attributes: i.attributes }), "Stage the hardware profile's BIOS settings");
+export const applyRaid = bmcStep("raid.apply", "metal.bmc.raid", { raid: raidLayout }, (i) => ({ level: i.raid.level, drives: i.raid.drives }), "Make the hardware profile's RAID volume");
 
 /** Records what inspection found; the ramdisk is matched to the machine by this UUID. */
 export const recordInventory = defineStep({
@@ -161,7 +168,7 @@ export const writeImage = defineStep({
   command: { kind: "metal.ramdisk.writeImage", body: (input) => ({ url: input.image.url, sha256: input.image.sha256 }) },
 });
 
-export const metalSteps = [inspectBmc, setPower, setBootDevice, insertMedia, ejectMedia, recordInventory, waitAgentJoined, inventoryRamdisk, wipeDisks, writeImage];
+export const metalSteps = [inspectBmc, setPower, setBootDevice, insertMedia, ejectMedia, applyBios, applyRaid, recordInventory, waitAgentJoined, inventoryRamdisk, wipeDisks, writeImage];
 
 /** The ID of the step whose attested result proves a wipe (checked in SQL before ready). */
 export const WIPE_STEP = wipeDisks.id;
@@ -172,19 +179,29 @@ const pxeIntoRamdisk = [
   { step: "wait.agentJoined", name: "wait.ramdisk", input: { role: "ramdisk" } },
 ];
 
-export const commissionProfile = defineProfile({
-  id: "metal.commission",
-  target: "metal",
-  description: "Inspect through the BMC, boot the ramdisk, list the disks, wipe them (attested), power off",
-  steps: [
-    { step: "inventory.bmc", name: "inspect" },
-    { step: "metal.recordInventory", fromStep: "inspect" },
-    ...pxeIntoRamdisk,
-    { step: "inventory.ramdisk" },
-    { step: "disk.wipe" },
-    { step: "power.setPower", name: "power.off", input: { action: "off" } },
-  ],
-});
+/** Commissioning; with a hardware profile's BIOS settings and RAID layout applied before the ramdisk boots (which applies the BIOS settings). */
+export function commissionProfileFor(hardware?: { name: string; bios?: z.input<typeof biosSettings>; raid?: z.input<typeof raidLayout> }) {
+  const configure = hardware && (hardware.bios || hardware.raid);
+  return defineProfile({
+    id: configure ? `metal.commission.${hardware.name}` : "metal.commission",
+    target: "metal",
+    description: configure
+      ? `Commissioning for hardware profile ${hardware.name}: inspect, BIOS and RAID, boot the ramdisk, list and wipe the disks (attested), power off`
+      : "Inspect through the BMC, boot the ramdisk, list the disks, wipe them (attested), power off",
+    steps: [
+      { step: "inventory.bmc", name: "inspect" },
+      { step: "metal.recordInventory", fromStep: "inspect" },
+      ...(hardware?.bios ? [{ step: "bios.apply", input: { attributes: hardware.bios } }] : []),
+      ...(hardware?.raid ? [{ step: "raid.apply", input: { raid: hardware.raid } }] : []),
+      ...pxeIntoRamdisk,
+      { step: "inventory.ramdisk" },
+      { step: "disk.wipe" },
+      { step: "power.setPower", name: "power.off", input: { action: "off" } },
+    ],
+  });
+}
+
+export const commissionProfile = commissionProfileFor();
 
 export const releaseProfile = defineProfile({
   id: "metal.release",

@@ -6,6 +6,7 @@
 // writing through the same core/agents/sessions.ts. SIMULATED: only the socket (in memory).
 import { sql } from "drizzle-orm";
 import { betterCompute, type Compute, type Module } from "better-compute";
+import type { Store } from "better-compute/core";
 import { metalModule, type HardwareProfile } from "better-compute/metal";
 import { advance, provisionModule, wakeStalledWorkflows } from "better-compute/provision";
 import { AgentError, type AgentTransport } from "../client.ts";
@@ -37,7 +38,7 @@ export interface SimControlPlane {
 const BASE_URL = "https://metal-sim.test";
 const SECRET = "metal-sim-deployment-secret-0123456789abcdef";
 
-export async function inProcessControlPlane(options: { modules?: Module[]; hardwareProfiles?: Record<string, HardwareProfile> }): Promise<SimControlPlane> {
+export async function inProcessControlPlane(options: { modules?: Module[]; hardwareProfiles?: Record<string, HardwareProfile>; chaos?: ChaosPlan }): Promise<SimControlPlane> {
   const cleanup: Array<() => Promise<unknown>> = [];
   const stop = async () => {
     for (const step of cleanup.reverse()) await step().catch(() => {});
@@ -61,7 +62,7 @@ export async function inProcessControlPlane(options: { modules?: Module[]; hardw
     const adminKey = (await compute.mintApiKey(store, { name: "metal-sim", roles: ["admin"] })).key;
 
     let stopped = false;
-    const workflows = new WorkflowRunner(compute, () => env, store, () => stopped);
+    const workflows = new WorkflowRunner(compute, () => env, store, () => stopped, options.chaos);
     const gateway = new Gateway(store, SECRET, () => workflows);
     // The Durable Object bindings, as wakeObjects() finds them: a wake-up calls straight in.
     const namespace = (wake: (name: string) => void) => ({
@@ -75,11 +76,13 @@ export async function inProcessControlPlane(options: { modules?: Module[]; hardw
       NODE: namespace((nodeId) => gateway.deliverSoon(nodeId)),
       WORKFLOW: namespace((id) => workflows.wake(id)),
     };
-    // The cron's safety net, faster: stalled workflows are woken and the reconcilers run.
+    // The safety nets, faster: the cron's (stalled workflows are woken, the reconcilers run) and
+    // the NodeDO's sweep alarm (commands whose wake-up was lost, e.g. in a crash, are delivered).
     const tick = setInterval(() => {
       if (stopped) return;
       void wakeStalledWorkflows(compute.moduleContext("provision", env, store), 30).catch(() => {});
       workflows.reconcileSoon();
+      void gateway.sweep().catch(() => {});
     }, 1000);
     tick.unref();
     cleanup.push(async () => {
@@ -119,6 +122,76 @@ export async function callApi<T>(baseUrl: string, adminKey: string, method: stri
   return body as T;
 }
 
+export type ChaosBoundary = "before-commit" | "after-commit";
+
+/**
+ * TEST HOOK (test/metal/chaos.test.ts): the control plane crashes at a transaction boundary.
+ * It sees only the transactions of the workflow runner and the reconcilers (what the WorkflowDO
+ * and the cron run), never the API's or the gateway's. Every advance() pass and every reconcile
+ * run is a process of its own (process()); once armed, the at-th transaction counted from arm()
+ * kills the process running it: it throws inside the transaction after its callback ran (rolled
+ * back: "died before commit") or right after it committed ("died after commit"), and every later
+ * query or transaction of that process throws too, so no catch block of the dead process gets
+ * to write. The runner's retry a second later is the restarted WorkflowDO, the next reconcile
+ * tick the next cron run: both start from Postgres, with nothing of the dead one in memory.
+ */
+export class ChaosPlan {
+  /** Transactions seen since arm() or reset(), the fatal one included. */
+  count = 0;
+  /** The armed boundary was reached (and the process there died). */
+  hit = false;
+  #armed: { at: number; boundary: ChaosBoundary } | undefined;
+
+  /** Kills the process at the at-th transaction from now, at the boundary. */
+  arm(at: number, boundary: ChaosBoundary): void {
+    this.count = 0;
+    this.hit = false;
+    this.#armed = { at, boundary };
+  }
+
+  /** Counts from zero again, killing nothing. */
+  reset(): void {
+    this.arm(Number.POSITIVE_INFINITY, "after-commit");
+  }
+
+  /** The store as one process sees it: it dies with the process. */
+  process(store: Store): Store {
+    let dead = false;
+    const check = () => {
+      if (dead) throw new Error("chaos: this process died");
+    };
+    const die = (boundary: ChaosBoundary): never => {
+      dead = true;
+      this.hit = true;
+      this.#armed = undefined;
+      throw new Error(`chaos: the process died at transaction ${this.count}, ${boundary}`);
+    };
+    const db = new Proxy(store.db, {
+      get(target, key) {
+        check();
+        const value: unknown = Reflect.get(target, key, target);
+        return typeof value === "function" ? value.bind(target) : value;
+      },
+    });
+    return {
+      db,
+      close: async () => {},
+      transaction: async (fn) => {
+        check();
+        const fatal = ++this.count === this.#armed?.at ? this.#armed.boundary : undefined;
+        if (fatal === "before-commit") {
+          return store.transaction(async (tx) => {
+            await fn(tx);
+            return die(fatal); // thrown inside: the transaction rolls back
+          });
+        }
+        const result = await store.transaction(fn);
+        return fatal ? die(fatal) : result;
+      },
+    };
+  }
+}
+
 /** The WorkflowDO's part: advance() per workflow, one pass at a time, woken or on a timer. */
 export class WorkflowRunner {
   readonly #timers = new Map<string, NodeJS.Timeout>();
@@ -127,7 +200,18 @@ export class WorkflowRunner {
   #reconciling: Promise<void> | undefined;
   #reconcileAgain = false;
 
-  constructor(private readonly compute: Compute, private readonly env: () => object, private readonly store: NodeStore, private readonly stopped: () => boolean) {}
+  constructor(
+    private readonly compute: Compute,
+    private readonly env: () => object,
+    private readonly store: Store,
+    private readonly stopped: () => boolean,
+    private readonly chaos?: ChaosPlan,
+  ) {}
+
+  /** The store of one pass (a WorkflowDO event, a cron run): under a chaos plan, one that can die. */
+  #process(): Store {
+    return this.chaos ? this.chaos.process(this.store) : this.store;
+  }
 
   wake(id: string): void {
     if (this.stopped()) return;
@@ -143,7 +227,8 @@ export class WorkflowRunner {
 
   async #pass(id: string): Promise<void> {
     try {
-      const result = await advance(this.compute.moduleContext("provision", this.env(), this.store), id);
+      // The context is built per pass: a restarted WorkflowDO keeps nothing in memory.
+      const result = await advance(this.compute.moduleContext("provision", this.env(), this.#process()), id);
       if (result.wakeInMs === null) return this.reconcileSoon();
       this.#later(id, result.wakeInMs);
     } catch (err) {
@@ -164,7 +249,7 @@ export class WorkflowRunner {
     if (this.stopped()) return;
     if (this.#reconciling) return void (this.#reconcileAgain = true);
     this.#reconciling = this.compute
-      .reconcile(this.env(), this.store)
+      .reconcile(this.env(), this.#process())
       .then(() => undefined, () => undefined)
       .finally(() => {
         this.#reconciling = undefined;
@@ -258,6 +343,13 @@ export class Gateway {
     this.#send(session, { t: "result-ack", id: frame.id });
     const waiting = waitingWorkflow(outcome);
     if (waiting) this.workflows().wake(waiting);
+  }
+
+  /** The NodeDO's sweep: delivery to every connected agent that has commands still pending. */
+  async sweep(): Promise<void> {
+    if (this.#sessions.size === 0) return;
+    const pending = await this.store.db.execute(sql`SELECT DISTINCT node_id FROM bc_commands WHERE state = 'pending'`);
+    for (const row of pending.rows as { node_id: string }[]) this.deliverSoon(row.node_id);
   }
 
   deliverSoon(nodeId: string): void {

@@ -20,10 +20,12 @@ import { siteHandlers } from "../roles/site.ts";
 import { ramdiskHandlers } from "../roles/ramdisk.ts";
 import { simulatedDisks, type SimulatedDisks } from "./sim-disks.ts";
 import { startRedfishEmulator, type MachineState, type RedfishEmulator, type RedfishFaults } from "./redfish-emulator.ts";
-import { callApi, inProcessControlPlane, type SimControlPlane } from "./metal-sim-control-plane.ts";
+import { callApi, inProcessControlPlane, type ChaosPlan, type SimControlPlane } from "./metal-sim-control-plane.ts";
 import { discoveryMessage, generateNodeKey, importNodeKey, signMessage, type DiscoveryAssertion } from "../../core/protocol.ts";
 import { openNodeStore } from "../../scripts/local/node-store.ts";
 import { sql } from "drizzle-orm";
+
+export { ChaosPlan, type ChaosBoundary } from "./metal-sim-control-plane.ts";
 
 export const SIM_BMC_USER = "admin";
 export const SIM_BMC_PASSWORD = "sim-bmc-password";
@@ -52,6 +54,8 @@ export interface MetalSimOptions {
   /** Simulated machines behind the emulated BMCs; default 1. */
   machines?: number;
   faults?: RedfishFaults;
+  /** RAID-capable drives behind each machine's BMC (Redfish Storage); default none. */
+  drives?: number;
   hardwareProfiles?: Record<string, HardwareProfile>;
   /** The pool's hardware profile; default redfish-pxe. */
   hardwareProfile?: string;
@@ -60,6 +64,8 @@ export interface MetalSimOptions {
   siteId?: string;
   /** Join the site's agent at creation; default true (false: a site whose agent comes later, see joinSiteAgent). */
   joinSiteAgent?: boolean;
+  /** TEST HOOK (in process only): crash the workflow runner and the reconcilers at a transaction boundary (see ChaosPlan). */
+  chaos?: ChaosPlan;
 }
 
 export interface SimMachine {
@@ -112,6 +118,7 @@ export interface MetalSim {
 }
 
 export async function createMetalSim(options: MetalSimOptions = {}): Promise<MetalSim> {
+  if (options.stack && options.chaos) throw new Error("createMetalSim: a chaos plan needs the in-process control plane");
   if (options.stack && (options.modules?.length || options.hardwareProfiles)) {
     throw new Error("createMetalSim: modules and hardwareProfiles belong to the stack's own config when a stack is given");
   }
@@ -202,6 +209,7 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
     username: SIM_BMC_USER,
     password: SIM_BMC_PASSWORD,
     ...(options.faults ? { faults: options.faults } : {}),
+    ...(options.drives ? { drives: options.drives } : {}),
     onPowerChange: (state, _from, to) => {
       const machine = byBmcId.get(state.id);
       if (!machine) return;

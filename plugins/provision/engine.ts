@@ -119,12 +119,12 @@ async function beginAttempt(ctx: EngineContext, wf: WorkflowRow, profile: Profil
   const parsed = step.input.safeParse(merged);
   const input = parsed.success ? (parsed.data as Record<string, unknown>) : merged;
   await ctx.store.transaction(async (tx) => {
-    await tx.execute(sql`
+    const inserted = await tx.execute(sql`
       INSERT INTO workflow_steps (workflow_id, position, attempt, name, step_id, state, input, input_digest, started_at, deadline_at)
       VALUES (${wf.id}, ${wf.position}, ${attempt}, ${name}, ${step.id}, 'ready', ${JSON.stringify(input)}::jsonb, ${await sha256Hex(canonicalJson(input))},
               compute_now(), ${deadlineSql(step)})
-      ON CONFLICT DO NOTHING`);
-    await ctx.events.publish(tx, { type: "workflow.step.started", subject: `workflows/${wf.id}`, data: { step: name, position: wf.position, attempt } });
+      ON CONFLICT DO NOTHING RETURNING attempt`).then((r) => r.rows.length > 0);
+    if (inserted) await ctx.events.publish(tx, { type: "workflow.step.started", subject: `workflows/${wf.id}`, data: { step: name, position: wf.position, attempt } });
   });
   if (!parsed.success) {
     const issues = schemaIssues(parsed.error);
@@ -193,6 +193,9 @@ async function sendCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefini
     });
   } catch (err) {
     // Refused at enqueue (unknown node, a body that breaks the kind's schema): nothing was sent.
+    // Anything else (the database failed, perhaps after the commit) is not the step's failure:
+    // the pass fails, and the next one resumes from what Postgres holds.
+    if (!isEnqueueRefusal(err)) throw err;
     await failStep(ctx, wf, step, attempt, err);
     return undefined;
   }
@@ -330,6 +333,9 @@ async function loadOutputs(ctx: ModuleContext, workflowId: string): Promise<Map<
   const rows = await ctx.store.db.execute(sql`SELECT name, output FROM workflow_steps WHERE workflow_id = ${workflowId} AND state = 'succeeded'`);
   return new Map((rows.rows as { name: string; output: unknown }[]).map((r) => [r.name, r.output]));
 }
+
+const ENQUEUE_REFUSALS = new Set(["INVALID_ARGUMENT", "NOT_FOUND", "CONFLICT", "FAILED_PRECONDITION"]);
+const isEnqueueRefusal = (err: unknown) => isComputeError(err) && ENQUEUE_REFUSALS.has(err.code);
 
 function toStepError(err: unknown): StepError {
   if (err instanceof StepError) return err;

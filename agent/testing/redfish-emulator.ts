@@ -20,6 +20,7 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import { RAID_LEVELS as RAID_TYPES, raidDriveCountProblem, type RaidLevel as RaidType } from "../roles/redfish.ts";
 
 export type PowerState = "On" | "Off";
 export const BOOT_TARGETS = ["None", "Pxe", "Cd", "Hdd"] as const;
@@ -28,8 +29,8 @@ export const BOOT_ENABLED = ["Disabled", "Once", "Continuous"] as const;
 export type BootEnabled = (typeof BOOT_ENABLED)[number];
 export const RESET_TYPES = ["On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "PowerCycle"] as const;
 export type ResetType = (typeof RESET_TYPES)[number];
-export const RAID_TYPES = ["RAID0", "RAID1", "RAID5", "RAID10"] as const;
-export type RaidType = (typeof RAID_TYPES)[number];
+// The RAID levels and their drive-count rules are Redfish's, shared with the site agent's client.
+export { RAID_TYPES, raidDriveCountProblem, type RaidType };
 export type BiosValue = string | number | boolean;
 
 /** The Id of the one simulated RAID controller of every machine that has drives. */
@@ -50,20 +51,6 @@ export interface SimVolume {
   /** Ids of the member drives (SimDrive.id). */
   drives: string[];
   capacityBytes: number;
-}
-
-/** Why `count` drives cannot make a `level` volume, or undefined when they can. */
-export function raidDriveCountProblem(level: RaidType, count: number): string | undefined {
-  switch (level) {
-    case "RAID0":
-      return count >= 1 ? undefined : `RAID0 takes at least 1 drive, not ${count}`;
-    case "RAID1":
-      return count === 2 ? undefined : `RAID1 takes exactly 2 drives, not ${count}`;
-    case "RAID5":
-      return count >= 3 ? undefined : `RAID5 takes at least 3 drives, not ${count}`;
-    case "RAID10":
-      return count >= 4 && count % 2 === 0 ? undefined : `RAID10 takes an even number of drives, at least 4, not ${count}`;
-  }
 }
 
 function raidCapacity(level: RaidType, drives: SimDrive[]): number {

@@ -1,6 +1,6 @@
 // AgentClient: the agent's side of core/protocol.ts. Joins (HTTPS), keeps one WebSocket to its
 // NodeDO (dial-out, reconnecting with backoff), proves possession of its key in the hello,
-// runs commands in order and at most once per idempotency key, signs every result, renews
+// runs commands in order (per lane) and at most once per idempotency key, signs every result, renews
 // its credential before it expires.
 //
 // Platform-free: no Node built-ins and no socket library. The transport (fetch + sockets) and
@@ -107,7 +107,20 @@ export interface CommandContext {
 }
 
 /** Runs one command kind. The resolved value is the result's output; a throw is a failed result. */
-export type CommandHandler = (body: Record<string, unknown>, ctx: CommandContext) => unknown | Promise<unknown>;
+export interface CommandHandler {
+  (body: Record<string, unknown>, ctx: CommandContext): unknown;
+  /**
+   * The lane a command runs in: commands of one lane run one at a time in seq order, lanes run
+   * side by side (a site agent's lane is the BMC, so one slow BMC holds up only its machine).
+   * Without it, the agent's one default lane.
+   */
+  lane?: (body: Record<string, unknown>) => string | undefined;
+}
+
+/** The handler, running in the lane `laneOf` names for each command body. */
+export function inLane(laneOf: (body: Record<string, unknown>) => string | undefined, handler: CommandHandler): CommandHandler {
+  return Object.assign((body: Record<string, unknown>, ctx: CommandContext) => handler(body, ctx), { lane: laneOf });
+}
 
 export interface BackoffOptions {
   /** First reconnect delay bound (ms); doubles per failed attempt. Default 250. */
@@ -141,6 +154,8 @@ export interface AgentClientOptions {
   renewAt?: number;
   /** stop() waits this long for a running handler after aborting its signal (ms). Default 5 000. */
   stopGraceMs?: number;
+  /** Commands running at once, each in its own lane (see CommandHandler.lane). Default 32. */
+  maxConcurrentCommands?: number;
   /** For tests: the jitter source (default Math.random) and the clock. */
   random?: () => number;
   now?: () => number;
@@ -253,9 +268,10 @@ export class AgentClient {
   #session: Session | undefined;
   #wake: (() => void) | undefined;
   #renewTimer: ReturnType<typeof setTimeout> | undefined;
-  /** Commands received and not started yet, with the session that delivered them. */
-  #queue: { frame: CommandFrame; session: Session }[] = [];
-  #draining: Promise<void> | undefined;
+  /** Commands received and not started yet, in seq order, with the session that delivered them. */
+  #queue: { frame: CommandFrame; session: Session; lane: string }[] = [];
+  /** The command running in each busy lane. */
+  #lanes = new Map<string, Promise<void>>();
   #inflight = new Map<string, InFlight>();
   /** Results not yet result-acked, by command id, in the order produced. */
   #unacked = new Map<string, ResultFrame>();
@@ -392,7 +408,7 @@ export class AgentClient {
     clearTimeout(this.#renewTimer);
     for (const f of this.#inflight.values()) f.controller.abort(new AgentError("INTERRUPTED", "the agent is stopping"));
     const grace = opts.graceMs ?? this.#opts.stopGraceMs ?? 5_000;
-    if (this.#draining) await withTimeout(this.#draining, grace);
+    if (this.#lanes.size) await withTimeout(Promise.all(this.#lanes.values()), grace);
     const s = this.#session;
     if (s) {
       s.sock.close(1000, "agent stopping");
@@ -631,20 +647,41 @@ export class AgentClient {
       return;
     }
     if (this.#queue.some((q) => q.session === s && q.frame.id === frame.id)) return; // already waiting its turn
-    this.#queue.push({ frame, session: s });
-    this.#draining ??= this.#drain().finally(() => {
-      this.#draining = undefined;
-    });
+    this.#queue.push({ frame, session: s, lane: this.#laneOf(frame) });
+    this.#startReady();
   }
 
-  async #drain(): Promise<void> {
-    for (let item = this.#queue.shift(); item; item = this.#queue.shift()) {
-      if (item.session !== this.#session || this.#stopping) continue;
-      try {
-        await this.#process(item.frame);
-      } catch (e) {
-        this.#log.error("command processing failed", { id: item.frame.id, key: item.frame.key, kind: item.frame.kind, message: (e as Error).message });
+  #laneOf(frame: CommandFrame): string {
+    try {
+      return this.#handlers.get(frame.kind)?.lane?.(frame.body) ?? "";
+    } catch {
+      return ""; // a body the lane cannot read fails in its handler, in the default lane
+    }
+  }
+
+  /** Starts the first waiting command of every idle lane, up to the concurrency limit. */
+  #startReady(): void {
+    const limit = Math.max(1, this.#opts.maxConcurrentCommands ?? 32);
+    for (let i = 0; i < this.#queue.length && this.#lanes.size < limit; ) {
+      const item = this.#queue[i]!;
+      if (item.session !== this.#session || this.#stopping) {
+        this.#queue.splice(i, 1);
+        continue;
       }
+      if (this.#lanes.has(item.lane)) {
+        i++;
+        continue;
+      }
+      this.#queue.splice(i, 1);
+      const run = this.#process(item.frame)
+        .catch((e: unknown) => {
+          this.#log.error("command processing failed", { id: item.frame.id, key: item.frame.key, kind: item.frame.kind, message: (e as Error).message });
+        })
+        .finally(() => {
+          this.#lanes.delete(item.lane);
+          this.#startReady();
+        });
+      this.#lanes.set(item.lane, run);
     }
   }
 

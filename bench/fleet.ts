@@ -75,7 +75,15 @@ async function allIn(sim: MetalSim, size: number, state: string, ctx: BenchConte
     observerTrips += sim.roundTrips() - before;
     const counts = Object.fromEntries((found.rows as { state: string; n: number }[]).map((r) => [r.state, r.n]));
     if (counts[state] === size) return;
-    if (counts.failed) throw new Error(`${counts.failed} machine(s) failed: ${JSON.stringify(counts)}`);
+    if (counts.failed) {
+      // Where the time went: the failed machines' errors, and how long commands waited for delivery and ran.
+      const failed = await sim.store.db.execute(sql`SELECT id, last_error FROM metal_nodes WHERE state = 'failed' ORDER BY id LIMIT 3`);
+      const commands = await sim.store.db.execute(sql`
+        SELECT state, count(*)::int AS n, round(avg(extract(epoch FROM delivered_at - created_at))::numeric, 1)::float8 AS wait_s,
+               round(avg(extract(epoch FROM completed_at - delivered_at))::numeric, 1)::float8 AS run_s
+        FROM bc_commands GROUP BY state`);
+      throw new Error(`${counts.failed} machine(s) failed: ${JSON.stringify(counts)}; ${failed.rows.map((r) => JSON.stringify(r)).join("; ")}; commands: ${JSON.stringify(commands.rows)}`);
+    }
     if (performance.now() - started > ctx.fleet.timeoutSeconds * 1000) throw new Error(`not all ${size} machines reached ${state} in ${ctx.fleet.timeoutSeconds} s: ${JSON.stringify(counts)}`);
     await new Promise((r) => setTimeout(r, POLL_MS));
   }

@@ -48,6 +48,8 @@ export interface SecretStore {
   put(tx: Tx, input: { module: string; name: string; value: string }): Promise<SecretRef>;
   /** Only code that hands the value to its final consumer resolves a reference. */
   resolve(ref: SecretRef, tx?: Tx): Promise<string>;
+  /** Several references in one round trip (a delivery batch's commands); NOT_FOUND names the first missing one. */
+  resolveAll(refs: readonly SecretRef[], tx?: Tx): Promise<Map<SecretRef, string>>;
 }
 
 export interface CommandInput {
@@ -270,6 +272,22 @@ export function databaseClock(store: Store): Clock {
 /** Secrets sealed with AES-GCM under a key derived from the deployment secret. */
 export function databaseSecrets(store: Store, deploymentSecret: string): SecretStore {
   const key = deriveKey(deploymentSecret, "bc-secrets-v1");
+  const resolveAll: SecretStore["resolveAll"] = async (refs, tx) => {
+    const ids = [...new Set(refs)].map((ref) => ref.slice("secret://".length));
+    const values = new Map<SecretRef, string>();
+    if (ids.length === 0) return values;
+    if (ids.some((id) => !/^[\w-]+$/.test(id))) throw invalidArgument("a secret reference is secret://<id>");
+    const result = await (tx ?? store.db).execute(sql`SELECT id, sealed FROM bc_secrets WHERE id = ANY(${pgArray(ids)}::text[])`);
+    const sealed = new Map((result.rows as { id: string; sealed: string }[]).map((r) => [r.id, r.sealed]));
+    for (const id of ids) {
+      const row = sealed.get(id);
+      if (!row) throw notFound(`secret secret://${id} does not exist`);
+      const [, iv, data] = row.split(".");
+      const plain = await crypto.subtle.decrypt({ name: "AES-GCM", iv: unb64(iv!), additionalData: utf8(id) }, await key, unb64(data!));
+      values.set(`secret://${id}`, new TextDecoder().decode(plain));
+    }
+    return values;
+  };
   return {
     async put(tx, { module, name, value }) {
       const id = crypto.randomUUID();
@@ -280,15 +298,8 @@ export function databaseSecrets(store: Store, deploymentSecret: string): SecretS
         VALUES (${id}, ${module}, ${name}, ${`v1.${b64(iv)}.${b64(new Uint8Array(sealed))}`})`);
       return `secret://${id}`;
     },
-    async resolve(ref, tx) {
-      const id = ref.slice("secret://".length);
-      const result = await (tx ?? store.db).execute(sql`SELECT sealed FROM bc_secrets WHERE id = ${id}`);
-      const row = result.rows[0] as { sealed: string } | undefined;
-      if (!row) throw notFound(`secret ${ref} does not exist`);
-      const [, iv, data] = row.sealed.split(".");
-      const plain = await crypto.subtle.decrypt({ name: "AES-GCM", iv: unb64(iv!), additionalData: utf8(id) }, await key, unb64(data!));
-      return new TextDecoder().decode(plain);
-    },
+    resolve: async (ref, tx) => (await resolveAll([ref], tx)).get(ref)!,
+    resolveAll,
   };
 }
 

@@ -35,6 +35,7 @@ export class NodeDO extends DurableObject {
   #store: Store | undefined;
   #secrets: SecretStore | undefined;
   #delivering: Promise<void> = Promise.resolve();
+  #deliveryQueued = false;
 
   constructor(ctx: DurableObjectState, env: object) {
     super(ctx, env as never);
@@ -151,9 +152,17 @@ export class NodeDO extends DurableObject {
     }
   }
 
-  /** Sends the node's open commands in seq order; one pass at a time per object. */
+  /**
+   * Sends the node's open commands in seq order; one pass at a time per object. Wake-ups while
+   * a pass waits its turn share it: it reads everything open when it starts.
+   */
   private deliver(): Promise<void> {
-    const pass = this.#delivering.then(() => this.deliverOnce());
+    if (this.#deliveryQueued) return this.#delivering;
+    this.#deliveryQueued = true;
+    const pass = this.#delivering.then(() => {
+      this.#deliveryQueued = false;
+      return this.deliverOnce();
+    });
     this.#delivering = pass.catch((err) => this.log().warn("delivery pass failed; the sweep retries", { error: errorText(err) }));
     return this.#delivering;
   }

@@ -3,7 +3,7 @@
 // travels in the command's secrets and is never part of the body, a result or a message.
 // Runtime-neutral: Node-only parts (the image cache's HTTP server) live in image-cache.ts.
 import { z } from "zod";
-import { AgentError, type CommandContext, type CommandHandler, type FetchLike } from "../client.ts";
+import { AgentError, inLane, type CommandContext, type CommandHandler, type FetchLike } from "../client.ts";
 import { RAID_LEVELS, RedfishClient, raidDriveCountProblem, type BmcCredential } from "./redfish.ts";
 
 export interface SiteHandlerOptions {
@@ -45,15 +45,23 @@ const raidBody = z
     if (problem) ctx.addIssue({ code: "custom", path: ["drives"], message: problem });
   });
 
+/** The BMC a command body names (its system's address), read without trusting the body's shape. */
+function bmcLane(body: Record<string, unknown>): string | undefined {
+  const address = (body.bmc as { address?: unknown } | undefined)?.address;
+  return typeof address === "string" ? `bmc:${address}` : undefined;
+}
+
 export function siteHandlers(options: SiteHandlerOptions = {}): Record<string, CommandHandler> {
-  /** A handler that validates the body, then runs `op` against the body's BMC. */
-  const onBmc =
-    <T extends { bmc: BmcBody }>(schema: z.ZodType<T>, op: (client: RedfishClient, body: T) => Promise<unknown>): CommandHandler =>
-    async (raw, ctx) => {
+  /**
+   * A handler that validates the body, then runs `op` against the body's BMC. Each BMC is its own
+   * lane: one machine's commands run in order, different machines' side by side.
+   */
+  const onBmc = <T extends { bmc: BmcBody }>(schema: z.ZodType<T>, op: (client: RedfishClient, body: T) => Promise<unknown>): CommandHandler =>
+    inLane(bmcLane, async (raw, ctx) => {
       const body = parseBody(ctx.kind, schema, raw);
       const client = new RedfishClient(resolveBmc(body.bmc, ctx), { fetch: options.fetch, timeoutMs: options.timeoutMs, signal: ctx.signal });
       return op(client, body);
-    };
+    });
 
   return {
     "metal.bmc.inspect": onBmc(z.object({ bmc }), (c) => c.inspect()),

@@ -276,6 +276,7 @@ interface Session {
   sentSeq: number;
   socket: BufferedSocket;
   delivering: Promise<void>;
+  deliveryQueued: boolean;
   closed: boolean;
 }
 
@@ -303,7 +304,7 @@ export class Gateway {
     const nonce = base64url(crypto.getRandomValues(new Uint8Array(32)));
     const session: Session = {
       nodeId: node.nodeId, role: node.role, publicKey: node.publicKey, sessionId: crypto.randomUUID(), nonce, ready: false, sentSeq: 0,
-      delivering: Promise.resolve(), closed: false,
+      delivering: Promise.resolve(), deliveryQueued: false, closed: false,
       socket: new BufferedSocket({
         send: (text) => queueMicrotask(() => void this.#onFrame(session, text)),
         close: (code = 1000, reason = "") => queueMicrotask(() => void this.#closed(session, code, reason)),
@@ -355,7 +356,13 @@ export class Gateway {
   deliverSoon(nodeId: string): void {
     const session = this.#sessions.get(nodeId);
     if (!session?.ready || session.closed) return;
-    session.delivering = session.delivering.then(() => this.#deliver(session)).catch((err: unknown) => {
+    // One delivery waiting behind the running one is enough: it sends everything open by then.
+    if (session.deliveryQueued) return;
+    session.deliveryQueued = true;
+    session.delivering = session.delivering.then(() => {
+      session.deliveryQueued = false;
+      return this.#deliver(session);
+    }).catch((err: unknown) => {
       if (session.closed) return; // the simulation is stopping
       console.warn(`metal-sim: delivery to ${nodeId} failed: ${err instanceof Error ? err.message : String(err)}`);
     });

@@ -12,7 +12,7 @@
 // on it boots the same agent again. Power off stops whatever runs; a wipe removes the OS.
 import type { Module } from "better-compute";
 import type { HardwareProfile } from "better-compute/metal";
-import { AgentClient, type AgentTransport, type CommandHandler } from "../client.ts";
+import { AgentClient, inLane, type AgentTransport, type CommandHandler } from "../client.ts";
 import { nodeTransport } from "../node-transport.ts";
 import type { SocketLike } from "../socket.ts";
 import { MemoryState } from "../state.ts";
@@ -165,10 +165,11 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
       heartbeatMs: 60_000, backoff: { initialMs: 20, maxMs: 500, healthyAfterMs: 1000 },
     });
     for (const [kind, handler] of Object.entries(handlers)) {
-      client.handle(kind, (body, ctx) => {
+      const seen: CommandHandler = (body, ctx) => {
         commandsSeen.push({ nodeId: client.identity?.nodeId ?? "", role, kind, body });
         return handler(body, ctx);
-      });
+      };
+      client.handle(kind, handler.lane ? inLane(handler.lane, seen) : seen);
     }
     return client;
   }

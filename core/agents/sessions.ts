@@ -104,17 +104,18 @@ export async function openCommands(store: Store, nodeId: string, afterSeq: numbe
     WHERE node_id = ${nodeId} AND state IN ('pending', 'delivered') AND seq > ${afterSeq}
     ORDER BY seq LIMIT ${limit}`);
   type Row = { id: string; seq: string; kind: string; idempotency_key: string; body: Record<string, unknown>; attested: boolean; deadline: string | null; secret_refs: string[] | string };
-  const frames: CommandFrame[] = [];
-  for (const r of open.rows as Row[]) {
-    const refs = parseTextArray(r.secret_refs) as SecretRef[];
+  const rows = (open.rows as Row[]).map((r) => ({ ...r, refs: parseTextArray(r.secret_refs) as SecretRef[] }));
+  // One round trip for the whole batch's secrets (a site agent's batch names a BMC password each).
+  const refs = rows.flatMap((r) => r.refs);
+  const values = refs.length > 0 ? await secrets().resolveAll(refs) : new Map<SecretRef, string>();
+  return rows.map((r) => {
     const frame: CommandFrame = {
       t: "command", id: String(r.id), seq: Number(r.seq), kind: r.kind, key: r.idempotency_key, body: r.body,
       attested: r.attested, deadline: r.deadline ? new Date(r.deadline).toISOString() : null,
     };
-    if (refs.length > 0) frame.secrets = Object.fromEntries(await Promise.all(refs.map(async (ref) => [ref, await secrets().resolve(ref)] as const)));
-    frames.push(frame);
-  }
-  return frames;
+    if (r.refs.length > 0) frame.secrets = Object.fromEntries(r.refs.map((ref) => [ref, values.get(ref)!]));
+    return frame;
+  });
 }
 
 export async function markDelivered(store: Store, ids: string[]): Promise<void> {

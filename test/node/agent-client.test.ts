@@ -3,7 +3,7 @@
 // redeliveries, INTERRUPTED after a restart, reconnects with backoff after cuts, REVOKED,
 // heartbeats, renewal, result signatures and size, and that no secret reaches the logs.
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { AgentClient, AgentError, localExpiry, type AgentClientOptions, type CommandHandler } from "../../agent/client.ts";
+import { AgentClient, AgentError, inLane, localExpiry, type AgentClientOptions, type CommandHandler } from "../../agent/client.ts";
 import { FakeNodeServer } from "../../agent/fake-server.ts";
 import { nodeTransport } from "../../agent/node-transport.ts";
 import { MemoryState, type AgentStateStore } from "../../agent/state.ts";
@@ -153,6 +153,34 @@ describe("commands", () => {
     const pk = server.node(nodeId).publicKey;
     expect(await verifyMessage(pk, await resultMessage(nodeId, r), r.signature!)).toBe(true);
     expect(await verifyMessage(pk, await resultMessage(nodeId, { ...r, output: { n: 4 } }), r.signature!)).toBe(false);
+  });
+
+  it("lanes: one lane's commands run in seq order, different lanes side by side, at most maxConcurrentCommands at once", async () => {
+    let running = 0;
+    let most = 0;
+    const order = new Map<string, number[]>();
+    // One lane per machine, as the site agent's BMC commands are: a slow machine holds up only itself.
+    const work = inLane((body) => String(body.machine), async (body) => {
+      most = Math.max(most, ++running);
+      await sleep(Number(body.ms));
+      order.set(String(body.machine), [...(order.get(String(body.machine)) ?? []), Number(body.n)]);
+      running--;
+      return { n: body.n };
+    });
+    const serial: CommandHandler = async (body) => ({ n: body.n });
+    const { nodeId } = await joined({ handlers: { work, serial }, maxConcurrentCommands: 3 });
+    const slow = [0, 1, 2].map((n) => server.enqueue(nodeId, { kind: "work", body: { machine: "slow", ms: 150, n } }));
+    const fast = [0, 1, 2, 3, 4, 5].map((n) => server.enqueue(nodeId, { kind: "work", body: { machine: `fast-${n % 3}`, ms: 5, n } }));
+    const plain = server.enqueue(nodeId, { kind: "serial", body: { n: 9 } });
+    await server.waitFor(() => fast.every((x) => x.result) && plain.result !== undefined, 5_000, "the fast lanes and the default lane");
+    // the fast machines and the default lane finished while the slow machine was still on its first or second command
+    expect(slow.filter((x) => x.result).length).toBeLessThan(3);
+    await server.waitFor(() => slow.every((x) => x.result), 5_000, "the slow lane");
+    expect(order.get("slow")).toEqual([0, 1, 2]);
+    for (const lane of ["fast-0", "fast-1", "fast-2"]) expect(order.get(lane)).toEqual(fast.map((_, n) => n).filter((n) => `fast-${n % 3}` === lane));
+    expect(most).toBeGreaterThan(1);
+    expect(most).toBeLessThanOrEqual(3);
+    for (const cmd of [...slow, ...fast, plain]) expect(cmd.results).toHaveLength(1);
   });
 
   it("a redelivered key is answered from the journal without running again", async () => {

@@ -16,6 +16,7 @@ import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { AGENT_VERSION, AgentClient, AgentError, type AgentLogger, type CommandHandler } from "./client.ts";
 import { FileState } from "./file-state.ts";
+import { httpProxyHandlers } from "./roles/http-proxy.ts";
 import { siteHandlers } from "./roles/site.ts";
 import { nodeTransport } from "./node-transport.ts";
 import type { Role } from "./state.ts";
@@ -162,7 +163,7 @@ export async function main(argv: string[]): Promise<number> {
 
     // The role's own command kinds. A ramdisk's disk access is not built for real hardware yet:
     // its kinds answer UNSUPPORTED (the simulated ramdisk is in better-compute/testing/metal).
-    if ((await state.loadIdentity())?.role === "site") for (const [kind, h] of Object.entries(siteHandlers())) c.handle(kind, h);
+    if ((await state.loadIdentity())?.role === "site") for (const [kind, h] of Object.entries({ ...siteHandlers(), ...httpProxyHandlers() })) c.handle(kind, h);
 
     let signals = 0;
     const onSignal = (sig: NodeJS.Signals) => {

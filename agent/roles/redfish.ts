@@ -70,6 +70,11 @@ export interface BmcInspection {
   media: { inserted: boolean; image: string | null };
   /** Present when the system links Storage: its drives (count) and volumes. */
   storage?: { drives: number; volumes: Array<{ id: string; level: string | null }> };
+  /**
+   * The IP addresses its NICs report (EthernetInterfaces): IPv4, then IPv6, deduplicated, without
+   * link-local or unspecified ones; [] when the system links no EthernetInterfaces.
+   */
+  addresses: string[];
 }
 
 const DEFAULT_TIMEOUT_MS = 10_000;
@@ -93,6 +98,7 @@ const systemResource = z.object({
   Links: z.object({ ManagedBy: z.array(link).nullish() }).nullish(),
   Bios: link.nullish(),
   Storage: link.nullish(),
+  EthernetInterfaces: link.nullish(),
 });
 const attributes = z.record(z.string(), z.unknown()).nullish();
 const biosResource = z.object({ Attributes: attributes, "@Redfish.Settings": z.object({ SettingsObject: link.nullish() }).nullish() });
@@ -101,6 +107,13 @@ const storageResource = z.object({ Drives: z.array(link).nullish(), Volumes: lin
 const volumeResource = z.object({ Id: text, RAIDType: text, VolumeType: text, Links: z.object({ Drives: z.array(link).nullish() }).nullish() });
 /** Older BMCs state VolumeType only. */
 const VOLUME_TYPE_LEVELS: Record<string, RaidLevel> = { NonRedundant: "RAID0", Mirrored: "RAID1", StripedWithParity: "RAID5", SpannedMirrors: "RAID10" };
+const ipAddresses = z.array(z.object({ Address: text }).nullable()).nullish();
+const ethernetInterfaceResource = z.object({ IPv4Addresses: ipAddresses, IPv6Addresses: ipAddresses });
+// Shapes only, so a BMC's placeholder ("N/A", "") is not taken for an address.
+const IPV4 = /^(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(\.(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}$/;
+const IPV6 = /^[0-9a-f:.]*:[0-9a-f:.]*$/;
+/** Addresses no one can reach the machine at from elsewhere: link-local (fe80::/10) and unspecified. */
+const unusable = (ip: string) => ip === "0.0.0.0" || ip === "::" || /^fe[89ab][0-9a-f]:/.test(ip);
 const managerResource = z.object({ FirmwareVersion: text, VirtualMedia: link.nullish() });
 const collectionResource = z.object({ Members: z.array(link) });
 const mediaResource = z.object({
@@ -198,6 +211,7 @@ export class RedfishClient {
       bootEnabled: system.Boot?.BootSourceOverrideEnabled ?? undefined,
       media: { inserted: cd?.media.Inserted === true, image: cd?.media.Image ?? null },
       ...(await this.#storageSummary(system)),
+      addresses: await this.#addresses(system),
     };
   }
 
@@ -390,6 +404,27 @@ export class RedfishClient {
       if (ref) for (const v of await this.#volumes(ref)) volumes.push({ id: v.id, level: v.level });
     }
     return { storage: { drives, volumes } };
+  }
+
+  /** inspect()'s addresses: IPv4 then IPv6 over every interface; [] when there are no EthernetInterfaces. */
+  async #addresses(system: SystemResource): Promise<string[]> {
+    const ref = system.EthernetInterfaces?.["@odata.id"];
+    if (!ref) return [];
+    const members = (await this.#get(ref, collectionResource, "EthernetInterface collection")).Members.map((m) => m["@odata.id"]);
+    const v4 = new Set<string>();
+    const v6 = new Set<string>();
+    for (const path of members) {
+      const nic = await this.#get(path, ethernetInterfaceResource, "EthernetInterface");
+      for (const a of nic.IPv4Addresses ?? []) {
+        const ip = a?.Address?.trim();
+        if (ip && IPV4.test(ip) && !unusable(ip)) v4.add(ip);
+      }
+      for (const a of nic.IPv6Addresses ?? []) {
+        const ip = a?.Address?.trim().toLowerCase(); // BMCs differ in case; one address, one spelling
+        if (ip && IPV6.test(ip) && !unusable(ip)) v6.add(ip);
+      }
+    }
+    return [...v4, ...v6];
   }
 
   async #requireCd(): Promise<{ path: string; media: MediaResource }> {

@@ -16,6 +16,7 @@ import { AgentClient, inLane, type AgentTransport, type CommandHandler } from ".
 import { nodeTransport } from "../node-transport.ts";
 import type { SocketLike } from "../socket.ts";
 import { MemoryState } from "../state.ts";
+import { httpProxyHandlers } from "../roles/http-proxy.ts";
 import { siteHandlers } from "../roles/site.ts";
 import { ramdiskHandlers } from "../roles/ramdisk.ts";
 import { simulatedDisks, type SimulatedDisks } from "./sim-disks.ts";
@@ -26,9 +27,18 @@ import { openNodeStore } from "../../scripts/local/node-store.ts";
 import { sql } from "drizzle-orm";
 
 export { ChaosPlan, type ChaosBoundary } from "./metal-sim-control-plane.ts";
+export { selfSignedCertificate, type SelfSignedCertificate } from "./tls.ts";
 
 export const SIM_BMC_USER = "admin";
 export const SIM_BMC_PASSWORD = "sim-bmc-password";
+
+/**
+ * An operating system that runs no bcd (Talos...): started each time the machine boots it,
+ * stopped when the machine powers off or restarts.
+ */
+export interface AgentlessOs {
+  start(machine: SimMachine): Promise<{ stop(): Promise<void> }>;
+}
 
 export interface InstallMedia {
   machine: SimMachine;
@@ -49,8 +59,17 @@ export interface MetalSimOptions {
   modules?: Module[];
   /** Drive this running stack (its config registers the modules) instead of an in-process control plane. */
   stack?: SimStack;
-  /** Accepts a mounted CD image as an installer: returns the provisioned join token it carries. */
-  install?: (media: InstallMedia) => { token: string } | undefined | Promise<{ token: string } | undefined>;
+  /**
+   * Accepts a mounted CD image as an installer: returns the provisioned join token it carries (the
+   * installed system runs bcd and joins as role node), or an agentless system to run instead.
+   */
+  install?: (media: InstallMedia) => InstallResult | undefined | Promise<InstallResult | undefined>;
+  /** The pool's agent: "none" makes an agentless pool (no ramdisk; allowUnverifiedRelease is then set). */
+  agent?: "bcd" | "none";
+  /** The pool's policy.provisioningCidrs (plain HTTP allowed to machines there). */
+  provisioningCidrs?: string[];
+  /** Each machine's IP addresses as its BMC reports them (Redfish EthernetInterfaces); default none. */
+  machineAddresses?: (index: number) => string[];
   /** Simulated machines behind the emulated BMCs; default 1. */
   machines?: number;
   faults?: RedfishFaults;
@@ -68,6 +87,8 @@ export interface MetalSimOptions {
   chaos?: ChaosPlan;
 }
 
+export type InstallResult = { token: string } | { os: AgentlessOs };
+
 export interface SimMachine {
   /** The emulator's system id. */
   id: string;
@@ -76,14 +97,18 @@ export interface SimMachine {
   address: string;
   bmc: MachineState;
   disks: SimulatedDisks;
-  /** What is installed on its disk: an OS whose agent joins with the token it was installed with. */
-  os: { state: MemoryState; token: string; joined: boolean } | undefined;
+  /** Its IP addresses (what its BMC reports). */
+  addresses: string[];
+  /** What is installed on its disk: an OS whose agent joins with the token it was installed with, or an agentless one. */
+  os: { state: MemoryState; token: string; joined: boolean } | { agentless: AgentlessOs } | undefined;
   /** What it booted, in order. */
   boots: ("pxe" | "cd" | "disk" | "nothing")[];
   /** Its ramdisk sends results without the node's signature (a ramdisk that cannot attest). */
   unsignedRamdisk: boolean;
   /** The agent running on it now. */
   agent: AgentClient | undefined;
+  /** The agentless system running on it now. */
+  running: { stop(): Promise<void> } | undefined;
 }
 
 /** A command as an agent's handler received it (secret values are not in the body; they travel beside it). */
@@ -183,15 +208,20 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
   const siteId = options.siteId ?? "sim-site";
   const poolId = `${siteId}-pool`;
   await control.call("metal.sites.create", { id: siteId });
+  const agentless = options.agent === "none";
   await control.call("metal.pools.create", {
-    id: poolId, site: siteId, agent: "bcd",
-    policy: { hardwareProfile: options.hardwareProfile ?? "redfish-pxe", allowUnverifiedRelease: options.allowUnverifiedRelease ?? false },
+    id: poolId, site: siteId, agent: options.agent ?? "bcd",
+    policy: {
+      hardwareProfile: options.hardwareProfile ?? "redfish-pxe",
+      allowUnverifiedRelease: options.allowUnverifiedRelease ?? agentless,
+      provisioningCidrs: options.provisioningCidrs ?? [],
+    },
   });
   let site: { nodeId: string; key: CryptoKey } | undefined;
   async function joinSiteAgent(): Promise<string> {
     if (site) return site.nodeId;
     const siteState = new MemoryState();
-    const siteAgent = simAgent(siteState, "site", siteHandlers());
+    const siteAgent = simAgent(siteState, "site", { ...siteHandlers(), ...httpProxyHandlers() });
     const { token } = await control.call<{ token: string }>("siteTokens.create", { site: siteId });
     const identity = await siteAgent.join({ attestor: "join-token", evidence: { token }, role: "site", hostname: `${siteId}-agent` });
     await run(siteAgent);
@@ -205,8 +235,9 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
   const machines: SimMachine[] = [];
   const byBmcId = new Map<string, SimMachine>();
   const life = new Map<SimMachine, Promise<void>>();
+  const count = options.machines ?? 1;
   const bmc = await startRedfishEmulator({
-    machines: options.machines ?? 1,
+    machines: options.machineAddresses ? Array.from({ length: count }, (_, i) => ({ addresses: options.machineAddresses!(i) })) : count,
     username: SIM_BMC_USER,
     password: SIM_BMC_PASSWORD,
     ...(options.faults ? { faults: options.faults } : {}),
@@ -226,8 +257,8 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
   cleanup.push(() => bmc.stop());
   for (const state of bmc.machines.values()) {
     const machine: SimMachine = {
-      id: state.id, uuid: state.uuid, address: `${bmc.url}/redfish/v1/Systems/${state.id}`, bmc: state,
-      disks: simulatedDisks([{ device: "/dev/sda", sizeBytes: 64 * 1024 * 1024 }]), os: undefined, boots: [], unsignedRamdisk: false, agent: undefined,
+      id: state.id, uuid: state.uuid, address: `${bmc.url}/redfish/v1/Systems/${state.id}`, bmc: state, addresses: state.addresses,
+      disks: simulatedDisks([{ device: "/dev/sda", sizeBytes: 64 * 1024 * 1024 }]), os: undefined, boots: [], unsignedRamdisk: false, agent: undefined, running: undefined,
     };
     machines.push(machine);
     byBmcId.set(state.id, machine);
@@ -242,9 +273,11 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
   };
 
   async function powerOff(machine: SimMachine): Promise<void> {
-    const agent = machine.agent;
+    const { agent, running } = machine;
     machine.agent = undefined;
+    machine.running = undefined;
     await agent?.stop();
+    await running?.stop();
   }
 
   async function boot(machine: SimMachine, target: string, media: string | null): Promise<void> {
@@ -254,7 +287,7 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
     if (target === "Cd" && media) {
       const accepted = await options.install?.({ machine, image: media });
       if (accepted) {
-        machine.os = { state: new MemoryState(), token: accepted.token, joined: false };
+        machine.os = "os" in accepted ? { agentless: accepted.os } : { state: new MemoryState(), token: accepted.token, joined: false };
         return bootOs(machine, "cd");
       }
     }
@@ -288,6 +321,10 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
   async function bootOs(machine: SimMachine, from: "cd" | "disk"): Promise<void> {
     machine.boots.push(from);
     const os = machine.os!;
+    if ("agentless" in os) {
+      machine.running = await os.agentless.start(machine);
+      return;
+    }
     const agent = simAgent(os.state, "node", {});
     if (!os.joined) {
       await agent.join({ attestor: "provisioned", evidence: { token: os.token, productUuid: machine.uuid.toLowerCase() }, role: "node", hostname: `host-${machine.id}` });

@@ -9,6 +9,8 @@
 //                                                 the next power-on, when they are applied (as real BIOSes do)
 //   /redfish/v1/Systems/<id>/Storage[/RAID.Integrated.1]   one RAID controller and its Drives/<id>
 //   …/Storage/RAID.Integrated.1/Volumes[/<id>]    POST { RAIDType, Drives, Name? } creates a volume; DELETE removes it
+//   /redfish/v1/Systems/<id>/EthernetInterfaces[/NIC.1]    one NIC: MACAddress, IPv4Addresses, IPv6Addresses
+//                                                 (only for a machine given addresses, as inspection finds them)
 //   POST …/Systems/<id>/Actions/ComputerSystem.Reset   { ResetType }
 //   PATCH /redfish/v1/Systems/<id>                { Boot: { BootSourceOverrideTarget, BootSourceOverrideEnabled } }
 //   /redfish/v1/Managers[/<id>]                   one BMC per system, linked both ways
@@ -19,7 +21,7 @@
 // machine), and can make the BMC flaky with seeded, deterministic faults.
 import { createHash, timingSafeEqual } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
+import { isIP, type AddressInfo } from "node:net";
 import { RAID_LEVELS as RAID_TYPES, raidDriveCountProblem, type RaidLevel as RaidType } from "../roles/redfish.ts";
 
 export type PowerState = "On" | "Off";
@@ -32,6 +34,9 @@ export type ResetType = (typeof RESET_TYPES)[number];
 // The RAID levels and their drive-count rules are Redfish's, shared with the site agent's client.
 export { RAID_TYPES, raidDriveCountProblem, type RaidType };
 export type BiosValue = string | number | boolean;
+
+/** The Id of the one simulated NIC of every machine that has addresses. */
+export const NIC_ID = "NIC.1";
 
 /** The Id of the one simulated RAID controller of every machine that has drives. */
 export const RAID_CONTROLLER_ID = "RAID.Integrated.1";
@@ -65,6 +70,8 @@ export interface MachineOptions {
   power?: PowerState;
   /** Simulated drives behind its RAID controller (default: the emulator's `drives`); 0: no controller, no Storage. */
   drives?: number;
+  /** IP addresses of its one NIC (IPv4 and/or IPv6); default none: no EthernetInterfaces at all. */
+  addresses?: string[];
 }
 
 /** The state of one simulated machine and its simulated BMC. Tests may read and mutate it. */
@@ -85,6 +92,8 @@ export interface MachineState {
   storage: { drives: SimDrive[]; volumes: SimVolume[] };
   /** Power transitions so far, e.g. ["On", "Off", "On"]. */
   powerHistory: PowerState[];
+  /** The IP addresses its NIC reports; none: the system links no EthernetInterfaces. */
+  addresses: string[];
 }
 
 export interface RedfishFaults {
@@ -144,6 +153,12 @@ function rng(seed: number): () => number {
   };
 }
 
+/** A locally administered MAC address, derived from the machine id so it is stable across runs. */
+function fakeMac(id: string): string {
+  const h = createHash("sha256").update(`redfish-emulator-mac-${id}`).digest();
+  return ["02", ...[...h.subarray(0, 5)].map((b) => b.toString(16).padStart(2, "0"))].join(":").toUpperCase();
+}
+
 function fakeUuid(i: number): string {
   const h = createHash("sha256").update(`redfish-emulator-${i}`).digest("hex");
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-4${h.slice(13, 16)}-8${h.slice(17, 20)}-${h.slice(20, 32)}`;
@@ -196,6 +211,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     if (machines.has(id)) throw new Error(`duplicate machine id ${id}`);
     const driveCount = s.drives ?? opts.drives ?? 0;
     if (!Number.isInteger(driveCount) || driveCount < 0 || driveCount > 24) throw new Error(`machine ${id}: drives must be an integer from 0 to 24`);
+    for (const a of s.addresses ?? []) if (!isIP(a)) throw new Error(`machine ${id}: ${JSON.stringify(a)} is not an IP address`);
     const m: MachineState = {
       id,
       uuid: s.uuid ?? fakeUuid(i),
@@ -212,6 +228,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         volumes: [],
       },
       powerHistory: [],
+      addresses: [...(s.addresses ?? [])],
     };
     machines.set(id, m);
     byManager.set(m.managerId, m);
@@ -276,6 +293,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       },
       Bios: { "@odata.id": `${sys(m)}/Bios` },
       ...(m.storage.drives.length > 0 ? { Storage: { "@odata.id": `${sys(m)}/Storage` } } : {}),
+      ...(m.addresses.length > 0 ? { EthernetInterfaces: { "@odata.id": `${sys(m)}/EthernetInterfaces` } } : {}),
       Actions: {
         "#ComputerSystem.Reset": {
           target: `${sys(m)}/Actions/ComputerSystem.Reset`,
@@ -389,6 +407,11 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       const m = machines.get(id);
       if (!m) throw notFound(path);
       return storageRoute(req, method, path, m, parts.slice(5));
+    }
+    if (top === "Systems" && id !== undefined && sub === "EthernetInterfaces") {
+      const m = machines.get(id);
+      if (!m) throw notFound(path);
+      return ethernetRoute(method, path, m, parts.slice(5));
     }
     if (parts.length > 7) throw notFound(path);
     const get = () => {
@@ -617,6 +640,35 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     if (method !== "DELETE") throw noMethod(method);
     m.storage.volumes = m.storage.volumes.filter((x) => x !== v);
     return [204, undefined];
+  }
+
+  const nicPath = (m: MachineState) => `${sys(m)}/EthernetInterfaces/${NIC_ID}`;
+
+  /** The NIC as real BMCs (and sushy-tools) serve it: IPv4 with a mask, IPv6 with a prefix length. */
+  function nicResource(m: MachineState): unknown {
+    const mac = fakeMac(m.id);
+    return {
+      "@odata.id": nicPath(m),
+      "@odata.type": "#EthernetInterface.v1_6_0.EthernetInterface",
+      Id: NIC_ID,
+      Name: "Simulated NIC",
+      Status: health,
+      LinkStatus: "LinkUp",
+      MACAddress: mac,
+      PermanentMACAddress: mac,
+      IPv4Addresses: m.addresses.filter((a) => isIP(a) === 4).map((a) => ({ Address: a, SubnetMask: "255.255.255.0", AddressOrigin: "DHCP" })),
+      IPv6Addresses: m.addresses.filter((a) => isIP(a) === 6).map((a) => ({ Address: a, PrefixLength: 64, AddressOrigin: "SLAAC" })),
+    };
+  }
+
+  /** /Systems/<id>/EthernetInterfaces[...]; `rest` is what follows it. A machine without addresses has no NIC. */
+  function ethernetRoute(method: string, path: string, m: MachineState, rest: string[]): [number, unknown] {
+    if (m.addresses.length === 0 || rest.length > 1) throw notFound(path);
+    const [nic] = rest;
+    if (nic !== undefined && nic !== NIC_ID) throw notFound(path);
+    if (method !== "GET") throw noMethod(method);
+    if (nic === undefined) return [200, collection(`${sys(m)}/EthernetInterfaces`, "EthernetInterfaceCollection.EthernetInterfaceCollection", "Ethernet Interface Collection", [nicPath(m)])];
+    return [200, nicResource(m)];
   }
 
   const volumeCounters = new Map<MachineState, number>();

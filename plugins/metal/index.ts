@@ -4,3 +4,5 @@ export { DEFAULT_HARDWARE_PROFILES, metalModule, type HardwareProfile, type Meta
 export { METAL_STATES, TRANSITIONS, type MetalEvent, type MetalState } from "./lifecycle.ts";
 export { renderTemplate } from "./template.ts";
 export { bmcBinding, metalCommands, metalProfiles, metalSteps, redfishAddress, WIPE_STEP, type BmcBinding } from "./steps.ts";
+export { httpViaSite, type HttpViaSiteAnswer, type HttpViaSiteRequest } from "./http-via-site.ts";
+export { agentlessCommissionProfile, agentlessReleaseProfile } from "./steps.ts";

@@ -6,9 +6,9 @@ import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineModule, type DriverDefinition, type DriverKind, type Module } from "better-compute";
 import { ComputeError, conflict, defineMethod, invalidArgument, invalidConfig, notFound, schemaIssues, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
-import { startWorkflow, type ProfileDefinition } from "better-compute/provision";
+import { startWorkflow, type ProfileDefinition, type StepDefinition } from "better-compute/provision";
 import { METAL_STATES, transition, type MetalEvent, type MetalState } from "./lifecycle.ts";
-import { commissionProfileFor, imageStreamDriver, ipxeDriver, metalCommands, metalProfiles, metalSteps, redfishDriver, WIPE_STEP, type BmcBinding } from "./steps.ts";
+import { commissionProfileFor, imageStreamDriver, ipxeDriver, metalCommands, metalProfiles, metalSteps, redfishDriver, waitAgentJoined, WIPE_STEP, type BmcBinding } from "./steps.ts";
 
 export interface HardwareProfile {
   description?: string;
@@ -80,6 +80,9 @@ CREATE TABLE IF NOT EXISTS metal_transitions (
 );
 CREATE INDEX IF NOT EXISTS metal_transitions_node ON metal_transitions (node_id, id);`;
 
+// The machine's own IP addresses, as its BMC reported them: the only hosts httpViaSite may reach.
+const ADDRESSES_SQL = `ALTER TABLE metal_nodes ADD COLUMN IF NOT EXISTS addresses text[] NOT NULL DEFAULT '{}';`;
+
 const slug = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "lower-case letters, digits and dashes");
 const policy = z.object({
   hardwareProfile: z.string(),
@@ -100,6 +103,7 @@ const metalNode = z.object({
   role: z.string().nullable(),
   workflow: z.string().nullable(),
   productUuid: z.string().nullable(),
+  addresses: z.array(z.string()),
   bmc: z.object({ driver: z.string(), address: z.string(), username: z.string() }),
   lastError: z.unknown().nullable(),
 });
@@ -114,23 +118,31 @@ interface NodeRow {
   role: string | null;
   workflow_id: string | null;
   product_uuid: string | null;
+  addresses: string[];
   bmc: BmcBinding;
   last_error: unknown;
   policy: Policy;
+  pool_agent: "bcd" | "none";
 }
 
 const toNode = (r: NodeRow): z.input<typeof metalNode> => ({
   id: r.id, pool: r.pool_id, site: r.site_id, state: r.state, maintenance: r.maintenance, maintenanceReason: r.maintenance_reason,
-  role: r.role, workflow: r.workflow_id, productUuid: r.product_uuid,
+  role: r.role, workflow: r.workflow_id, productUuid: r.product_uuid, addresses: r.addresses,
   bmc: { driver: r.bmc.driver, address: r.bmc.address, username: r.bmc.username }, lastError: r.last_error ?? null,
 });
 
 async function loadNode(tx: Pick<Tx, "execute">, id: string, lock = false): Promise<NodeRow> {
   const found = await tx.execute(sql`
-    SELECT n.*, p.policy FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id WHERE n.id = ${id} ${lock ? sql`FOR UPDATE OF n` : sql``}`);
+    SELECT n.*, p.policy, p.agent AS pool_agent FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id WHERE n.id = ${id} ${lock ? sql`FOR UPDATE OF n` : sql``}`);
   const row = found.rows[0] as NodeRow | undefined;
   if (!row) throw notFound(`metal node ${id} does not exist`);
   return row;
+}
+
+/** A step that runs on an agent of the machine (ramdisk, installed node) or waits for one to join. */
+function needsAgent(ctx: ModuleContext, stepId: string): boolean {
+  const step = ctx.registered.extensions<StepDefinition>("step").find((s) => s.id === stepId);
+  return step !== undefined && (step.runsOn === "ramdisk" || step.runsOn === "node" || step.id === waitAgentJoined.id);
 }
 
 export function metalModule(options: MetalOptions = {}): Module {
@@ -138,11 +150,12 @@ export function metalModule(options: MetalOptions = {}): Module {
   // A hardware profile with BIOS settings or a RAID layout commissions with its own profile.
   const configured = Object.entries(hardwareProfiles).filter(([, hw]) => hw.bios || hw.raid);
   const commissionProfiles = configured.map(([name, hw]) => commissionProfileFor({ name, ...hw }));
-  const lifecycleProfile = (p: Policy, which: "commission" | "release") => {
-    const hw = hardwareProfiles[p.hardwareProfile];
+  const lifecycleProfile = (node: Pick<NodeRow, "policy" | "pool_agent">, which: "commission" | "release") => {
+    const hw = hardwareProfiles[node.policy.hardwareProfile];
     if (hw?.profiles?.[which]) return hw.profiles[which]!;
+    if (node.pool_agent === "none") return `metal.${which}.agentless`;
     if (which === "release") return "metal.release";
-    return hw && (hw.bios || hw.raid) ? `metal.commission.${p.hardwareProfile}` : "metal.commission";
+    return hw && (hw.bios || hw.raid) ? `metal.commission.${node.policy.hardwareProfile}` : "metal.commission";
   };
 
   /** The site's connected agent: every BMC command goes through it. */
@@ -160,7 +173,10 @@ export function metalModule(options: MetalOptions = {}): Module {
   async function runLifecycle(ctx: ModuleContext, tx: Tx, node: NodeRow, event: MetalEvent, profile: string, input: Record<string, unknown> = {}, extra: { role?: string | null; version?: string; createdBy?: string } = {}) {
     const agent = await siteAgent(tx, node.site_id);
     if (!agent) throw new ComputeError("FAILED_PRECONDITION", `site ${node.site_id} has no agent: join one with a site token (siteTokens.create)`, { site: node.site_id });
-    const workflowInput = { ...input, machine: node.id, siteAgent: agent, bmc: node.bmc, ...(node.product_uuid ? { productUuid: node.product_uuid } : {}) };
+    const workflowInput = {
+      ...input, machine: node.id, siteAgent: agent, bmc: node.bmc, addresses: node.addresses,
+      ...(node.product_uuid ? { productUuid: node.product_uuid } : {}),
+    };
     const wf = await startWorkflow(ctx, tx, { profile, ...(extra.version ? { version: extra.version } : {}), target: node.id, input: workflowInput, createdBy: extra.createdBy ?? "system:metal" });
     const moved = await transition(ctx, tx, node.id, event, { workflowId: wf.id, lastError: null, ...(extra.role !== undefined ? { role: extra.role } : {}) });
     if (!moved) throw conflict(`metal node ${node.id} is ${node.state}; ${event} needs it to be in another state`, { node: node.id, state: node.state });
@@ -191,6 +207,10 @@ export function metalModule(options: MetalOptions = {}): Module {
     handler: async (ctx, input, tx) => {
       const hw = hardwareProfiles[input.policy.hardwareProfile];
       if (!hw) throw invalidArgument(`no hardware profile ${input.policy.hardwareProfile} is configured`, { known: Object.keys(hardwareProfiles) });
+      // No agent boots on an agentless machine, so none can attest a wipe: ready needs the pool's opt-in.
+      if (input.agent === "none" && !input.policy.allowUnverifiedRelease) {
+        throw invalidArgument("an agentless pool (agent: none) cannot attest a wipe: set policy.allowUnverifiedRelease to true to accept its machines as ready without one");
+      }
       const site = await tx.execute(sql`SELECT 1 FROM metal_sites WHERE id = ${input.site}`);
       if (site.rows.length === 0) throw notFound(`site ${input.site} does not exist`);
       const inserted = await tx.execute(sql`
@@ -237,7 +257,7 @@ export function metalModule(options: MetalOptions = {}): Module {
       await ctx.events.publish(tx, { type: "metal.node.enrolled", subject: `metal/nodes/${id}`, data: { pool: pool.id, bmc: input.bmc.address } });
       const node = await loadNode(tx, id);
       // Commissioning starts now if the site has an agent; otherwise the reconciler starts it once one joins.
-      if (await siteAgent(tx, node.site_id)) await runLifecycle(ctx, tx, node, "commission", lifecycleProfile(node.policy, "commission"));
+      if (await siteAgent(tx, node.site_id)) await runLifecycle(ctx, tx, node, "commission", lifecycleProfile(node, "commission"));
       return toNode(await loadNode(tx, id));
     },
   });
@@ -260,7 +280,7 @@ export function metalModule(options: MetalOptions = {}): Module {
     output: z.object({ nodes: z.array(metalNode) }),
     handler: async (_ctx, input, tx) => {
       const rows = await tx.execute(sql`
-        SELECT n.*, p.policy FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
+        SELECT n.*, p.policy, p.agent AS pool_agent FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
         WHERE (${input.pool ?? null}::text IS NULL OR n.pool_id = ${input.pool ?? null})
           AND (${input.state ?? null}::text IS NULL OR n.state = ${input.state ?? null})
         ORDER BY n.created_at, n.id LIMIT 1000`);
@@ -282,6 +302,10 @@ export function metalModule(options: MetalOptions = {}): Module {
       const profile = ctx.registered.extensions<ProfileDefinition>("profile").find((p) => p.id === input.profile && (!input.version || p.version === input.version));
       if (!profile) throw notFound(`no profile ${input.profile} is registered`);
       if (profile.target !== "metal") throw invalidArgument(`profile ${profile.id} targets ${profile.target}, not metal`);
+      if (node.pool_agent === "none") {
+        const needy = profile.steps.find((s) => needsAgent(ctx, s.step));
+        if (needy) throw new ComputeError("UNSUPPORTED", `pool ${node.pool_id} is agentless (agent: none); profile ${profile.id} needs an agent on the machine (step ${needy.name ?? needy.step})`);
+      }
       const wf = await runLifecycle(ctx, tx, node, "deploy", profile.id, input.input, { role: profile.role ?? "host", version: profile.version, createdBy: ctx.principal.id });
       return { node: node.id, workflow: wf.id };
     },
@@ -299,7 +323,7 @@ export function metalModule(options: MetalOptions = {}): Module {
       if (node.state !== "deployed") throw new ComputeError("FAILED_PRECONDITION", `metal node ${node.id} is ${node.state}; only a deployed machine can be undeployed`);
       // The installed system's agent goes with its disks: it can no longer renew or reconnect.
       await ctx.nodes.revoke(tx, { role: "node", labels: { "bc.dev/machine": node.id } }, `metal node ${node.id} is being released`);
-      const wf = await runLifecycle(ctx, tx, node, "undeploy", lifecycleProfile(node.policy, "release"), {}, { createdBy: ctx.principal.id });
+      const wf = await runLifecycle(ctx, tx, node, "undeploy", lifecycleProfile(node, "release"), {}, { createdBy: ctx.principal.id });
       return { node: node.id, workflow: wf.id };
     },
   });
@@ -315,7 +339,7 @@ export function metalModule(options: MetalOptions = {}): Module {
       const moved = await transition(ctx, tx, input.node, "recommission", { maintenance: false, reason: null, workflowId: null, role: null, lastError: null });
       if (!moved) throw new ComputeError("FAILED_PRECONDITION", `metal node ${input.node} is not failed`);
       const node = await loadNode(tx, input.node);
-      if (await siteAgent(tx, node.site_id)) await runLifecycle(ctx, tx, node, "commission", lifecycleProfile(node.policy, "commission"));
+      if (await siteAgent(tx, node.site_id)) await runLifecycle(ctx, tx, node, "commission", lifecycleProfile(node, "commission"));
       return toNode(await loadNode(tx, input.node));
     },
   });
@@ -347,9 +371,10 @@ export function metalModule(options: MetalOptions = {}): Module {
       const event = node.state === "commissioning" ? "commissioned" : "released";
       const wipes = await attestedWipes(tx, wf);
       if (wipes === 1) return (await transition(ctx, tx, node.id, event, { role: null })) !== undefined;
-      if (event === "released" && node.policy.allowUnverifiedRelease) {
-        const moved = await transition(ctx, tx, node.id, event, { role: null, reason: "released without an attested wipe (pool policy allowUnverifiedRelease)" });
-        if (moved) await ctx.events.publish(tx, { type: "node.release.unverified", subject: `metal/nodes/${node.id}`, data: { workflow: wf, attestedWipes: wipes } });
+      // Agentless machines commission and release without a wipe anyone could attest.
+      if ((event === "released" || node.pool_agent === "none") && node.policy.allowUnverifiedRelease) {
+        const moved = await transition(ctx, tx, node.id, event, { role: null, reason: `${event} without an attested wipe (pool policy allowUnverifiedRelease)` });
+        if (moved) await ctx.events.publish(tx, { type: "node.release.unverified", subject: `metal/nodes/${node.id}`, data: { workflow: wf, event, attestedWipes: wipes } });
         return moved !== undefined;
       }
       const reason = `${wipes === 0 ? "no attested wipe" : `${wipes} attested wipes`} in workflow ${wf}; a machine reaches ready only after exactly one`;
@@ -363,7 +388,7 @@ export function metalModule(options: MetalOptions = {}): Module {
       let changed = 0;
       // Machines whose workflow ended.
       const ended = await ctx.store.db.execute(sql`
-        SELECT n.*, p.policy, w.state AS wf_state, w.error AS wf_error
+        SELECT n.*, p.policy, p.agent AS pool_agent, w.state AS wf_state, w.error AS wf_error
         FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id JOIN workflows w ON w.id = n.workflow_id
         WHERE n.state IN ('commissioning', 'deploying', 'releasing') AND w.state <> 'running'
         ORDER BY n.state_changed_at LIMIT 500`);
@@ -372,11 +397,11 @@ export function metalModule(options: MetalOptions = {}): Module {
       }
       // Enrolled machines (enrolled before their site had an agent, or recommissioned): commission them.
       const enrolled = await ctx.store.db.execute(sql`
-        SELECT n.*, p.policy FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
+        SELECT n.*, p.policy, p.agent AS pool_agent FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
         WHERE n.state = 'enrolled' AND NOT n.maintenance ORDER BY n.created_at LIMIT 500`);
       for (const node of enrolled.rows as unknown as NodeRow[]) {
         try {
-          await ctx.store.transaction((tx) => runLifecycle(ctx, tx, node, "commission", lifecycleProfile(node.policy, "commission")));
+          await ctx.store.transaction((tx) => runLifecycle(ctx, tx, node, "commission", lifecycleProfile(node, "commission")));
           changed++;
         } catch (err) {
           // No site agent yet, or someone else moved it first: the next pass looks again.
@@ -402,7 +427,10 @@ export function metalModule(options: MetalOptions = {}): Module {
         "metal.nodes.recommission": "Take failed machines out of maintenance",
       },
     },
-    migrations: [{ name: "metal/0001_metal", sql: SCHEMA_SQL }],
+    migrations: [
+      { name: "metal/0001_metal", sql: SCHEMA_SQL },
+      { name: "metal/0002_addresses", sql: ADDRESSES_SQL },
+    ],
     api: [sitesCreate, poolsCreate, enroll, nodesGet, nodesList, deploy, undeploy, recommission],
     commands: metalCommands,
     extensions: [redfishDriver, ipxeDriver, imageStreamDriver, ...metalSteps],

@@ -6,6 +6,7 @@ import { z } from "zod";
 import { defineDriver, type CommandKind } from "better-compute";
 import { ComputeError, type ModuleContext, type SecretRef } from "better-compute/core";
 import { defineProfile, defineStep, stepNotReady, type StepContext } from "better-compute/provision";
+import { HTTP_PROXY_KIND, httpProxyBody } from "./http-proxy.ts";
 
 const secretRef = z.string().regex(/^secret:\/\/[\w-]+$/, "a secret:// reference");
 
@@ -47,6 +48,8 @@ export const metalCommands: CommandKind[] = [
   { kind: "metal.ramdisk.inventory", description: "List the machine's disks from the ramdisk", roles: ["ramdisk"] },
   { kind: "metal.ramdisk.wipe", description: "Erase every disk; the ramdisk signs what it wiped and how", attested: true, destructive: true, roles: ["ramdisk"] },
   { kind: "metal.ramdisk.writeImage", description: "Stream an image onto a disk, verified by sha256", destructive: true, roles: ["ramdisk"] },
+  // Destructive: what an agentless machine's API does with a request is not known (Talos: reset, upgrade).
+  { kind: HTTP_PROXY_KIND, description: "An HTTP request from the site agent to a machine's own address (httpViaSite)", input: httpProxyBody, destructive: true, roles: ["site"] },
 ];
 
 /** A site-agent step: one BMC command for the workflow's machine. */
@@ -82,20 +85,26 @@ export const raidLayout = z.object({ level: z.enum(["RAID0", "RAID1", "RAID5", "
 export const applyBios = bmcStep("bios.apply", "metal.bmc.bios", { attributes: biosSettings }, (i) => ({ attributes: i.attributes }), "Stage the hardware profile's BIOS settings");
 export const applyRaid = bmcStep("raid.apply", "metal.bmc.raid", { raid: raidLayout }, (i) => ({ level: i.raid.level, drives: i.raid.drives }), "Make the hardware profile's RAID volume");
 
-/** Records what inspection found; the ramdisk is matched to the machine by this UUID. */
+/**
+ * Records what inspection found: the ramdisk is matched to the machine by its UUID, and
+ * httpViaSite reaches an agentless machine only at its recorded addresses.
+ */
 export const recordInventory = defineStep({
   id: "metal.recordInventory",
   runsOn: "control-plane",
   description: "Record the BMC's view of the machine (fromStep: inventory.bmc)",
-  input: z.object({ machine: z.string(), uuid: z.string().min(1), manufacturer: z.string().optional(), model: z.string().optional() }).passthrough(),
+  input: z
+    .object({ machine: z.string(), uuid: z.string().min(1), manufacturer: z.string().optional(), model: z.string().optional(), addresses: z.array(z.string()).default([]) })
+    .passthrough(),
   run: async (ctx, input) => {
     const { machine, ...inventory } = input;
     await ctx.store.transaction(async (tx) => {
       await tx.execute(sql`
-        UPDATE metal_nodes SET product_uuid = ${input.uuid.toLowerCase()}, inventory = ${JSON.stringify(inventory)}::jsonb, updated_at = compute_now()
+        UPDATE metal_nodes SET product_uuid = ${input.uuid.toLowerCase()}, inventory = ${JSON.stringify(inventory)}::jsonb,
+               addresses = ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(input.addresses)}::jsonb)), updated_at = compute_now()
         WHERE id = ${machine}`);
     });
-    return { productUuid: input.uuid.toLowerCase() };
+    return { productUuid: input.uuid.toLowerCase(), addresses: input.addresses };
   },
 });
 
@@ -203,6 +212,22 @@ export function commissionProfileFor(hardware?: { name: string; bios?: z.input<t
 
 export const commissionProfile = commissionProfileFor();
 
+// Agentless pools (agent: none): nothing boots a ramdisk, so nothing is wiped or attested; the
+// pool must allow unverified release, and settling says so (node.release.unverified).
+export const agentlessCommissionProfile = defineProfile({
+  id: "metal.commission.agentless",
+  target: "metal",
+  description: "Inspect through the BMC (identity and addresses) and power off; no ramdisk, no wipe",
+  steps: [{ step: "inventory.bmc", name: "inspect" }, { step: "metal.recordInventory", fromStep: "inspect" }, { step: "power.setPower", name: "power.off", input: { action: "off" } }],
+});
+
+export const agentlessReleaseProfile = defineProfile({
+  id: "metal.release.agentless",
+  target: "metal",
+  description: "Eject the virtual CD and power off; the disks are not wiped (no agent can attest it)",
+  steps: [{ step: "media.eject" }, { step: "power.setPower", name: "power.off", input: { action: "off" } }],
+});
+
 export const releaseProfile = defineProfile({
   id: "metal.release",
   target: "metal",
@@ -223,4 +248,4 @@ export const imageStreamProfile = defineProfile({
   ],
 });
 
-export const metalProfiles = [commissionProfile, releaseProfile, imageStreamProfile];
+export const metalProfiles = [commissionProfile, releaseProfile, imageStreamProfile, agentlessCommissionProfile, agentlessReleaseProfile];

@@ -3,10 +3,11 @@
 // site's image cache over HTTP and checked against its sha256.
 import { createHash } from "node:crypto";
 import { afterEach, describe, expect, it } from "vitest";
-import { AgentError, type CommandContext } from "../../agent/client.ts";
+import type { CommandContext } from "../../agent/client.ts";
 import { createImageCache } from "../../agent/roles/image-cache.ts";
 import { ramdiskHandlers } from "../../agent/roles/ramdisk.ts";
 import { simulatedDisks } from "../../agent/testing/sim-disks.ts";
+import { agentFailure } from "../support/agent-error.ts";
 
 const UUID = "4c4c4544-0042-3510-8051-b7c04f443232";
 const MiB = 1024 * 1024;
@@ -35,15 +36,6 @@ async function servedImage(n: number) {
   const server = await cache.serve();
   stops.push(() => server.stop());
   return { bytes, sha256, url: `${server.url}/images/${sha256}`, base: server.url };
-}
-
-async function failure(p: Promise<unknown>): Promise<AgentError> {
-  const e = await p.then(
-    () => undefined,
-    (err: unknown) => err,
-  );
-  expect(e).toBeInstanceOf(AgentError);
-  return e as AgentError;
 }
 
 describe("ramdisk role", () => {
@@ -76,7 +68,7 @@ describe("ramdisk role", () => {
       [2, "discard"],
       [2, "discard"],
     ]);
-    expect(await failure(run("metal.ramdisk.wipe", { method: "shred" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
+    expect(await agentFailure(run("metal.ramdisk.wipe", { method: "shred" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
     expect(disks.disks.get("/dev/sda")!.wipes).toBe(2);
   });
 
@@ -106,7 +98,7 @@ describe("ramdisk role", () => {
     const { disks, run } = setup();
     const image = await servedImage(5000);
     const expected = createHash("sha256").update("another image").digest("hex");
-    const e = await failure(run("metal.ramdisk.writeImage", { url: image.url, sha256: expected }));
+    const e = await agentFailure(run("metal.ramdisk.writeImage", { url: image.url, sha256: expected }));
     expect(e.code).toBe("DRIVER_ERROR");
     expect(e.message).toBe(`image digest mismatch: expected ${expected}, got ${image.sha256}`);
     expect(disks.disks.get("/dev/nvme0n1")!.sha256).toBe(image.sha256); // what actually landed on the disk
@@ -116,11 +108,11 @@ describe("ramdisk role", () => {
     const { disks, run } = setup();
     const image = await servedImage(2 * MiB);
     const missing = `${image.base}/images/${"0".repeat(64)}`;
-    const e404 = await failure(run("metal.ramdisk.writeImage", { url: `${missing}?token=signed-secret`, sha256: "0".repeat(64) }));
+    const e404 = await agentFailure(run("metal.ramdisk.writeImage", { url: `${missing}?token=signed-secret`, sha256: "0".repeat(64) }));
     expect(e404.code).toBe("DRIVER_ERROR");
     expect(e404.message).toBe(`the image ${missing} answered 404 Not Found`);
 
-    const full = await failure(run("metal.ramdisk.writeImage", { url: image.url, sha256: image.sha256, device: "/dev/sda" }));
+    const full = await agentFailure(run("metal.ramdisk.writeImage", { url: image.url, sha256: image.sha256, device: "/dev/sda" }));
     expect(full.code).toBe("DRIVER_ERROR");
     expect(full.message).toContain("/dev/sda: no space left");
     expect(disks.disks.get("/dev/sda")!.data).toBeNull();
@@ -130,7 +122,7 @@ describe("ramdisk role", () => {
       { url: "file:///etc/passwd", sha256: image.sha256 },
       { url: image.url, sha256: image.sha256, device: "/dev/sdz" },
     ]) {
-      expect(await failure(run("metal.ramdisk.writeImage", body))).toMatchObject({ code: "INVALID_ARGUMENT" });
+      expect(await agentFailure(run("metal.ramdisk.writeImage", body))).toMatchObject({ code: "INVALID_ARGUMENT" });
     }
   });
 });

@@ -10,6 +10,7 @@ import { createImageCache } from "../../agent/roles/image-cache.ts";
 import { RedfishClient } from "../../agent/roles/redfish.ts";
 import { siteHandlers } from "../../agent/roles/site.ts";
 import { startRedfishEmulator, type MachineOptions, type RedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
+import { agentFailure } from "../support/agent-error.ts";
 
 const USER = "bmc-operator-7";
 const PASS = "s3cret-Pa55word-xyz";
@@ -36,15 +37,6 @@ function run(emu: RedfishEmulator, kind: string, extra: Record<string, unknown> 
   return siteHandlers({ timeoutMs: 2_000 })[kind]!(body, context) as Promise<any>;
 }
 
-async function failure(p: Promise<unknown>): Promise<AgentError> {
-  const e = await p.then(
-    () => undefined,
-    (err: unknown) => err,
-  );
-  expect(e).toBeInstanceOf(AgentError);
-  return e as AgentError;
-}
-
 const posts = (emu: RedfishEmulator, suffix: string) => emu.requests.filter((r) => r.method === "POST" && r.path.endsWith(suffix)).length;
 const writes = (emu: RedfishEmulator) => emu.requests.filter((r) => r.method !== "GET").map((r) => `${r.method} ${r.path.replace(/^\/redfish\/v1\/Systems\/abc/, "")} ${r.status}`);
 
@@ -67,6 +59,7 @@ describe("site role: Redfish", () => {
       bootEnabled: "Continuous",
       media: { inserted: true, image: "http://10.0.0.1/a.iso" },
       storage: { drives: 2, volumes: [] },
+      addresses: [],
     });
     m.storage.volumes.push({ id: "Volume.9", name: "os", raidType: "RAID1", drives: ["Disk.Bay.0", "Disk.Bay.1"], capacityBytes: 1 });
     expect((await run(emu, "metal.bmc.inspect")).storage).toEqual({ drives: 2, volumes: [{ id: "Volume.9", level: "RAID1" }] });
@@ -78,6 +71,22 @@ describe("site role: Redfish", () => {
     expect(found.systemId).toBe("abc");
     expect("storage" in found).toBe(false);
     expect(emu.requests.some((r) => r.path.includes("/Storage"))).toBe(false);
+  });
+
+  it("reads the machine's addresses from its EthernetInterfaces: IPv4, then IPv6; none without the link", async () => {
+    const emu = await emulator(undefined, { addresses: ["10.0.0.5", "fd00::5"] });
+    expect((await run(emu, "metal.bmc.inspect")).addresses).toEqual(["10.0.0.5", "fd00::5"]);
+    expect(emu.requests.filter((r) => r.path.includes("/EthernetInterfaces")).map((r) => `${r.path} ${r.status}`)).toEqual([
+      "/redfish/v1/Systems/abc/EthernetInterfaces 200",
+      "/redfish/v1/Systems/abc/EthernetInterfaces/NIC.1 200",
+    ]);
+    // Link-local and repeated addresses are left out; IPv4 comes first whatever the NIC's order.
+    emu.machines.get("abc")!.addresses = ["FD00::5", "fe80::1ff:fe23:4567:890a", "10.0.0.5", "192.168.1.7", "fd00::5", "10.0.0.5"];
+    expect((await run(emu, "metal.bmc.inspect")).addresses).toEqual(["10.0.0.5", "192.168.1.7", "fd00::5"]);
+
+    const bare = await emulator();
+    expect((await run(bare, "metal.bmc.inspect")).addresses).toEqual([]);
+    expect(bare.requests.some((r) => r.path.includes("/EthernetInterfaces"))).toBe(false);
   });
 
   it("stages BIOS settings, applied only when the machine power-cycles; idempotent by desired state", async () => {
@@ -112,21 +121,21 @@ describe("site role: Redfish", () => {
     const emu = await emulator();
     const m = emu.machines.get("abc")!;
     const address = `${emu.url}/redfish/v1/Systems/abc`;
-    const e = await failure(run(emu, "metal.bmc.bios", { attributes: { SriovGlobalEnable: true, NoSuchKnob: "On" } }));
+    const e = await agentFailure(run(emu, "metal.bmc.bios", { attributes: { SriovGlobalEnable: true, NoSuchKnob: "On" } }));
     expect(e.code).toBe("DRIVER_ERROR");
     expect(e.message).toBe(`BMC ${address} answered 400 Bad Request to PATCH /redfish/v1/Systems/abc/Bios/Settings: The property NoSuchKnob is not a known BIOS attribute.`);
     expect(e.message).not.toContain(PASS);
-    const typed = await failure(run(emu, "metal.bmc.bios", { attributes: { SriovGlobalEnable: "yes" } }));
+    const typed = await agentFailure(run(emu, "metal.bmc.bios", { attributes: { SriovGlobalEnable: "yes" } }));
     expect(typed.code).toBe("DRIVER_ERROR");
     expect(typed.message).toContain(`BMC ${address} answered 400`);
     expect(m.biosPending).toEqual({});
 
     const before = emu.requests.length;
     for (const attributes of [{}, { BootMode: ["Uefi"] }, { BootMode: null }, "BootMode=Uefi"]) {
-      expect(await failure(run(emu, "metal.bmc.bios", { attributes }))).toMatchObject({ code: "INVALID_ARGUMENT", message: expect.stringContaining("attributes") });
+      expect(await agentFailure(run(emu, "metal.bmc.bios", { attributes }))).toMatchObject({ code: "INVALID_ARGUMENT", message: expect.stringContaining("attributes") });
     }
     const client = new RedfishClient({ address, username: USER, password: PASS });
-    expect(await failure(client.applyBiosSettings({}))).toMatchObject({ code: "INVALID_ARGUMENT" });
+    expect(await agentFailure(client.applyBiosSettings({}))).toMatchObject({ code: "INVALID_ARGUMENT" });
     expect(emu.requests.length).toBe(before);
   });
 
@@ -162,7 +171,7 @@ describe("site role: Redfish", () => {
   it("refuses drive counts that do not fit the level or the machine", async () => {
     const emu = await emulator(undefined, { drives: 2 });
     for (const [level, drives] of [["RAID1", 3], ["RAID1", 1], ["RAID5", 2], ["RAID10", 3], ["RAID10", 5], ["RAID0", 0], ["RAID6", 2], ["RAID1", "some"]] as const) {
-      const e = await failure(run(emu, "metal.bmc.raid", { level, drives }));
+      const e = await agentFailure(run(emu, "metal.bmc.raid", { level, drives }));
       expect(e.code).toBe("INVALID_ARGUMENT");
       expect(e.message).toMatch(/^metal\.bmc\.raid: (drives|level)/);
     }
@@ -170,7 +179,7 @@ describe("site role: Redfish", () => {
 
     // Counts that fit the level but not this machine: refused once its drives are known, nothing written.
     for (const [level, drives] of [["RAID5", "all"], ["RAID10", "all"], ["RAID10", 4], ["RAID10", 6], ["RAID0", 3]] as const) {
-      const e = await failure(run(emu, "metal.bmc.raid", { level, drives }));
+      const e = await agentFailure(run(emu, "metal.bmc.raid", { level, drives }));
       expect(e.code).toBe("INVALID_ARGUMENT");
       expect(e.message).toContain(`BMC ${emu.url}/redfish/v1/Systems/abc has 2 drive`);
     }
@@ -178,7 +187,7 @@ describe("site role: Redfish", () => {
     expect(emu.machines.get("abc")!.storage.volumes).toEqual([]);
 
     const bare = await emulator(undefined, { drives: 0 });
-    const none = await failure(run(bare, "metal.bmc.raid", { level: "RAID1", drives: 2 }));
+    const none = await agentFailure(run(bare, "metal.bmc.raid", { level: "RAID1", drives: 2 }));
     expect(none).toMatchObject({ code: "DRIVER_ERROR", message: `BMC ${bare.url}/redfish/v1/Systems/abc links no Storage to /redfish/v1/Systems/abc; no RAID to configure` });
   });
 
@@ -233,7 +242,7 @@ describe("site role: Redfish", () => {
     const emu = await emulator();
     const wrong = "Wr0ng-Pa55word-abc";
     const address = `${emu.url}/redfish/v1/Systems/abc`;
-    const e = await failure(run(emu, "metal.bmc.power", { action: "on" }, ctx("metal.bmc.power", { [REF]: wrong })));
+    const e = await agentFailure(run(emu, "metal.bmc.power", { action: "on" }, ctx("metal.bmc.power", { [REF]: wrong })));
     expect(e.code).toBe("DRIVER_ERROR");
     expect(e.message).toBe(`BMC ${address} answered 401 Unauthorized to GET /redfish/v1/Systems/abc: check the BMC credential`);
     expect(e.message).not.toContain(wrong);
@@ -243,19 +252,19 @@ describe("site role: Redfish", () => {
 
   it("reports a 5xx, a dropped connection and a timeout as DRIVER_ERROR, without retrying", async () => {
     const emu = await emulator({ errorRate: 1 });
-    const e503 = await failure(run(emu, "metal.bmc.inspect"));
+    const e503 = await agentFailure(run(emu, "metal.bmc.inspect"));
     expect(e503.code).toBe("DRIVER_ERROR");
     expect(e503.message).toMatch(/^BMC http:\/\/127\.0\.0\.1:\d+\/redfish\/v1\/Systems\/abc answered 503 Service Unavailable to GET .*temporarily unavailable/);
     expect(emu.requests).toHaveLength(1);
 
     emu.setFaults({ dropRate: 1 });
-    const dropped = await failure(run(emu, "metal.bmc.inspect"));
+    const dropped = await agentFailure(run(emu, "metal.bmc.inspect"));
     expect(dropped.code).toBe("DRIVER_ERROR");
     expect(dropped.message).toContain(`BMC ${emu.url}/redfish/v1/Systems/abc did not answer GET /redfish/v1/Systems/abc: `);
 
     emu.setFaults({ delayMs: 500 });
     const client = new RedfishClient({ address: `${emu.url}/redfish/v1/Systems/abc`, username: USER, password: PASS }, { timeoutMs: 50 });
-    const slow = await failure(client.inspect());
+    const slow = await agentFailure(client.inspect());
     expect(slow.code).toBe("DRIVER_ERROR");
     expect(slow.message).toContain("no answer within 50 ms");
   });
@@ -265,7 +274,7 @@ describe("site role: Redfish", () => {
     for (const reason of [new AgentError("DEADLINE_EXCEEDED", "the deadline passed"), new AgentError("INTERRUPTED", "the agent is stopping")]) {
       const controller = new AbortController();
       const t0 = performance.now();
-      const pending = failure(run(emu, "metal.bmc.inspect", {}, ctx("metal.bmc.inspect", undefined, controller.signal)));
+      const pending = agentFailure(run(emu, "metal.bmc.inspect", {}, ctx("metal.bmc.inspect", undefined, controller.signal)));
       setTimeout(() => controller.abort(reason), 30);
       expect(await pending).toBe(reason);
       expect(performance.now() - t0).toBeLessThan(400);
@@ -283,7 +292,7 @@ describe("site role: Redfish", () => {
       `ftp://127.0.0.1:${port}/redfish/v1/Systems/abc`,
       "not a url",
     ]) {
-      const e = await failure(handlers["metal.bmc.inspect"]!({ bmc: { address, username: USER, password: REF } }, ctx("metal.bmc.inspect")) as Promise<unknown>);
+      const e = await agentFailure(handlers["metal.bmc.inspect"]!({ bmc: { address, username: USER, password: REF } }, ctx("metal.bmc.inspect")) as Promise<unknown>);
       expect(e.code).toBe("INVALID_ARGUMENT");
       expect(e.message).not.toContain(PASS);
     }
@@ -292,19 +301,19 @@ describe("site role: Redfish", () => {
 
   it("refuses a missing secret, a password in the body and bad fields", async () => {
     const emu = await emulator();
-    const missing = await failure(run(emu, "metal.bmc.inspect", {}, ctx("metal.bmc.inspect", {})));
+    const missing = await agentFailure(run(emu, "metal.bmc.inspect", {}, ctx("metal.bmc.inspect", {})));
     expect(missing).toMatchObject({ code: "INVALID_ARGUMENT", message: `the command carries no value for ${REF}` });
 
-    const plain = await failure(
+    const plain = await agentFailure(
       siteHandlers()["metal.bmc.inspect"]!({ bmc: { address: `${emu.url}/redfish/v1/Systems/abc`, username: USER, password: PASS } }, ctx("metal.bmc.inspect")) as Promise<unknown>,
     );
     expect(plain.code).toBe("INVALID_ARGUMENT");
     expect(plain.message).toContain("bmc.password");
     expect(plain.message).not.toContain(PASS);
 
-    expect(await failure(run(emu, "metal.bmc.power", { action: "reboot" }))).toMatchObject({ code: "INVALID_ARGUMENT", message: expect.stringContaining("action") });
-    expect(await failure(run(emu, "metal.bmc.boot", { device: "floppy" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
-    expect(await failure(run(emu, "metal.bmc.media.insert", { url: "file:///etc/passwd" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
+    expect(await agentFailure(run(emu, "metal.bmc.power", { action: "reboot" }))).toMatchObject({ code: "INVALID_ARGUMENT", message: expect.stringContaining("action") });
+    expect(await agentFailure(run(emu, "metal.bmc.boot", { device: "floppy" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
+    expect(await agentFailure(run(emu, "metal.bmc.media.insert", { url: "file:///etc/passwd" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
     expect(emu.requests).toEqual([]);
   });
 
@@ -317,7 +326,7 @@ describe("site role: Redfish", () => {
     };
     const client = new RedfishClient({ address: "https://bmc.example:8443/redfish/v1/Systems/abc/", username: USER, password: PASS }, { fetch: fakeFetch });
     expect(client.address).toBe("https://bmc.example:8443/redfish/v1/Systems/abc");
-    const e = await failure(client.inspect());
+    const e = await agentFailure(client.inspect());
     expect(e.code).toBe("DRIVER_ERROR");
     expect(e.message).toContain("outside the BMC");
     expect(seen).toEqual([{ url: "https://bmc.example:8443/redfish/v1/Systems/abc", authorization: `Basic ${Buffer.from(`${USER}:${PASS}`).toString("base64")}` }]);

@@ -1,7 +1,8 @@
 // The Redfish BMC emulator (agent/testing/redfish-emulator.ts), simulated hardware served
 // over real HTTP: the resource tree, power actions and the power hook, boot override,
 // virtual media, BIOS settings staged for the next power-on, RAID volumes on the Storage
-// controller, Basic auth that never echoes the password, seeded faults, and stop().
+// controller, a NIC's addresses under EthernetInterfaces, Basic auth that never echoes the
+// password, seeded faults, and stop().
 import { afterEach, describe, expect, it } from "vitest";
 import { startRedfishEmulator, type MachineOptions, type PowerState, type RedfishEmulator, type RedfishFaults } from "../../agent/testing/redfish-emulator.ts";
 
@@ -252,6 +253,30 @@ describe("redfish emulator", () => {
     expect(r10.status).toBe(201);
     expect(r10.json).toMatchObject({ Id: "Volume.2", RAIDType: "RAID10", CapacityBytes: 2 * m.storage.drives[0]!.capacityBytes });
     expect((await call(emu, "DELETE", ctrl)).status).toBe(405);
+  });
+
+  it("serves a NIC's addresses under EthernetInterfaces, only for machines given addresses", async () => {
+    const emu = await start([{ id: "n", addresses: ["10.0.0.5", "fd00::5"] }, { id: "bare" }]);
+    const sys = "/redfish/v1/Systems/n";
+    const nics = `${sys}/EthernetInterfaces`;
+    expect((await call(emu, "GET", sys)).json.EthernetInterfaces).toEqual({ "@odata.id": nics });
+    expect((await call(emu, "GET", nics)).json.Members).toEqual([{ "@odata.id": `${nics}/NIC.1` }]);
+    const nic = (await call(emu, "GET", `${nics}/NIC.1`)).json;
+    expect(nic).toMatchObject({
+      Id: "NIC.1",
+      IPv4Addresses: [{ Address: "10.0.0.5", SubnetMask: "255.255.255.0", AddressOrigin: "DHCP" }],
+      IPv6Addresses: [{ Address: "fd00::5", PrefixLength: 64, AddressOrigin: "SLAAC" }],
+    });
+    expect(nic.MACAddress).toMatch(/^([0-9A-F]{2}:){5}[0-9A-F]{2}$/);
+    // The same machine id, the same MAC, in another emulator too.
+    const again = await start([{ id: "n", addresses: ["10.0.0.6"] }]);
+    expect((await call(again, "GET", `${nics}/NIC.1`)).json.MACAddress).toBe(nic.MACAddress);
+    expect((await call(emu, "POST", nics, {})).status).toBe(405);
+    expect((await call(emu, "GET", `${nics}/NIC.2`)).status).toBe(404);
+
+    expect((await call(emu, "GET", "/redfish/v1/Systems/bare")).json.EthernetInterfaces).toBeUndefined();
+    expect((await call(emu, "GET", "/redfish/v1/Systems/bare/EthernetInterfaces")).status).toBe(404);
+    await expect(startRedfishEmulator({ machines: [{ addresses: ["node-1.example"] }] })).rejects.toThrow(/not an IP address/);
   });
 
   it("answers wrong credentials with 401 and never echoes the password", async () => {

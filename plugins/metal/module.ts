@@ -344,6 +344,30 @@ export function metalModule(options: MetalOptions = {}): Module {
     },
   });
 
+  const retire = defineMethod({
+    name: "metal.nodes.retire",
+    action: "metal.nodes.retire",
+    resource: (input) => `metal/nodes/${input.node}`,
+    description: "Take a machine out of service for good (enrolled, ready or failed); its BMC may be enrolled again as a new machine",
+    input: z.object({ node: z.string(), reason: z.string().min(1).max(500).optional() }),
+    output: metalNode,
+    handler: async (ctx, input, tx) => {
+      const node = await loadNode(tx, input.node, true);
+      const reason = input.reason ?? "retired by an operator";
+      const moved = await transition(ctx, tx, node.id, "retire", { workflowId: null, role: null, maintenance: false, reason });
+      if (!moved) {
+        const hint = node.state === "deployed" ? ": undeploy it first" : node.state === "retired" ? "" : ": wait until its workflow ends";
+        throw new ComputeError("FAILED_PRECONDITION", `metal node ${node.id} is ${node.state}; only an enrolled, ready or failed machine can be retired${hint}`, { node: node.id, state: node.state });
+      }
+      // Nothing may act for it again: whatever agent joined for it (an installed system, a ramdisk) is revoked.
+      await ctx.nodes.revoke(tx, { role: "node", labels: { "bc.dev/machine": node.id } }, `metal node ${node.id} was retired`);
+      if (node.product_uuid) {
+        await ctx.nodes.revoke(tx, { role: "ramdisk", labels: { "bc.dev/product-uuid": node.product_uuid, "bc.dev/site": node.site_id } }, `metal node ${node.id} was retired`);
+      }
+      return toNode(await loadNode(tx, node.id));
+    },
+  });
+
   // ------------------------------------------------------------------ reconciler
 
   /** Exactly one attested wipe in the workflow: a succeeded wipe step whose command's result is node-signed. */
@@ -425,13 +449,14 @@ export function metalModule(options: MetalOptions = {}): Module {
         "metal.deploy": "Deploy machines",
         "metal.undeploy": "Release machines (wipes their disks)",
         "metal.nodes.recommission": "Take failed machines out of maintenance",
+        "metal.nodes.retire": "Take machines out of service for good",
       },
     },
     migrations: [
       { name: "metal/0001_metal", sql: SCHEMA_SQL },
       { name: "metal/0002_addresses", sql: ADDRESSES_SQL },
     ],
-    api: [sitesCreate, poolsCreate, enroll, nodesGet, nodesList, deploy, undeploy, recommission],
+    api: [sitesCreate, poolsCreate, enroll, nodesGet, nodesList, deploy, undeploy, recommission, retire],
     commands: metalCommands,
     extensions: [redfishDriver, ipxeDriver, imageStreamDriver, ...metalSteps],
     profiles: [...metalProfiles, ...commissionProfiles],

@@ -286,6 +286,34 @@ describe("metal lifecycle on a simulated site", () => {
     ]);
     expect(machine.disks.disks.get("/dev/sda")!.sha256).toBeNull(); // recommissioning wiped what was written
   }, 90_000);
+
+  it("retire takes a ready machine out of service for good; its BMC can be enrolled again as a new machine, which cannot be retired mid-workflow", async () => {
+    const machine = sim.machines[1]!;
+    expect((await sim.call<{ state: string }>("metal.nodes.get", { id: "m-digest" })).state).toBe("ready");
+    const retired = await sim.call<Record<string, unknown>>("metal.nodes.retire", { node: "m-digest", reason: "motherboard replaced" });
+    expect(retired).toMatchObject({ state: "retired", maintenance: false, workflow: null, role: null });
+    expect((await history(sim, "m-digest")).at(-1)).toEqual({ event: "retire", from_state: "ready", to_state: "retired", workflow_id: null });
+    const events = await rows<{ data: { reason: string } }>(sim, sql`SELECT data FROM bc_events WHERE type = 'metal.node.retire' AND subject = 'metal/nodes/m-digest'`);
+    expect(events.map((e) => e.data.reason)).toEqual(["motherboard replaced"]);
+    const live = await rows<{ id: string }>(sim, sql`SELECT id FROM bc_nodes WHERE labels->>'bc.dev/product-uuid' = ${machine.uuid.toLowerCase()} AND revoked_at IS NULL`);
+    expect(live).toEqual([]);
+    // Retired is the end: no deploy, no second retire, no recommission.
+    expect((await refusal(sim.call("metal.deploy", { node: "m-digest", profile: "metal.deploy.image-stream", input: {} }))).code).toBe("FAILED_PRECONDITION");
+    expect((await refusal(sim.call("metal.nodes.retire", { node: "m-digest" }))).code).toBe("FAILED_PRECONDITION");
+    expect((await refusal(sim.call("metal.nodes.recommission", { node: "m-digest" }))).code).toBe("FAILED_PRECONDITION");
+
+    // The same BMC enrolls again under a new id; while it commissions, it cannot be retired and nothing is written.
+    const again = await sim.enroll(machine, { id: "m-digest-2" });
+    expect(again.state).toBe("commissioning");
+    const before = await history(sim, "m-digest-2");
+    const midway = await refusal(sim.call("metal.nodes.retire", { node: "m-digest-2" }));
+    expect(midway.code).toBe("FAILED_PRECONDITION");
+    expect(midway.message).toMatch(/commissioning/);
+    expect(await history(sim, "m-digest-2")).toEqual(before);
+    const ready = await sim.waitForState("m-digest-2", ["ready", "failed"]);
+    expect(ready.state, JSON.stringify(ready.lastError)).toBe("ready");
+    expect((await refusal(sim.call("metal.nodes.retire", { node: "nobody" }))).code).toBe("NOT_FOUND");
+  }, 90_000);
 });
 
 describe("a site whose agent joins after its machines were enrolled", () => {

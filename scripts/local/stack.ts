@@ -18,6 +18,8 @@ export interface StackOptions {
   databaseUrl?: string;
   /** wrangler config of the Worker to run; default the repository's wrangler.toml. */
   wranglerConfig?: string;
+  /** The Worker's entry instead of the config's `main` (a deployment with test plugins; its modules' migrations must be the default config's). */
+  main?: string;
   /** Lines wrangler prints (default: dropped). */
   onOutput?: (line: string) => void;
 }
@@ -68,6 +70,7 @@ export async function startStack(options: StackOptions): Promise<Stack> {
       [
         path.join(repoRoot, "node_modules", "wrangler", "bin", "wrangler.js"),
         "dev",
+        ...(options.main ? [options.main] : []),
         "--config", options.wranglerConfig ?? path.join(repoRoot, "wrangler.toml"),
         "--ip", "127.0.0.1",
         "--port", String(port),

@@ -4,47 +4,22 @@
 // BMCs and Talos itself (an HTTPS server with a self-signed certificate on the machine's own
 // loopback address, answering /machine/version once it has "booted"); Postgres, the engine, the
 // metal module, the site agent and its site.httpProxy requests over real TLS are real.
-import { createServer, type Server } from "node:https";
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { definePlugin } from "better-compute";
 import { httpViaSite } from "better-compute/metal";
 import { defineProfile, defineStep } from "better-compute/provision";
-import { createMetalSim, selfSignedCertificate, SIM_BMC_PASSWORD, type AgentlessOs, type MetalSim } from "better-compute/testing/metal";
+import { createMetalSim, selfSignedCertificate, SIM_BMC_PASSWORD, type MetalSim } from "better-compute/testing/metal";
+import { talosEmulator } from "./acme-talos/emulator.ts";
 import { acmeTalos, TALOS_API_PORT, talosProfile } from "./acme-talos/plugin.ts";
 
 const TALOS_ISO = "https://images.example.test/talos/v1.8.0/metal-amd64.iso";
-const BOOT_MS = 1500; // Talos's API comes up this long after the machine boots the ISO
 const ADDRESS = (i: number) => `127.0.0.${30 + i}`;
 const PROVISIONING_CIDR = "127.0.0.33/32"; // only machine 3 may be reached over plain HTTP
 
 const tls = selfSignedCertificate("talos");
-const seen: { machine: string; method: string; url: string; headers: Record<string, unknown> }[] = [];
-
-/** Talos as the machine runs it: its API on the machine's own address, answering once booted. */
-const talos: AgentlessOs = {
-  async start(machine) {
-    const booted = Date.now() + BOOT_MS;
-    const server: Server = createServer({ key: tls.key, cert: tls.cert }, (req, res) => {
-      seen.push({ machine: machine.id, method: req.method ?? "", url: req.url ?? "", headers: req.headers });
-      if (req.url === "/machine/version") {
-        if (Date.now() < booted) return void res.writeHead(503).end("booting");
-        return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ version: "v1.8.0" }));
-      }
-      if (req.url === "/redirect") return void res.writeHead(302, { location: "https://10.1.2.3/" }).end();
-      res.writeHead(404).end();
-    });
-    await new Promise<void>((resolve) => server.listen(TALOS_API_PORT, machine.addresses[0], resolve));
-    return {
-      stop: () =>
-        new Promise<void>((resolve) => {
-          server.close(() => resolve());
-          server.closeAllConnections();
-        }),
-    };
-  },
-};
+const { os: talos, seen } = talosEmulator(tls);
 
 // A probe as another plugin might write it: one httpViaSite request from the workflow's input.
 const probeStep = defineStep({

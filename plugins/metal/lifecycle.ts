@@ -4,11 +4,11 @@
 // (a retried reconciler pass, a concurrent one) changes nothing.
 //
 //   enrolled → commissioning → ready → deploying → deployed → releasing → ready
-//   off path: failed (maintenance on), retired
+//   off path: failed (maintenance on), retired; deployed → rescuing → rescue → unrescuing → deployed
 import { sql } from "drizzle-orm";
 import type { ModuleContext, Tx } from "better-compute/core";
 
-export const METAL_STATES = ["enrolled", "commissioning", "ready", "deploying", "deployed", "releasing", "failed", "retired"] as const;
+export const METAL_STATES = ["enrolled", "commissioning", "ready", "deploying", "deployed", "releasing", "failed", "retired", "rescuing", "rescue", "unrescuing"] as const;
 export type MetalState = (typeof METAL_STATES)[number];
 
 export const TRANSITIONS = {
@@ -22,7 +22,14 @@ export const TRANSITIONS = {
   /** Release ended with exactly one attested wipe (or the pool allows an unverified release). */
   released: { from: ["releasing"], to: "ready" },
   /** A workflow failed, or a wipe was not attested: maintenance goes on. */
-  fail: { from: ["commissioning", "deploying", "releasing"], to: "failed" },
+  fail: { from: ["commissioning", "deploying", "releasing", "rescuing", "unrescuing"], to: "failed" },
+  /** A deployed machine boots the ramdisk (its disk untouched) for an operator to look into. */
+  rescue: { from: ["deployed"], to: "rescuing" },
+  /** The ramdisk is up and connected; it stays until unrescue. */
+  rescued: { from: ["rescuing"], to: "rescue" },
+  unrescue: { from: ["rescue"], to: "unrescuing" },
+  /** Booted from its disk again. */
+  unrescued: { from: ["unrescuing"], to: "deployed" },
   /** An operator fixed a failed machine: it is commissioned again from the start. */
   recommission: { from: ["failed"], to: "enrolled" },
   retire: { from: ["enrolled", "ready", "failed"], to: "retired" },

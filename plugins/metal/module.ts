@@ -33,6 +33,9 @@ export const DEFAULT_HARDWARE_PROFILES: Record<string, HardwareProfile> = {
   },
 };
 
+/** The states metal/0001 was written with (a migration's text never changes; 0003 adds rescue's). */
+const FIRST_STATES = ["enrolled", "commissioning", "ready", "deploying", "deployed", "releasing", "failed", "retired"];
+
 const SCHEMA_SQL = `
 CREATE TABLE IF NOT EXISTS metal_sites (
   id text PRIMARY KEY,
@@ -53,7 +56,7 @@ CREATE TABLE IF NOT EXISTS metal_nodes (
   site_id text NOT NULL REFERENCES metal_sites (id),
   -- The BMC binding: address and username, the password as a secret:// reference only.
   bmc jsonb NOT NULL,
-  state text NOT NULL CHECK (state IN (${METAL_STATES.map((s) => `'${s}'`).join(", ")})),
+  state text NOT NULL CHECK (state IN (${FIRST_STATES.map((s) => `'${s}'`).join(", ")})),
   maintenance boolean NOT NULL DEFAULT false,
   maintenance_reason text,
   role text,
@@ -82,6 +85,13 @@ CREATE INDEX IF NOT EXISTS metal_transitions_node ON metal_transitions (node_id,
 
 // The machine's own IP addresses, as its BMC reported them: the only hosts httpViaSite may reach.
 const ADDRESSES_SQL = `ALTER TABLE metal_nodes ADD COLUMN IF NOT EXISTS addresses text[] NOT NULL DEFAULT '{}';`;
+
+// Rescue's states.
+const RESCUE_SQL = `
+ALTER TABLE metal_nodes DROP CONSTRAINT IF EXISTS metal_nodes_state_check;
+ALTER TABLE metal_nodes ADD CONSTRAINT metal_nodes_state_check CHECK (state IN (${METAL_STATES.map((s) => `'${s}'`).join(", ")}));
+DROP INDEX IF EXISTS metal_nodes_moving;
+CREATE INDEX metal_nodes_moving ON metal_nodes (state) WHERE state IN ('enrolled', 'commissioning', 'deploying', 'releasing', 'rescuing', 'unrescuing');`;
 
 const slug = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "lower-case letters, digits and dashes");
 const policy = z.object({
@@ -137,6 +147,12 @@ async function loadNode(tx: Pick<Tx, "execute">, id: string, lock = false): Prom
   const row = found.rows[0] as NodeRow | undefined;
   if (!row) throw notFound(`metal node ${id} does not exist`);
   return row;
+}
+
+/** The machine's ramdisks (matched by product UUID at its site) can no longer act for it. */
+async function revokeRamdisks(ctx: ModuleContext, tx: Tx, node: Pick<NodeRow, "product_uuid" | "site_id">, reason: string): Promise<void> {
+  if (!node.product_uuid) return;
+  await ctx.nodes.revoke(tx, { role: "ramdisk", labels: { "bc.dev/product-uuid": node.product_uuid, "bc.dev/site": node.site_id } }, reason);
 }
 
 /** A step that runs on an agent of the machine (ramdisk, installed node) or waits for one to join. */
@@ -344,6 +360,38 @@ export function metalModule(options: MetalOptions = {}): Module {
     },
   });
 
+  const rescue = defineMethod({
+    name: "metal.rescue",
+    action: "metal.rescue",
+    resource: (input) => `metal/nodes/${input.node}`,
+    description: "Boot a deployed machine into the ramdisk (its disk untouched) for an operator to look into; metal.unrescue boots it from its disk again",
+    input: z.object({ node: z.string() }),
+    output: z.object({ node: z.string(), workflow: z.string() }),
+    handler: async (ctx, input, tx) => {
+      const node = await loadNode(tx, input.node, true);
+      if (node.pool_agent === "none") throw new ComputeError("UNSUPPORTED", `pool ${node.pool_id} is agentless (agent: none): no ramdisk can boot on metal node ${node.id} to rescue it`);
+      if (node.state !== "deployed") throw new ComputeError("FAILED_PRECONDITION", `metal node ${node.id} is ${node.state}; only a deployed machine can be rescued`);
+      const wf = await runLifecycle(ctx, tx, node, "rescue", "metal.rescue", {}, { createdBy: ctx.principal.id });
+      return { node: node.id, workflow: wf.id };
+    },
+  });
+
+  const unrescue = defineMethod({
+    name: "metal.unrescue",
+    action: "metal.rescue",
+    resource: (input) => `metal/nodes/${input.node}`,
+    description: "Boot a rescued machine from its disk again; the rescue ramdisk is revoked",
+    input: z.object({ node: z.string() }),
+    output: z.object({ node: z.string(), workflow: z.string() }),
+    handler: async (ctx, input, tx) => {
+      const node = await loadNode(tx, input.node, true);
+      if (node.state !== "rescue") throw new ComputeError("FAILED_PRECONDITION", `metal node ${node.id} is ${node.state}; only a rescued machine can be unrescued`);
+      await revokeRamdisks(ctx, tx, node, `metal node ${node.id} leaves rescue`);
+      const wf = await runLifecycle(ctx, tx, node, "unrescue", "metal.unrescue", {}, { createdBy: ctx.principal.id });
+      return { node: node.id, workflow: wf.id };
+    },
+  });
+
   const retire = defineMethod({
     name: "metal.nodes.retire",
     action: "metal.nodes.retire",
@@ -361,9 +409,7 @@ export function metalModule(options: MetalOptions = {}): Module {
       }
       // Nothing may act for it again: whatever agent joined for it (an installed system, a ramdisk) is revoked.
       await ctx.nodes.revoke(tx, { role: "node", labels: { "bc.dev/machine": node.id } }, `metal node ${node.id} was retired`);
-      if (node.product_uuid) {
-        await ctx.nodes.revoke(tx, { role: "ramdisk", labels: { "bc.dev/product-uuid": node.product_uuid, "bc.dev/site": node.site_id } }, `metal node ${node.id} was retired`);
-      }
+      await revokeRamdisks(ctx, tx, node, `metal node ${node.id} was retired`);
       return toNode(await loadNode(tx, node.id));
     },
   });
@@ -382,16 +428,15 @@ export function metalModule(options: MetalOptions = {}): Module {
   async function settle(ctx: ModuleContext, node: NodeRow & { wf_state: string; wf_error: Record<string, unknown> | null }): Promise<boolean> {
     return ctx.store.transaction(async (tx) => {
       const wf = node.workflow_id!;
-      // The ramdisks this workflow booted are done: none may act for the machine again.
-      if (node.product_uuid) {
-        await ctx.nodes.revoke(tx, { role: "ramdisk", labels: { "bc.dev/product-uuid": node.product_uuid, "bc.dev/site": node.site_id } }, `workflow ${wf} ended`);
-      }
+      // The ramdisks this workflow booted are done (a rescue's stays up until unrescue): none may act for the machine again.
+      if (!(node.state === "rescuing" && node.wf_state === "succeeded")) await revokeRamdisks(ctx, tx, node, `workflow ${wf} ended`);
       if (node.wf_state !== "succeeded") {
         const error = node.wf_error ?? { code: "CANCELLED", message: `workflow ${wf} was ${node.wf_state}` };
         const reason = `${node.state} failed: ${String(error.message ?? error.code)}`;
         return (await transition(ctx, tx, node.id, "fail", { maintenance: true, reason, lastError: { ...error, workflow: wf } })) !== undefined;
       }
-      if (node.state === "deploying") return (await transition(ctx, tx, node.id, "deployed")) !== undefined;
+      const plain = { deploying: "deployed", rescuing: "rescued", unrescuing: "unrescued" } as const;
+      if (node.state in plain) return (await transition(ctx, tx, node.id, plain[node.state as keyof typeof plain])) !== undefined;
       const event = node.state === "commissioning" ? "commissioned" : "released";
       const wipes = await attestedWipes(tx, wf);
       if (wipes === 1) return (await transition(ctx, tx, node.id, event, { role: null })) !== undefined;
@@ -414,7 +459,7 @@ export function metalModule(options: MetalOptions = {}): Module {
       const ended = await ctx.store.db.execute(sql`
         SELECT n.*, p.policy, p.agent AS pool_agent, w.state AS wf_state, w.error AS wf_error
         FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id JOIN workflows w ON w.id = n.workflow_id
-        WHERE n.state IN ('commissioning', 'deploying', 'releasing') AND w.state <> 'running'
+        WHERE n.state IN ('commissioning', 'deploying', 'releasing', 'rescuing', 'unrescuing') AND w.state <> 'running'
         ORDER BY n.state_changed_at LIMIT 500`);
       for (const node of ended.rows as unknown as (NodeRow & { wf_state: string; wf_error: Record<string, unknown> | null })[]) {
         if (await settle(ctx, node)) changed++;
@@ -450,13 +495,15 @@ export function metalModule(options: MetalOptions = {}): Module {
         "metal.undeploy": "Release machines (wipes their disks)",
         "metal.nodes.recommission": "Take failed machines out of maintenance",
         "metal.nodes.retire": "Take machines out of service for good",
+        "metal.rescue": "Boot deployed machines into the ramdisk and back",
       },
     },
     migrations: [
       { name: "metal/0001_metal", sql: SCHEMA_SQL },
       { name: "metal/0002_addresses", sql: ADDRESSES_SQL },
+      { name: "metal/0003_rescue", sql: RESCUE_SQL },
     ],
-    api: [sitesCreate, poolsCreate, enroll, nodesGet, nodesList, deploy, undeploy, recommission, retire],
+    api: [sitesCreate, poolsCreate, enroll, nodesGet, nodesList, deploy, undeploy, recommission, retire, rescue, unrescue],
     commands: metalCommands,
     extensions: [redfishDriver, ipxeDriver, imageStreamDriver, ...metalSteps],
     profiles: [...metalProfiles, ...commissionProfiles],

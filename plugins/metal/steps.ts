@@ -248,4 +248,21 @@ export const imageStreamProfile = defineProfile({
   ],
 });
 
-export const metalProfiles = [commissionProfile, releaseProfile, imageStreamProfile, agentlessCommissionProfile, agentlessReleaseProfile];
+export const rescueProfile = defineProfile({
+  id: "metal.rescue",
+  target: "metal",
+  description: "Boot a deployed machine into the ramdisk, its disk untouched; the ramdisk stays up until unrescue",
+  steps: pxeIntoRamdisk,
+});
+
+export const unrescueProfile = defineProfile({
+  id: "metal.unrescue",
+  target: "metal",
+  description: "Boot the rescued machine from its disk again",
+  steps: [
+    { step: "management.setBootDevice", name: "boot.disk", input: { device: "disk" } },
+    { step: "power.setPower", name: "power.reboot", input: { action: "cycle" } },
+  ],
+});
+
+export const metalProfiles = [commissionProfile, releaseProfile, imageStreamProfile, agentlessCommissionProfile, agentlessReleaseProfile, rescueProfile, unrescueProfile];

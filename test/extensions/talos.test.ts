@@ -142,10 +142,12 @@ describe("Walkthrough 3: Talos on an agentless pool", () => {
     expect(unverified.at(-1)!.data).toMatchObject({ event: "released", attestedWipes: 0 });
   });
 
-  it("a profile that needs an agent on the machine is refused on an agentless pool with UNSUPPORTED", async () => {
-    const refused = await sim.call("metal.deploy", { node: "t-1", profile: "metal.deploy.image-stream", input: {} }).catch((e: { code: string; message: string }) => e);
-    expect(refused).toMatchObject({ code: "UNSUPPORTED" });
-    expect((refused as { message: string }).message).toMatch(/agentless/);
+  it("a profile that needs an agent on the machine, and rescue, are refused on an agentless pool with UNSUPPORTED", async () => {
+    for (const [method, input] of [["metal.deploy", { node: "t-1", profile: "metal.deploy.image-stream", input: {} }], ["metal.rescue", { node: "t-1" }]] as const) {
+      const refused = await sim.call(method, input).catch((e: { code: string; message: string }) => e);
+      expect(refused, method).toMatchObject({ code: "UNSUPPORTED" });
+      expect((refused as { message: string }).message).toMatch(/agentless/);
+    }
     expect((await sim.call<{ state: string }>("metal.nodes.get", { id: "t-1" })).state).toBe("ready");
   });
 

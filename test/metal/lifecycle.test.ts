@@ -287,6 +287,42 @@ describe("metal lifecycle on a simulated site", () => {
     expect(machine.disks.disks.get("/dev/sda")!.sha256).toBeNull(); // recommissioning wiped what was written
   }, 90_000);
 
+  it("rescue boots a deployed machine into the ramdisk with its disk untouched; unrescue revokes that ramdisk and boots the disk: deployed again", async () => {
+    const machine = sim.machines[0]!;
+    expect((await sim.call<{ state: string }>("metal.nodes.get", { id: "m-life" })).state).toBe("ready");
+    expect((await refusal(sim.call("metal.rescue", { node: "m-life" }))).code).toBe("FAILED_PRECONDITION");
+    await sim.call("metal.deploy", { node: "m-life", profile: "metal.deploy.image-stream", input: { image: { url: `${images.url}/images/${image}`, sha256: image } } });
+    expect((await sim.waitForState("m-life", ["deployed", "failed"])).state).toBe("deployed");
+    expect((await refusal(sim.call("metal.unrescue", { node: "m-life" }))).code).toBe("FAILED_PRECONDITION");
+
+    const rescue = await sim.call<{ workflow: string }>("metal.rescue", { node: "m-life" });
+    const rescued = await sim.waitForState("m-life", ["rescue", "failed"]);
+    expect(rescued.state, JSON.stringify(rescued.lastError)).toBe("rescue");
+    expect(rescued.role).toBe("host");
+    expect(machine.boots.at(-1)).toBe("pxe");
+    expect(machine.disks.disks.get("/dev/sda")!.sha256).toBe(image); // nothing was wiped or written
+    const ramdisk = await rows<{ id: string; state: string; revoked: boolean }>(sim, sql`
+      SELECT id, state, revoked_at IS NOT NULL AS revoked FROM bc_nodes
+      WHERE role = 'ramdisk' AND labels->>'bc.dev/product-uuid' = ${machine.uuid.toLowerCase()} AND revoked_at IS NULL`);
+    expect(ramdisk).toEqual([{ id: expect.any(String), state: "connected", revoked: false }]);
+
+    const unrescue = await sim.call<{ workflow: string }>("metal.unrescue", { node: "m-life" });
+    const back = await sim.waitForState("m-life", ["deployed", "failed"]);
+    expect(back.state, JSON.stringify(back.lastError)).toBe("deployed");
+    expect(machine.boots.at(-1)).not.toBe("pxe");
+    expect(machine.disks.disks.get("/dev/sda")!.sha256).toBe(image);
+    const after = await rows<{ revoked: boolean }>(sim, sql`SELECT revoked_at IS NOT NULL AS revoked FROM bc_nodes WHERE id = ${ramdisk[0]!.id}`);
+    expect(after).toEqual([{ revoked: true }]);
+    expect((await history(sim, "m-life")).slice(-4)).toEqual([
+      { event: "rescue", from_state: "deployed", to_state: "rescuing", workflow_id: rescue.workflow },
+      { event: "rescued", from_state: "rescuing", to_state: "rescue", workflow_id: rescue.workflow },
+      { event: "unrescue", from_state: "rescue", to_state: "unrescuing", workflow_id: unrescue.workflow },
+      { event: "unrescued", from_state: "unrescuing", to_state: "deployed", workflow_id: unrescue.workflow },
+    ]);
+    await sim.call("metal.undeploy", { node: "m-life" });
+    expect((await sim.waitForState("m-life", ["ready", "failed"])).state).toBe("ready");
+  }, 90_000);
+
   it("retire takes a ready machine out of service for good; its BMC can be enrolled again as a new machine, which cannot be retired mid-workflow", async () => {
     const machine = sim.machines[1]!;
     expect((await sim.call<{ state: string }>("metal.nodes.get", { id: "m-digest" })).state).toBe("ready");

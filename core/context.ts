@@ -116,6 +116,12 @@ export interface NodesPort {
    * include all of `labels` (e.g. the installed system of a machine being wiped). Returns the ids.
    */
   revoke(tx: Tx, which: { nodeId: string } | { role: "node" | "site" | "ramdisk"; labels: Record<string, string> }, reason: string): Promise<string[]>;
+  /**
+   * Wakes the workflow when an agent of the role whose labels include all of `labels` connects
+   * (its hello), instead of at its step's next poll. One wait per workflow: a later call replaces it.
+   * Register before checking whether the agent is there already, so none slips between the two.
+   */
+  wakeWhenConnected(tx: Tx, wait: { workflowId: string; role: "node" | "site" | "ramdisk"; labels: Record<string, string> }): Promise<void>;
 }
 
 export interface ModuleContext {
@@ -248,6 +254,11 @@ export function databaseNodes(events: EventsPort, wake: WakePort): NodesPort {
         wake.node(id);
       }
       return ids;
+    },
+    async wakeWhenConnected(tx, wait) {
+      await tx.execute(sql`
+        INSERT INTO bc_agent_waits (workflow_id, role, labels) VALUES (${wait.workflowId}, ${wait.role}, ${JSON.stringify(wait.labels)}::jsonb)
+        ON CONFLICT (workflow_id) DO UPDATE SET role = EXCLUDED.role, labels = EXCLUDED.labels, fired_at = NULL, created_at = compute_now()`);
     },
   };
 }

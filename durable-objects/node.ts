@@ -117,14 +117,15 @@ export class NodeDO extends DurableObject {
     if (!(await verifyMessage(att.publicKey, helloMessage(att.nodeId, frame.nonce, frame.bootId), frame.signature))) {
       return ws.close(CloseCode.PROOF_FAILED, "the hello is not signed by the node's key");
     }
-    let connected = false;
+    let outcome: Awaited<ReturnType<typeof recordConnected>>;
     try {
-      connected = await recordConnected(this.store, att, frame);
+      outcome = await recordConnected(this.store, att, frame);
     } catch (err) {
       this.log(att).warn("could not record the connection; the agent will retry", { error: errorText(err) });
       return ws.close(1011, "the control plane's database is unavailable; retry");
     }
-    if (!connected) return ws.close(CloseCode.REVOKED, "the node was revoked");
+    if (!outcome.connected) return ws.close(CloseCode.REVOKED, "the node was revoked");
+    if (outcome.waking.length) await wakeObjects(this.env as object, "workflow", outcome.waking, this.log(att));
     ws.serializeAttachment({ ...att, nonce: null, ready: true } satisfies Attachment);
     // Remembered outside the socket: if the runtime restarts, the socket (and its close event)
     // is gone, and the sweep must still record the disconnection.

@@ -332,7 +332,9 @@ export class Gateway {
         return this.#end(session, CloseCode.PROOF_FAILED, "the hello does not answer this socket's challenge");
       }
       session.nonce = null;
-      if (!(await recordConnected(this.store, session, frame))) return this.#end(session, CloseCode.REVOKED, "the node was revoked");
+      const outcome = await recordConnected(this.store, session, frame);
+      if (!outcome.connected) return this.#end(session, CloseCode.REVOKED, "the node was revoked");
+      for (const id of outcome.waking) this.workflows().wake(id);
       session.ready = true;
       this.#send(session, { t: "welcome", nodeId: session.nodeId, sessionId: session.sessionId });
       return this.deliverSoon(session.nodeId);

@@ -16,7 +16,11 @@ export interface SessionRef {
 const events = (nodeId: string) => databaseEvents("agents", `node:${nodeId}`, undefined);
 
 /** The hello verified: the node is connected on this session. False when it was revoked (or its key changed). */
-export async function recordConnected(store: Store, session: SessionRef & { publicKey: string }, hello: HelloFrame): Promise<boolean> {
+/**
+ * Records the hello. Answers whether the node may connect (false: revoked, or another key), and
+ * the workflows that waited for this agent (ctx.nodes.wakeWhenConnected): wake them after this.
+ */
+export async function recordConnected(store: Store, session: SessionRef & { publicKey: string }, hello: HelloFrame): Promise<{ connected: boolean; waking: string[] }> {
   const driverLabels = Object.fromEntries(hello.drivers.map((d) => [`bc.dev/driver.${d.id}`, d.version]));
   // bc.dev/ labels are the platform's (attestors vouch for a site, a machine, a product UUID):
   // an agent's own report cannot set or override them.
@@ -30,14 +34,19 @@ export async function recordConnected(store: Store, session: SessionRef & { publ
           labels = (SELECT coalesce(jsonb_object_agg(k, v), '{}'::jsonb) FROM jsonb_each(labels) AS l(k, v) WHERE k NOT LIKE 'bc.dev/driver.%')
                    || ${JSON.stringify({ ...reported, ...driverLabels })}::jsonb
       WHERE id = ${session.nodeId} AND revoked_at IS NULL AND public_key = ${session.publicKey}
-      RETURNING id`);
-    if (updated.rows.length === 0) return false;
+      RETURNING role, labels`);
+    const node = updated.rows[0] as { role: string; labels: Record<string, string> } | undefined;
+    if (!node) return { connected: false, waking: [] };
+    const fired = await tx.execute(sql`
+      UPDATE bc_agent_waits SET fired_at = compute_now()
+      WHERE role = ${node.role} AND fired_at IS NULL AND ${JSON.stringify(node.labels)}::jsonb @> labels
+      RETURNING workflow_id`);
     await events(session.nodeId).publish(tx, {
       type: "node.connected",
       subject: `nodes/${session.nodeId}`,
       data: { sessionId: session.sessionId, bootId: hello.bootId, version: hello.version, role: hello.role, drivers: hello.drivers },
     });
-    return true;
+    return { connected: true, waking: (fired.rows as { workflow_id: string }[]).map((r) => r.workflow_id) };
   });
 }
 

@@ -123,14 +123,25 @@ export async function joinedAgent(ctx: ModuleContext, workflowId: string, machin
   return (found.rows[0] as { id: string } | undefined)?.id;
 }
 
+/** The labels the machine's agent of the role carries (vouched for by its attestor). */
+async function agentLabels(ctx: ModuleContext, machine: string, role: "ramdisk" | "node"): Promise<Record<string, string> | undefined> {
+  if (role === "node") return { "bc.dev/machine": machine };
+  const found = await ctx.store.db.execute(sql`SELECT product_uuid, site_id FROM metal_nodes WHERE id = ${machine}`);
+  const row = found.rows[0] as { product_uuid: string | null; site_id: string } | undefined;
+  return row?.product_uuid ? { "bc.dev/product-uuid": row.product_uuid, "bc.dev/site": row.site_id } : undefined;
+}
+
 export const waitAgentJoined = defineStep({
   id: "wait.agentJoined",
   runsOn: "control-plane",
   description: "Wait until an agent of the role (ramdisk after PXE, node after an install) joined for the machine and is connected",
   input: z.object({ machine: z.string(), role: z.enum(["ramdisk", "node"]) }),
-  pollSeconds: 2,
+  // The agent's hello wakes the workflow (wakeWhenConnected); the poll is the safety net.
+  pollSeconds: 10,
   deadlineSeconds: 1800,
   run: async (ctx, input) => {
+    const labels = await agentLabels(ctx, input.machine, input.role);
+    if (labels) await ctx.store.transaction((tx) => ctx.nodes.wakeWhenConnected(tx, { workflowId: ctx.workflow.id, role: input.role, labels }));
     const nodeId = await joinedAgent(ctx, ctx.workflow.id, input.machine, input.role);
     if (!nodeId) stepNotReady(`no ${input.role} agent has joined for ${input.machine} yet`);
     return { nodeId, role: input.role };

@@ -30,6 +30,8 @@ interface WorkflowRow {
   position: number;
   input: Record<string, unknown>;
   overdue: boolean;
+  /** Its wait for an agent (ctx.nodes.wakeWhenConnected): fired once the agent connected. */
+  agent_wait: "waiting" | "fired" | null;
 }
 
 interface AttemptRow {
@@ -95,7 +97,8 @@ async function advanceStep(ctx: EngineContext, wf: WorkflowRow, profile: Profile
       return undefined;
     case "not_ready":
       if (attempt.overdue) return failStep(ctx, wf, step, attempt, new StepError("DEADLINE_EXCEEDED", `step ${name} was still not ready at its deadline`, false));
-      if (attempt.wait_ms! > 0) return attempt.wait_ms!;
+      // The agent it waits for has connected: look now, not at the next poll.
+      if (attempt.wait_ms! > 0 && wf.agent_wait !== "fired") return attempt.wait_ms!;
       return runControlPlane(ctx, wf, step, attempt, name);
     case "ready":
       if (step.runsOn === "control-plane") return runControlPlane(ctx, wf, step, attempt, name);
@@ -226,6 +229,8 @@ async function succeedStep(ctx: EngineContext, wf: WorkflowRow, attempt: Attempt
       WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state NOT IN ('succeeded', 'failed')
       RETURNING attempt`);
     if (updated.rows.length === 0) return;
+    // A wait for an agent belongs to the step that registered it.
+    if (wf.agent_wait) await tx.execute(sql`DELETE FROM bc_agent_waits WHERE workflow_id = ${wf.id}`);
     await tx.execute(sql`UPDATE workflows SET position = position + 1, updated_at = compute_now() WHERE id = ${wf.id} AND state = 'running' AND position = ${wf.position}`);
     await ctx.events.publish(tx, { type: "workflow.step.succeeded", subject: `workflows/${wf.id}`, data: { step: name, position: wf.position, attempt: attempt.attempt } });
   });
@@ -280,6 +285,7 @@ async function failWorkflow(ctx: ModuleContext, tx: Tx, workflowId: string, erro
     UPDATE workflows SET state = 'failed', error = ${JSON.stringify(error)}::jsonb, finished_at = compute_now(), updated_at = compute_now()
     WHERE id = ${workflowId} AND state = 'running' RETURNING id`);
   if (updated.rows.length) await ctx.events.publish(tx, { type: "workflow.failed", subject: `workflows/${workflowId}`, data: error });
+  await tx.execute(sql`DELETE FROM bc_agent_waits WHERE workflow_id = ${workflowId}`);
 }
 
 async function stepContext(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, name: string): Promise<StepContext & { afterCommit(): Promise<void> }> {
@@ -305,6 +311,7 @@ async function loadWorkflow(ctx: ModuleContext, id: string): Promise<(WorkflowRo
   const rows = await ctx.store.db.execute(sql`
     SELECT w.id, w.profile_id, w.profile_version, w.target, w.state, w.position, w.input,
            (w.deadline IS NOT NULL AND w.deadline < compute_now()) AS overdue,
+           (SELECT CASE WHEN a.fired_at IS NULL THEN 'waiting' ELSE 'fired' END FROM bc_agent_waits a WHERE a.workflow_id = w.id) AS agent_wait,
            CASE WHEN s.attempt IS NULL THEN NULL ELSE json_build_object(
              'attempt', s.attempt, 'state', s.state, 'input', s.input, 'command_id', s.command_id::text,
              'wait_ms', (extract(epoch FROM (s.next_attempt_at - compute_now())) * 1000)::float8,

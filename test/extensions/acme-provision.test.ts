@@ -132,6 +132,26 @@ describe("failures", () => {
     expect((await client.call("workflows.cancel", { id: "wf-nope" })).status).toBe(404);
   });
 
+  it("a step waiting for an agent is woken by the agent's hello, not by its hourly poll", async () => {
+    const id = (await start("acme.awaitRack", { rack: "r42" })).body.id;
+    // Not ready first: no agent of rack r42 exists yet, and the next poll is an hour away.
+    await expect
+      .poll(async () => (await client.call("workflows.get", { id })).body.steps[0]?.attempts[0]?.state, { timeout: 10_000, interval: 100 })
+      .toBe("not_ready");
+    const racked = new FakeDaemon({ baseUrl: "http://bc.test", fetch: (url: string, init?: RequestInit) => compute.fetch(new Request(url, init), env), role: "node", labels: { "acme/rack": "r42" } });
+    try {
+      await racked.join((await client.call("joinTokens.create", { role: "node" })).body.token);
+      await racked.connect();
+      const wf = await finished(id);
+      expect(wf.state).toBe("succeeded");
+      expect(wf.steps[0].attempts.at(-1).output).toEqual({ agent: racked.nodeId });
+      // The wait is gone with the step.
+      expect((await client.store.db.execute(sql`SELECT count(*)::int AS n FROM bc_agent_waits WHERE workflow_id = ${id}`)).rows).toEqual([{ n: 0 }]);
+    } finally {
+      await racked.stop();
+    }
+  });
+
   it("refuses an input that breaks a step's schema at start, before anything is written or sent", async () => {
     const before = await client.store.db.execute(sql`SELECT count(*)::int AS n FROM workflows`);
     const res = await start("acme.bringUp", { pool: "LAB!" });

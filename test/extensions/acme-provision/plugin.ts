@@ -66,6 +66,27 @@ const doomed = defineStep({
   },
 });
 
+/**
+ * Waits for a node agent in a rack (its own label acme/rack) to connect. Polled once an hour:
+ * only the agent's hello, through ctx.nodes.wakeWhenConnected, finishes it in a test's time.
+ */
+const awaitRackAgent = defineStep({
+  id: "acme.awaitRackAgent",
+  runsOn: "control-plane",
+  input: z.object({ rack: z.string().regex(/^[a-z0-9-]+$/) }),
+  pollSeconds: 3600,
+  deadlineSeconds: 7200,
+  run: async (ctx, input) => {
+    // Registered before looking, so an agent connecting in between still wakes the workflow.
+    await ctx.store.transaction((tx) => ctx.nodes.wakeWhenConnected(tx, { workflowId: ctx.workflow.id, role: "node", labels: { "acme/rack": input.rack } }));
+    const found = await ctx.store.db.execute(sql`
+      SELECT id FROM bc_nodes WHERE role = 'node' AND state = 'connected' AND revoked_at IS NULL AND labels->>'acme/rack' = ${input.rack} LIMIT 1`);
+    const agent = (found.rows[0] as { id: string } | undefined)?.id;
+    if (!agent) stepNotReady(`no agent in rack ${input.rack} has connected`);
+    return { agent };
+  },
+});
+
 /** Sends a kind it does not declare. */
 const sneaky = defineStep({
   id: "acme.sneaky",
@@ -87,7 +108,7 @@ export const acmeProvision = definePlugin({
     },
   ],
   commands: [{ kind: "acme.nic.configure", input: z.object({ ip: z.string(), mtu: z.number() }), roles: ["node"] }],
-  extensions: [reserveIp, configureNic, waitReady, flaky, doomed, sneaky, toaster],
+  extensions: [reserveIp, configureNic, waitReady, flaky, doomed, sneaky, toaster, awaitRackAgent],
   profiles: [
     defineProfile({
       id: "acme.bringUp",
@@ -98,6 +119,7 @@ export const acmeProvision = definePlugin({
     defineProfile({ id: "acme.flaky", target: "node", steps: [{ step: "acme.flaky" }] }),
     defineProfile({ id: "acme.doomed", target: "node", steps: [{ step: "acme.doomed" }] }),
     defineProfile({ id: "acme.neverReady", target: "node", steps: [{ step: "acme.waitReady" }] }),
+    defineProfile({ id: "acme.awaitRack", target: "node", steps: [{ step: "acme.awaitRackAgent" }] }),
     defineProfile({
       id: "acme.broken",
       target: "node",

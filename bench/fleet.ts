@@ -67,14 +67,22 @@ async function counters(sim: MetalSim) {
   return { ...row, roundTrips: sim.roundTrips(), observerTrips };
 }
 
+const PROGRESS_MS = 30_000;
+
 async function allIn(sim: MetalSim, size: number, state: string, ctx: BenchContext): Promise<void> {
   const started = performance.now();
+  let reported = started;
   for (;;) {
     const before = sim.roundTrips();
     const found = await sim.store.db.execute(sql`SELECT state, count(*)::int AS n FROM metal_nodes GROUP BY state`);
     observerTrips += sim.roundTrips() - before;
     const counts = Object.fromEntries((found.rows as { state: string; n: number }[]).map((r) => [r.state, r.n]));
     if (counts[state] === size) return;
+    // A 1,000-machine phase takes minutes: say where the machines are now and then.
+    if (performance.now() - reported >= PROGRESS_MS) {
+      reported = performance.now();
+      ctx.log(`${size} machines, ${Math.round((reported - started) / 1000)} s: ${JSON.stringify(counts)}`);
+    }
     if (counts.failed) {
       // Where the time went: the failed machines' errors, and how long commands waited for delivery and ran.
       const failed = await sim.store.db.execute(sql`SELECT id, last_error FROM metal_nodes WHERE state = 'failed' ORDER BY id LIMIT 3`);

@@ -119,7 +119,7 @@ export interface NodesPort {
   /**
    * Wakes the workflow when an agent of the role whose labels include all of `labels` connects
    * (its hello), instead of at its step's next poll. One wait per workflow: a later call replaces it.
-   * Register before checking whether the agent is there already, so none slips between the two.
+   * Look for the agent again after registering: one whose hello came just before fired nothing.
    */
   wakeWhenConnected(tx: Tx, wait: { workflowId: string; role: "node" | "site" | "ramdisk"; labels: Record<string, string> }): Promise<void>;
 }

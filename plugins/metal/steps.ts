@@ -140,9 +140,15 @@ export const waitAgentJoined = defineStep({
   pollSeconds: 10,
   deadlineSeconds: 1800,
   run: async (ctx, input) => {
-    const labels = await agentLabels(ctx, input.machine, input.role);
-    if (labels) await ctx.store.transaction((tx) => ctx.nodes.wakeWhenConnected(tx, { workflowId: ctx.workflow.id, role: input.role, labels }));
-    const nodeId = await joinedAgent(ctx, ctx.workflow.id, input.machine, input.role);
+    let nodeId = await joinedAgent(ctx, ctx.workflow.id, input.machine, input.role);
+    if (!nodeId) {
+      const labels = await agentLabels(ctx, input.machine, input.role);
+      if (labels) {
+        await ctx.store.transaction((tx) => ctx.nodes.wakeWhenConnected(tx, { workflowId: ctx.workflow.id, role: input.role, labels }));
+        // Look again: an agent whose hello came before the wait existed fired nothing.
+        nodeId = await joinedAgent(ctx, ctx.workflow.id, input.machine, input.role);
+      }
+    }
     if (!nodeId) stepNotReady(`no ${input.role} agent has joined for ${input.machine} yet`);
     return { nodeId, role: input.role };
   },

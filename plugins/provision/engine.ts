@@ -277,6 +277,8 @@ async function finish(ctx: EngineContext, wf: WorkflowRow, state: "succeeded" | 
     const updated = await tx.execute(sql`
       UPDATE workflows SET state = 'succeeded', finished_at = compute_now(), updated_at = compute_now() WHERE id = ${wf.id} AND state = 'running' RETURNING id`);
     if (updated.rows.length) await ctx.events.publish(tx, { type: "workflow.succeeded", subject: `workflows/${wf.id}`, data: { profile: wf.profile_id } });
+    // A wait registered by the step that just succeeded (unknown when this pass loaded the workflow).
+    if (updated.rows.length) await tx.execute(sql`DELETE FROM bc_agent_waits WHERE workflow_id = ${wf.id}`);
   });
 }
 

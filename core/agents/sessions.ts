@@ -15,10 +15,10 @@ export interface SessionRef {
 
 const events = (nodeId: string) => databaseEvents("agents", `node:${nodeId}`, undefined);
 
-/** The hello verified: the node is connected on this session. False when it was revoked (or its key changed). */
 /**
- * Records the hello. Answers whether the node may connect (false: revoked, or another key), and
- * the workflows that waited for this agent (ctx.nodes.wakeWhenConnected): wake them after this.
+ * Records the verified hello: the node is connected on this session. Answers whether it may
+ * connect (false: revoked, or its key changed) and the workflows that waited for this agent
+ * (ctx.nodes.wakeWhenConnected): wake them after this.
  */
 export async function recordConnected(store: Store, session: SessionRef & { publicKey: string }, hello: HelloFrame): Promise<{ connected: boolean; waking: string[] }> {
   const driverLabels = Object.fromEntries(hello.drivers.map((d) => [`bc.dev/driver.${d.id}`, d.version]));

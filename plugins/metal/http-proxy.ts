@@ -4,6 +4,7 @@
 // on https://<machine-ip>:50000). Runtime-neutral (zod only, no Node built-ins) so the control
 // plane checks a request with the same rules before it sends it; the agent checks again.
 import { z } from "zod";
+import { parseIp } from "./addresses.ts";
 
 export const HTTP_PROXY_KIND = "site.httpProxy";
 export const HTTP_PROXY_METHODS = ["GET", "POST", "PUT", "DELETE"] as const;
@@ -33,7 +34,6 @@ const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
 // caller, so a request cannot be smuggled or sent through another proxy.
 const FORBIDDEN_HEADERS = new Set(["host", "connection", "content-length", "transfer-encoding", "te", "trailer", "upgrade", "keep-alive", "expect"]);
 const SECRET_REF = /^secret:\/\/[\w-]+$/;
-const IPV4 = /^(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(\.(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}$/;
 // The standard base64 of 32 bytes: 43 characters, the last holding 2 bits, and one '='.
 const SPKI_SHA256 = /^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$/;
 
@@ -64,7 +64,7 @@ export function proxyUrlProblem(url: string): string | undefined {
   if (u.username || u.password) return "must not carry a username or password";
   // The URL parser has already turned numeric forms (127.1, 0x7f.0.0.1) into dotted IPv4 and
   // checked a bracketed IPv6 literal, so anything else here is a name.
-  if (!IPV4.test(u.hostname) && !u.hostname.startsWith("[")) return `the host must be an IP address, not the name ${u.hostname}`;
+  if (parseIp(u.hostname) === undefined) return `the host must be an IP address, not the name ${u.hostname}`;
   return undefined;
 }
 

@@ -8,6 +8,7 @@ import type { SecretRef } from "better-compute/core";
 import { StepError, stepNotReady, type StepContext } from "better-compute/provision";
 import { inCidr, parseIp, sameIp } from "./addresses.ts";
 import { HTTP_PROXY_KIND, httpProxyBody, type HttpProxyAnswer } from "./http-proxy.ts";
+import { siteAgentOf } from "./steps.ts";
 
 export interface HttpViaSiteRequest {
   url: string;
@@ -72,16 +73,12 @@ export async function httpViaSite(ctx: StepContext, request: HttpViaSiteRequest)
   const latest = mine.at(-1);
 
   if (!latest || (poll && settled.at(-1) === latest)) {
-    const siteAgent = (
-      await ctx.store.db.execute(sql`
-        SELECT id FROM bc_nodes WHERE role = 'site' AND labels->>'bc.dev/site' = ${machine.site_id} AND revoked_at IS NULL
-        ORDER BY (state = 'connected') DESC, connected_at DESC NULLS LAST LIMIT 1`)
-    ).rows[0] as { id: string } | undefined;
+    const siteAgent = await siteAgentOf(ctx.store.db, machine.site_id);
     if (!siteAgent) stepNotReady(`site ${machine.site_id} has no agent to relay through`);
     const secretRefs = Object.values(body.secretHeaders ?? {}) as SecretRef[];
     await ctx.store.transaction((tx) =>
       ctx.commands.enqueue(tx, {
-        nodeId: siteAgent!.id,
+        nodeId: siteAgent!,
         kind: HTTP_PROXY_KIND,
         key: `${prefix}${(latest?.n ?? 0) + 1}`,
         body,

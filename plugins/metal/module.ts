@@ -8,7 +8,7 @@ import { defineModule, type DriverDefinition, type DriverKind, type Module } fro
 import { ComputeError, conflict, defineMethod, invalidArgument, invalidConfig, notFound, schemaIssues, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
 import { startWorkflow, type ProfileDefinition, type StepDefinition } from "better-compute/provision";
 import { METAL_STATES, transition, type MetalEvent, type MetalState } from "./lifecycle.ts";
-import { commissionProfileFor, imageStreamDriver, ipxeDriver, metalCommands, metalProfiles, metalSteps, redfishDriver, waitAgentJoined, WIPE_STEP, type BmcBinding } from "./steps.ts";
+import { commissionProfileFor, imageStreamDriver, ipxeDriver, metalCommands, metalProfiles, metalSteps, redfishDriver, siteAgentOf as siteAgent, waitAgentJoined, WIPE_STEP, type BmcBinding } from "./steps.ts";
 
 export interface HardwareProfile {
   description?: string;
@@ -141,9 +141,12 @@ const toNode = (r: NodeRow): z.input<typeof metalNode> => ({
   bmc: { driver: r.bmc.driver, address: r.bmc.address, username: r.bmc.username }, lastError: r.last_error ?? null,
 });
 
+/** What a NodeRow holds, from metal_nodes n joined with its pool p. */
+const NODE_COLUMNS = sql`n.*, p.policy, p.agent AS pool_agent`;
+
 async function loadNode(tx: Pick<Tx, "execute">, id: string, lock = false): Promise<NodeRow> {
   const found = await tx.execute(sql`
-    SELECT n.*, p.policy, p.agent AS pool_agent FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id WHERE n.id = ${id} ${lock ? sql`FOR UPDATE OF n` : sql``}`);
+    SELECT ${NODE_COLUMNS} FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id WHERE n.id = ${id} ${lock ? sql`FOR UPDATE OF n` : sql``}`);
   const row = found.rows[0] as NodeRow | undefined;
   if (!row) throw notFound(`metal node ${id} does not exist`);
   return row;
@@ -173,14 +176,6 @@ export function metalModule(options: MetalOptions = {}): Module {
     if (which === "release") return "metal.release";
     return hw && (hw.bios || hw.raid) ? `metal.commission.${node.policy.hardwareProfile}` : "metal.commission";
   };
-
-  /** The site's connected agent: every BMC command goes through it. */
-  async function siteAgent(tx: Tx, site: string): Promise<string | undefined> {
-    const found = await tx.execute(sql`
-      SELECT id FROM bc_nodes WHERE role = 'site' AND labels->>'bc.dev/site' = ${site} AND revoked_at IS NULL
-      ORDER BY (state = 'connected') DESC, connected_at DESC NULLS LAST LIMIT 1`);
-    return (found.rows[0] as { id: string } | undefined)?.id;
-  }
 
   /**
    * Moves the node by event and starts the profile's workflow for it, in the caller's transaction.
@@ -296,7 +291,7 @@ export function metalModule(options: MetalOptions = {}): Module {
     output: z.object({ nodes: z.array(metalNode) }),
     handler: async (_ctx, input, tx) => {
       const rows = await tx.execute(sql`
-        SELECT n.*, p.policy, p.agent AS pool_agent FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
+        SELECT ${NODE_COLUMNS} FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
         WHERE (${input.pool ?? null}::text IS NULL OR n.pool_id = ${input.pool ?? null})
           AND (${input.state ?? null}::text IS NULL OR n.state = ${input.state ?? null})
         ORDER BY n.created_at, n.id LIMIT 1000`);
@@ -457,7 +452,7 @@ export function metalModule(options: MetalOptions = {}): Module {
       let changed = 0;
       // Machines whose workflow ended.
       const ended = await ctx.store.db.execute(sql`
-        SELECT n.*, p.policy, p.agent AS pool_agent, w.state AS wf_state, w.error AS wf_error
+        SELECT ${NODE_COLUMNS}, w.state AS wf_state, w.error AS wf_error
         FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id JOIN workflows w ON w.id = n.workflow_id
         WHERE n.state IN ('commissioning', 'deploying', 'releasing', 'rescuing', 'unrescuing') AND w.state <> 'running'
         ORDER BY n.state_changed_at LIMIT 500`);
@@ -466,7 +461,7 @@ export function metalModule(options: MetalOptions = {}): Module {
       }
       // Enrolled machines (enrolled before their site had an agent, or recommissioned): commission them.
       const enrolled = await ctx.store.db.execute(sql`
-        SELECT n.*, p.policy, p.agent AS pool_agent FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
+        SELECT ${NODE_COLUMNS} FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
         WHERE n.state = 'enrolled' AND NOT n.maintenance ORDER BY n.created_at LIMIT 500`);
       for (const node of enrolled.rows as unknown as NodeRow[]) {
         try {

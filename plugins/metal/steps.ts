@@ -4,7 +4,7 @@
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineDriver, type CommandKind } from "better-compute";
-import { ComputeError, type ModuleContext, type SecretRef } from "better-compute/core";
+import { ComputeError, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
 import { defineProfile, defineStep, stepNotReady, type StepContext } from "better-compute/provision";
 import { HTTP_PROXY_KIND, httpProxyBody } from "./http-proxy.ts";
 
@@ -107,6 +107,14 @@ export const recordInventory = defineStep({
     return { productUuid: input.uuid.toLowerCase(), addresses: input.addresses };
   },
 });
+
+/** The site's agent (connected first, then the latest): every BMC command and relayed request goes through it. */
+export async function siteAgentOf(db: Pick<Tx, "execute">, site: string): Promise<string | undefined> {
+  const found = await db.execute(sql`
+    SELECT id FROM bc_nodes WHERE role = 'site' AND labels->>'bc.dev/site' = ${site} AND revoked_at IS NULL
+    ORDER BY (state = 'connected') DESC, connected_at DESC NULLS LAST LIMIT 1`);
+  return (found.rows[0] as { id: string } | undefined)?.id;
+}
 
 /** The agent of this role that joined for the machine during this workflow, if any. */
 export async function joinedAgent(ctx: ModuleContext, workflowId: string, machine: string, role: "ramdisk" | "node"): Promise<string | undefined> {

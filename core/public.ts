@@ -5,5 +5,6 @@ export { ComputeError, conflict, driverError, errorStatus, invalidArgument, inva
 export type { IamPort, Principal, ResolvedCatalog } from "./iam.ts";
 export type { Logger } from "./log.ts";
 export type { DatabasePort, Db, Store, Tx } from "./store/database.ts";
+export { MAX_ID_LENGTH, resourceId } from "./schemas.ts";
 export { sha256Hex } from "./encoding.ts";
 export { canonicalJson } from "./protocol.ts";

@@ -163,7 +163,7 @@ export async function main(argv: string[]): Promise<number> {
 
     // The role's own command kinds. A ramdisk's disk access is not built for real hardware yet:
     // its kinds answer UNSUPPORTED (the simulated ramdisk is in better-compute/testing/metal).
-    if ((await state.loadIdentity())?.role === "site") for (const [kind, h] of Object.entries({ ...siteHandlers(), ...httpProxyHandlers() })) c.handle(kind, h);
+    if ((await state.loadIdentity())?.role === "site") for (const [kind, h] of Object.entries({ ...siteHandlers({ log }), ...httpProxyHandlers() })) c.handle(kind, h);
 
     let signals = 0;
     const onSignal = (sig: NodeJS.Signals) => {

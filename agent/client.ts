@@ -59,13 +59,17 @@ export interface AgentTransport {
 
 /** A failure with a code: the server's {code, message}, or one of the agent's own. */
 export class AgentError extends Error {
+  /** Running the command again cannot succeed (sent with its result: the workflow does not retry it). */
+  readonly permanent: boolean;
   constructor(
     readonly code: string,
     message: string,
     readonly status?: number,
+    options: { permanent?: boolean } = {},
   ) {
     super(message);
     this.name = "AgentError";
+    this.permanent = options.permanent === true;
   }
 }
 
@@ -194,7 +198,7 @@ export interface AgentCounters {
   renewals: number;
 }
 
-type Outcome = { ok: true; output?: unknown } | { ok: false; error: { code: string; message: string } };
+type Outcome = { ok: true; output?: unknown } | { ok: false; error: { code: string; message: string; permanent?: boolean } };
 
 interface Session {
   sock: SocketLike;
@@ -742,10 +746,11 @@ export class AgentClient {
       const err = (controller.signal.aborted && reason instanceof AgentError && (e === reason || (e as Error)?.name === "AbortError") ? reason : e) as {
         code?: unknown;
         message?: unknown;
+        permanent?: unknown;
       } | null;
       const code = err && err.code !== undefined && err.code !== null ? String(err.code) : "HANDLER_ERROR";
       const message = err && typeof err.message === "string" ? err.message : String(err);
-      return { ok: false, error: { code, message } };
+      return { ok: false, error: { code, message, ...(err?.permanent === true ? { permanent: true } : {}) } };
     } finally {
       clearTimeout(timer);
     }
@@ -777,7 +782,7 @@ export class AgentClient {
     }
     const frame: ResultFrame = body.ok
       ? { t: "result", id, key, ok: true, ...(body.output !== undefined ? { output: body.output } : {}) }
-      : { t: "result", id, key, ok: false, error: { code: body.error.code.slice(0, MAX_ERROR_CODE), message: body.error.message.slice(0, MAX_ERROR_MESSAGE) } };
+      : { t: "result", id, key, ok: false, error: { code: body.error.code.slice(0, MAX_ERROR_CODE), message: body.error.message.slice(0, MAX_ERROR_MESSAGE), ...(body.error.permanent ? { permanent: true } : {}) } };
     frame.signature = await this.#sign(frame);
     const bytes = utf8(JSON.stringify(frame)).length;
     if (bytes > MAX_FRAME_BYTES) {

@@ -39,7 +39,12 @@ export const FrameError = {
 } as const;
 
 const labels = z.record(z.string().max(253), z.string().max(253));
-const errorBody = z.object({ code: z.string().max(64), message: z.string().max(4096) });
+const errorBody = z.object({
+  code: z.string().max(64),
+  message: z.string().max(4096),
+  /** The agent says running the command again cannot succeed (an untrusted certificate...): not retried. */
+  permanent: z.boolean().optional(),
+});
 
 // ---------------------------------------------------------------- agent → NodeDO
 

@@ -1,11 +1,26 @@
 // A Redfish client for the site agent: reads and drives one machine through its BMC over
 // real HTTP with Basic auth. A BMC is named by its system URL
-// (https://host/redfish/v1/Systems/<id>); every failure is an AgentError DRIVER_ERROR that
-// names the BMC by that address and never carries the username or password.
+// (https://host/redfish/v1/Systems/<id>, checked by better-compute/metal/bmc-address, the same
+// rules the control plane applied at enroll); every failure is an AgentError that names the BMC
+// by that address and never carries the username or password.
 //
-// No retries here: the workflow engine retries steps and shows each attempt. Operations are
-// idempotent by desired state, so a retried step does no harm.
+// BMCs as they are, not only our emulator: a reset is applied asynchronously (power operations
+// wait until the BMC reports the target state), a boot override may be recorded otherwise than
+// asked (it is read back), a capability the resource tree does not offer (BIOS settings, volume
+// creation, virtual media) is UNSUPPORTED naming it, and an optional resource that fails (Storage,
+// EthernetInterfaces, VirtualMedia) does not fail an inspection.
+//
+// https BMCs are reached with node:https, trusting what the binding's tls block names (a CA
+// bundle, a pinned public key) or else the system's CAs; the certificate is checked on the
+// established connection before a byte of the request (the Authorization header) is written.
+// Plain http goes through fetch. No retries here: the workflow engine retries steps and shows each
+// attempt; operations are idempotent by desired state, so a retried step does no harm. A failure
+// another attempt cannot mend (an untrusted certificate) is marked permanent and is not retried.
+import { request as httpsRequest } from "node:https";
+import { isIP } from "node:net";
+import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { z } from "zod";
+import { bmcAddressMessage, bmcTlsProblem, parseBmcAddress, type BmcTls } from "better-compute/metal/bmc-address";
 import { base64, utf8 } from "../../core/encoding.ts";
 import { AgentError, type FetchLike } from "../client.ts";
 
@@ -14,14 +29,19 @@ export interface BmcCredential {
   address: string;
   username: string;
   password: string;
+  /** How to trust an https BMC's certificate (the binding's tls block); none: the system's CAs. */
+  tls?: BmcTls;
 }
 
 export interface RedfishClientOptions {
+  /** TEST SEAM: every request goes through this instead (a tls block is then not applied). */
   fetch?: FetchLike;
   /** Per request (ms). Default 10 000. */
   timeoutMs?: number;
   /** The command's signal: its abort ends the request in flight with the signal's reason. */
   signal?: AbortSignal;
+  /** How long a power operation waits for the BMC to report the state it asked for (ms, default 60 000), and how often it looks (default 1 000). */
+  powerWait?: { timeoutMs?: number; intervalMs?: number };
 }
 
 export type PowerAction = "on" | "off" | "cycle";
@@ -44,6 +64,13 @@ export function raidDriveCountProblem(level: RaidLevel, count: number): string |
   }
 }
 
+/** The usable bytes of a `level` volume over drives of these capacities (each drive counts as the smallest). */
+export function raidCapacityBytes(level: RaidLevel, capacities: number[]): number {
+  const smallest = Math.min(...capacities);
+  const n = capacities.length;
+  return smallest * (level === "RAID0" ? n : level === "RAID1" ? 1 : level === "RAID5" ? n - 1 : n / 2);
+}
+
 export interface BiosResult {
   /** Attributes the BMC holds for the next power-on that differ from the ones in effect. */
   pending: Record<string, BiosValue>;
@@ -53,6 +80,20 @@ export interface BiosResult {
 
 export interface RaidResult {
   volume: { id: string; level: RaidLevel; drives: number };
+}
+
+export interface BootResult {
+  /** What the BMC records after the change (read back). */
+  target: string | null;
+  enabled: string | null;
+  /** Set when the BMC keeps the override for every boot although it was asked for the next one only. */
+  warning?: string;
+}
+
+/** A resource inspect() could not read, and why; the rest of the inspection stands. */
+export interface Unavailable {
+  resource: "Storage" | "EthernetInterfaces" | "VirtualMedia";
+  error: string;
 }
 
 /** Values as the BMC reports them (PowerState "On", boot target "Pxe"...); absent when it does not say. */
@@ -67,18 +108,25 @@ export interface BmcInspection {
   bmcFirmwareVersion?: string;
   bootTarget?: string;
   bootEnabled?: string;
-  media: { inserted: boolean; image: string | null };
-  /** Present when the system links Storage: its drives (count) and volumes. */
+  /** The virtual CD; absent when VirtualMedia could not be read (see unavailable). */
+  media?: { inserted: boolean; image: string | null };
+  /** Present when the system links Storage (and it could be read): its drives (count) and volumes. */
   storage?: { drives: number; volumes: Array<{ id: string; level: string | null }> };
   /**
    * The IP addresses its NICs report (EthernetInterfaces): IPv4, then IPv6, deduplicated, without
-   * link-local or unspecified ones; [] when the system links no EthernetInterfaces.
+   * link-local or unspecified ones; [] when the system links no EthernetInterfaces (or they could not be read).
    */
   addresses: string[];
+  /** Optional resources that answered with an error; absent when everything was read. */
+  unavailable?: Unavailable[];
 }
 
 const DEFAULT_TIMEOUT_MS = 10_000;
-const SYSTEM_PATH = /^\/redfish\/v1\/Systems\/([^/]+)\/?$/;
+const DEFAULT_POWER_TIMEOUT_MS = 60_000;
+const DEFAULT_POWER_INTERVAL_MS = 1_000;
+/** A larger answer from a BMC is refused (the https path reads it into memory). */
+const MAX_ANSWER_BYTES = 4 * 1024 * 1024;
+const POWER_ACTIONS: readonly PowerAction[] = ["on", "off", "cycle"];
 const BOOT_TARGETS: Record<BootDevice, string> = { pxe: "Pxe", cd: "Cd", disk: "Hdd" };
 
 // Only the fields used; BMCs omit or null many of them.
@@ -104,6 +152,7 @@ const attributes = z.record(z.string(), z.unknown()).nullish();
 const biosResource = z.object({ Attributes: attributes, "@Redfish.Settings": z.object({ SettingsObject: link.nullish() }).nullish() });
 const biosSettingsResource = z.object({ Attributes: attributes });
 const storageResource = z.object({ Drives: z.array(link).nullish(), Volumes: link.nullish() });
+const driveResource = z.object({ CapacityBytes: z.number().nullish() });
 const volumeResource = z.object({ Id: text, RAIDType: text, VolumeType: text, Links: z.object({ Drives: z.array(link).nullish() }).nullish() });
 /** Older BMCs state VolumeType only. */
 const VOLUME_TYPE_LEVELS: Record<string, RaidLevel> = { NonRedundant: "RAID0", Mirrored: "RAID1", StripedWithParity: "RAID5", SpannedMirrors: "RAID10" };
@@ -128,27 +177,28 @@ type Volume = { path: string; id: string; level: string | null; drives: number }
 
 const invalid = (message: string) => new AgentError("INVALID_ARGUMENT", message);
 
-/** The address split into what requests need; refuses credentials in the URL and non-system URLs. */
-function parseAddress(address: string): { origin: string; systemPath: string; systemId: string } {
-  let url: URL;
-  try {
-    url = new URL(address);
-  } catch {
-    throw invalid("the BMC address is not a URL"); // not echoed: it may hold a credential
-  }
-  if (url.username || url.password) throw invalid("the BMC address must not carry a username or password; they travel as the credential");
-  if (url.protocol !== "https:" && url.protocol !== "http:") throw invalid(`the BMC address must be http(s), not ${url.protocol}`);
-  const id = SYSTEM_PATH.exec(url.pathname)?.[1];
-  let systemId: string | undefined;
-  try {
-    systemId = id === undefined ? undefined : decodeURIComponent(id);
-  } catch {
-    // a malformed escape: refused below
-  }
-  if (systemId === undefined || url.search || url.hash) {
-    throw invalid(`the BMC address must be a system URL, https://host/redfish/v1/Systems/<id>: ${url.origin}${url.pathname}`);
-  }
-  return { origin: url.origin, systemPath: url.pathname.replace(/\/$/, ""), systemId };
+/** An HTTP answer from the BMC, whichever way it was reached. */
+interface Answer {
+  status: number;
+  statusText: string;
+  header(name: string): string | undefined;
+  body: string;
+}
+
+/** Wait `ms`, or until the signal aborts (rejecting with its reason). */
+function pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal!.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
 }
 
 /** Why a fetch failed: undici rejects with "fetch failed" and the useful reason in `cause`. */
@@ -177,27 +227,51 @@ export class RedfishClient {
   readonly #systemPath: string;
   readonly #credential: BmcCredential;
   readonly #authorization: string;
-  readonly #fetch: FetchLike;
+  readonly #fetch: FetchLike | undefined;
+  readonly #https: boolean;
+  readonly #tls: BmcTls | undefined;
   readonly #timeoutMs: number;
   readonly #signal: AbortSignal | undefined;
+  readonly #powerWait: { timeoutMs: number; intervalMs: number };
 
   constructor(bmc: BmcCredential, options: RedfishClientOptions = {}) {
-    const { origin, systemPath, systemId } = parseAddress(bmc.address);
+    const parsed = parseBmcAddress(bmc.address);
+    if (!parsed.ok) throw invalid(bmcAddressMessage(parsed.problem));
+    const tlsProblem = bmcTlsProblem(bmc.address, bmc.tls);
+    if (tlsProblem) throw invalid(`BMC ${parsed.address.origin}${parsed.address.systemPath}: ${tlsProblem}`);
+    const { origin, systemPath, systemId, https } = parsed.address;
     this.#origin = origin;
     this.#systemPath = systemPath;
     this.systemId = systemId;
     this.address = origin + systemPath;
     this.#credential = bmc;
     this.#authorization = `Basic ${base64(utf8(`${bmc.username}:${bmc.password}`))}`;
-    this.#fetch = options.fetch ?? ((url, init) => fetch(url, init));
+    this.#fetch = options.fetch;
+    this.#https = https;
+    this.#tls = bmc.tls;
     this.#timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this.#signal = options.signal;
+    this.#powerWait = { timeoutMs: options.powerWait?.timeoutMs ?? DEFAULT_POWER_TIMEOUT_MS, intervalMs: options.powerWait?.intervalMs ?? DEFAULT_POWER_INTERVAL_MS };
   }
 
+  /** Identity and state; an optional resource that fails is listed in `unavailable` instead of failing it all. */
   async inspect(): Promise<BmcInspection> {
     const system = await this.#system();
     const manager = await this.#manager(system);
-    const cd = await this.#virtualCd(manager.VirtualMedia?.["@odata.id"]);
+    const unavailable: Unavailable[] = [];
+    const optional = async <T>(resource: Unavailable["resource"], read: () => Promise<T>): Promise<T | undefined> => {
+      try {
+        return await read();
+      } catch (e) {
+        // The BMC's failure only: the command's end, a refusal or a bug still ends the inspection.
+        if (this.#signal?.aborted || !(e instanceof AgentError) || e.code !== "DRIVER_ERROR" || e.permanent) throw e;
+        unavailable.push({ resource, error: e.message });
+        return undefined;
+      }
+    };
+    const cd = await optional("VirtualMedia", () => this.#virtualCd(manager.VirtualMedia?.["@odata.id"]));
+    const storage = await optional("Storage", () => this.#storageSummary(system));
+    const addresses = await optional("EthernetInterfaces", () => this.#addresses(system));
     return {
       systemId: system.Id ?? this.systemId,
       uuid: system.UUID ?? undefined,
@@ -209,40 +283,60 @@ export class RedfishClient {
       bmcFirmwareVersion: manager.FirmwareVersion ?? undefined,
       bootTarget: system.Boot?.BootSourceOverrideTarget ?? undefined,
       bootEnabled: system.Boot?.BootSourceOverrideEnabled ?? undefined,
-      media: { inserted: cd?.media.Inserted === true, image: cd?.media.Image ?? null },
-      ...(await this.#storageSummary(system)),
-      addresses: await this.#addresses(system),
+      ...(cd === undefined ? {} : { media: { inserted: cd?.media.Inserted === true, image: cd?.media.Image ?? null } }),
+      ...storage,
+      addresses: addresses ?? [],
+      ...(unavailable.length > 0 ? { unavailable } : {}),
     };
   }
 
-  /** Idempotent by desired state: a machine already on is not reset by "on". */
+  /**
+   * Idempotent by desired state: a machine already on is not reset by "on". BMCs apply a reset
+   * asynchronously (the old state, or PoweringOn/PoweringOff, for a while), so every reset is
+   * followed by waiting until the BMC reports the target state, and a transition already under
+   * way is let finish first. A cycle is off, then on, each waited for (as Ironic does): after a
+   * ForceRestart nothing tells a restart that happened from one that has not started yet.
+   */
   async setPower(action: PowerAction): Promise<{ powerState: string | null; previous: string | null }> {
+    if (!POWER_ACTIONS.includes(action)) throw invalid(`unknown power action ${JSON.stringify(action)}`);
     const system = await this.#system();
     const previous = system.PowerState ?? null;
-    const isOn = previous === "On" || previous === "PoweringOn";
-    const isOff = previous === "Off" || previous === "PoweringOff";
-    const resets: Record<PowerAction, string | null> = {
-      on: isOn ? null : "On",
-      off: isOff ? null : "ForceOff",
-      cycle: isOff ? "On" : "ForceRestart",
+    const resetTarget = system.Actions?.["#ComputerSystem.Reset"]?.target ?? `${this.#systemPath}/Actions/ComputerSystem.Reset`;
+    let state = previous;
+    if (state === "PoweringOn" || state === "PoweringOff") state = await this.#waitForPower(state === "PoweringOn" ? "On" : "Off", `${state} was under way`);
+    const reset = async (resetType: string, to: "On" | "Off") => {
+      await this.#call("POST", resetTarget, { ResetType: resetType });
+      state = await this.#waitForPower(to, `Reset ${resetType}`);
     };
-    if (!(action in resets)) throw invalid(`unknown power action ${JSON.stringify(action)}`);
-    const resetType = resets[action];
-    if (resetType) {
-      const target = system.Actions?.["#ComputerSystem.Reset"]?.target ?? `${this.#systemPath}/Actions/ComputerSystem.Reset`;
-      await this.#call("POST", target, { ResetType: resetType });
+    if (action === "on" && state !== "On") await reset("On", "On");
+    if (action === "off" && state !== "Off") await reset("ForceOff", "Off");
+    if (action === "cycle") {
+      if (state !== "Off") await reset("ForceOff", "Off");
+      await reset("On", "On");
     }
-    const powerState = resetType ? ((await this.#system()).PowerState ?? null) : previous;
-    return { powerState, previous };
+    return { powerState: state, previous };
   }
 
-  /** Boot override for the next boot (once) or every boot; answers what the BMC then reports. */
-  async setBootDevice(device: BootDevice, once = true): Promise<{ target: string | null; enabled: string | null }> {
+  /**
+   * Boot override for the next boot (once) or every boot, read back: many BMCs answer a PATCH with
+   * 204, and some record something else than asked. Another target is a DRIVER_ERROR. A BMC that
+   * keeps every override Continuous (asked Once) is accepted with a warning in the result: our
+   * profiles set the boot device before every boot, but a step that counts on the next boot
+   * falling back (an installer that reboots into its disk) would boot the same device again.
+   */
+  async setBootDevice(device: BootDevice, once = true): Promise<BootResult> {
     const target = Object.hasOwn(BOOT_TARGETS, device) ? BOOT_TARGETS[device] : undefined;
     if (!target) throw invalid(`unknown boot device ${JSON.stringify(device)}`);
-    await this.#call("PATCH", this.#systemPath, { Boot: { BootSourceOverrideTarget: target, BootSourceOverrideEnabled: once ? "Once" : "Continuous" } });
-    const boot = (await this.#system()).Boot; // re-read: many BMCs answer a PATCH with 204
-    return { target: boot?.BootSourceOverrideTarget ?? null, enabled: boot?.BootSourceOverrideEnabled ?? null };
+    const enabled = once ? "Once" : "Continuous";
+    await this.#call("PATCH", this.#systemPath, { Boot: { BootSourceOverrideTarget: target, BootSourceOverrideEnabled: enabled } });
+    const boot = (await this.#system()).Boot;
+    const got = { target: boot?.BootSourceOverrideTarget ?? null, enabled: boot?.BootSourceOverrideEnabled ?? null };
+    if (got.target !== target) throw this.#fail(`recorded the boot override target ${got.target ?? "(none)"} when asked for ${target}`);
+    if (got.enabled === enabled) return got;
+    if (once && got.enabled === "Continuous") {
+      return { ...got, warning: `BMC ${this.address} recorded the boot override ${target} as Continuous when asked for Once: the machine boots ${target} every time until its boot device is set again` };
+    }
+    throw this.#fail(`recorded the boot override as ${got.enabled ?? "(none)"} when asked for ${enabled}`);
   }
 
   /** Insert an image in the virtual CD; the same image already inserted is left alone, another is ejected first. */
@@ -273,6 +367,7 @@ export class RedfishClient {
    * Stage BIOS attributes for the next power-on (PATCH of the Bios settings object). Idempotent:
    * when every wanted value is already in effect nothing is sent (applied: true); values already
    * pending are not sent again. The BMC judges names and types: an unknown one is a DRIVER_ERROR.
+   * A system without a Bios resource, or whose settings object refuses a PATCH, is UNSUPPORTED.
    */
   async applyBiosSettings(wanted: Record<string, BiosValue>): Promise<BiosResult> {
     if (typeof wanted !== "object" || wanted === null || Array.isArray(wanted)) throw invalid("the BIOS attributes must be an object");
@@ -283,7 +378,7 @@ export class RedfishClient {
     }
     const system = await this.#system();
     const biosPath = system.Bios?.["@odata.id"];
-    if (!biosPath) throw this.#fail(`links no BIOS resource to ${this.#systemPath} (Bios)`);
+    if (!biosPath) throw this.#unsupported("has no BIOS settings resource (Bios)");
     const bios = await this.#get(biosPath, biosResource, "Bios");
     const current = bios.Attributes ?? {};
     const has = (attrs: Record<string, unknown>, k: string, v: unknown) => Object.hasOwn(attrs, k) && attrs[k] === v;
@@ -293,7 +388,9 @@ export class RedfishClient {
     const settingsPath = bios["@Redfish.Settings"]?.SettingsObject?.["@odata.id"] ?? `${biosPath.replace(/\/$/, "")}/Settings`;
     const staged = (await this.#get(settingsPath, biosSettingsResource, "Bios settings")).Attributes ?? {};
     if (!Object.entries(changes).every(([k, v]) => has(staged, k, v))) {
-      await this.#call("PATCH", settingsPath, { Attributes: changes });
+      await this.#call("PATCH", settingsPath, { Attributes: changes }).catch((e: unknown) => {
+        throw notOffered(e) ? this.#unsupported(`does not take BIOS settings: PATCH ${settingsPath} answered ${(e as AgentError).status}`) : e;
+      });
     }
     // Re-read: many BMCs answer with 204. Some list only pending values, others all of them.
     const after = (await this.#get(settingsPath, biosSettingsResource, "Bios settings")).Attributes ?? {};
@@ -306,7 +403,9 @@ export class RedfishClient {
   /**
    * One RAID volume of `level` over `drives` drives (default: all of the controller's). Idempotent:
    * a volume of that level over that many drives is returned as it is; otherwise every volume of
-   * the controller is deleted and the volume created over its first drives.
+   * the controller is deleted and the volume created over its first drives. A BMC that does not
+   * offer volume creation is UNSUPPORTED, found out before anything is deleted where it says so
+   * (the Volumes collection's Allow header).
    */
   async configureRaid(spec: { level: RaidLevel; drives?: number | "all" }): Promise<RaidResult> {
     const level = spec?.level;
@@ -319,9 +418,9 @@ export class RedfishClient {
     }
     const system = await this.#system();
     const controllers = await this.#storageControllers(system);
-    if (controllers === null) throw this.#fail(`links no Storage to ${this.#systemPath}; no RAID to configure`);
+    if (controllers === null) throw this.#unsupported("has no storage resource (Storage); no RAID to configure");
     const controller = controllers.find((c) => c.storage.Volumes && (c.storage.Drives?.length ?? 0) > 0);
-    if (!controller) throw this.#fail("has no storage controller with drives and volumes");
+    if (!controller) throw this.#unsupported("has no storage controller with drives and volumes; no RAID to configure");
     const drives = controller.storage.Drives ?? [];
     const count = asked === "all" ? drives.length : asked;
     if (count > drives.length) throw invalid(`BMC ${this.address} has ${drives.length} drive(s) on ${controller.path}; ${level} over ${count} cannot be made`);
@@ -329,19 +428,31 @@ export class RedfishClient {
     if (problem) throw invalid(`BMC ${this.address} has ${drives.length} drives on ${controller.path}: ${problem}`);
 
     const volumesPath = controller.storage.Volumes!["@odata.id"];
-    const existing = await this.#volumes(volumesPath);
+    const { volumes: existing, allow } = await this.#volumes(volumesPath);
     const fits = (v: Volume) => v.level === level && v.drives === count;
     const found = existing.find(fits);
     if (found) return { volume: { id: found.id, level, drives: count } };
+    const noCreation = (why: string) => this.#unsupported(`does not offer volume creation: ${why}; no ${level} volume can be made`);
+    if (allow !== undefined && !allow.toUpperCase().split(",").map((m) => m.trim()).includes("POST")) {
+      throw noCreation(`its Volumes collection ${volumesPath} allows ${allow.trim() || "nothing"}, not POST`);
+    }
 
     for (const v of existing) await this.#call("DELETE", v.path);
-    const answer = await this.#call("POST", volumesPath, { RAIDType: level, Drives: drives.slice(0, count), Name: `${level} volume` });
+    // The Volume schema's shape: the drives under Links, and the size (some BMCs require it) when the drives say theirs.
+    const members = drives.slice(0, count);
+    const capacities = [];
+    for (const d of members) capacities.push((await this.#get(d["@odata.id"], driveResource, "Drive")).CapacityBytes);
+    const known = capacities.every((c): c is number => typeof c === "number" && c > 0);
+    const body = { Name: `${level} volume`, RAIDType: level, Links: { Drives: members }, ...(known ? { CapacityBytes: raidCapacityBytes(level, capacities) } : {}) };
+    const answer = await this.#call("POST", volumesPath, body).catch((e: unknown) => {
+      throw notOffered(e) ? noCreation(`POST ${volumesPath} answered ${(e as AgentError).status}`) : e;
+    });
     const created = volumeResource.safeParse(answer);
     // Trust the answer's Id only when it is a Volume (a 202 may carry a Task instead).
     const id = created.success && (created.data.RAIDType || created.data.VolumeType) ? created.data.Id : undefined;
     if (id) return { volume: { id, level, drives: count } };
     // No body (201/202/204 without one): find it.
-    const made = (await this.#volumes(volumesPath)).find(fits);
+    const made = (await this.#volumes(volumesPath)).volumes.find(fits);
     if (!made) throw this.#fail(`accepted the ${level} volume but ${volumesPath} does not list it`);
     return { volume: { id: made.id, level, drives: count } };
   }
@@ -350,6 +461,32 @@ export class RedfishClient {
 
   #system(): Promise<SystemResource> {
     return this.#get(this.#systemPath, systemResource, "ComputerSystem");
+  }
+
+  /**
+   * The PowerState once it is `target`, looking every intervalMs for at most timeoutMs. A BMC busy
+   * with the reset may fail a read (5xx, a dropped connection): it is asked again; a refusal is not.
+   */
+  async #waitForPower(target: "On" | "Off", after: string): Promise<string> {
+    const { timeoutMs, intervalMs } = this.#powerWait;
+    const until = Date.now() + timeoutMs;
+    let last: string | null = null;
+    let lastError: AgentError | undefined;
+    for (;;) {
+      try {
+        last = (await this.#system()).PowerState ?? null;
+        lastError = undefined;
+        if (last === target) return last;
+      } catch (e) {
+        if (this.#signal?.aborted || !(e instanceof AgentError) || e.code !== "DRIVER_ERROR" || e.permanent || (e.status !== undefined && e.status < 500)) throw e;
+        lastError = e;
+      }
+      if (Date.now() >= until) {
+        const stayed = lastError ? `could not be read (${lastError.message})` : `stayed ${last ?? "unreported"}`;
+        throw this.#fail(`did not reach PowerState ${target} within ${timeoutMs / 1000} s after ${after}: it ${stayed}`);
+      }
+      await pause(intervalMs, this.#signal);
+    }
   }
 
   async #manager(system: SystemResource) {
@@ -380,16 +517,19 @@ export class RedfishClient {
     return out;
   }
 
-  async #volumes(collectionPath: string): Promise<Volume[]> {
-    const members = (await this.#get(collectionPath, collectionResource, "Volume collection")).Members.map((m) => m["@odata.id"]);
-    const out: Volume[] = [];
-    for (const path of members) {
+  /** A Volumes collection's volumes, and its Allow header (which methods it offers) when it sends one. */
+  async #volumes(collectionPath: string): Promise<{ volumes: Volume[]; allow: string | undefined }> {
+    const answer = await this.#request("GET", collectionPath);
+    const collection = collectionResource.safeParse(answer.json);
+    if (!collection.success) throw this.#fail(`answered GET ${collectionPath} with something that is not a Volume collection`);
+    const volumes: Volume[] = [];
+    for (const { "@odata.id": path } of collection.data.Members) {
       const v = await this.#get(path, volumeResource, "Volume");
       const id = v.Id ?? decodeURIComponent(path.replace(/\/$/, "").split("/").pop() ?? path);
       const level = v.RAIDType ?? (v.VolumeType && Object.hasOwn(VOLUME_TYPE_LEVELS, v.VolumeType) ? VOLUME_TYPE_LEVELS[v.VolumeType]! : null);
-      out.push({ path, id, level, drives: v.Links?.Drives?.length ?? 0 });
+      volumes.push({ path, id, level, drives: v.Links?.Drives?.length ?? 0 });
     }
-    return out;
+    return { volumes, allow: answer.header("allow") };
   }
 
   /** inspect()'s storage: drives and volumes over every controller; nothing when there is no Storage. */
@@ -401,7 +541,7 @@ export class RedfishClient {
     for (const c of controllers) {
       drives += c.storage.Drives?.length ?? 0;
       const ref = c.storage.Volumes?.["@odata.id"];
-      if (ref) for (const v of await this.#volumes(ref)) volumes.push({ id: v.id, level: v.level });
+      if (ref) for (const v of (await this.#volumes(ref)).volumes) volumes.push({ id: v.id, level: v.level });
     }
     return { storage: { drives, volumes } };
   }
@@ -430,7 +570,7 @@ export class RedfishClient {
   async #requireCd(): Promise<{ path: string; media: MediaResource }> {
     const manager = await this.#manager(await this.#system());
     const cd = await this.#virtualCd(manager.VirtualMedia?.["@odata.id"]);
-    if (!cd) throw this.#fail("has no virtual CD");
+    if (!cd) throw this.#unsupported("has no virtual CD (VirtualMedia)");
     return cd;
   }
 
@@ -449,33 +589,130 @@ export class RedfishClient {
 
   /** One request; the parsed JSON answer (undefined when empty). */
   async #call(method: string, path: string, body?: unknown): Promise<unknown> {
+    return (await this.#request(method, path, body)).json;
+  }
+
+  /** One request: its parsed JSON answer and headers; a status that is not 2xx is a DRIVER_ERROR carrying it. */
+  async #request(method: string, path: string, body?: unknown): Promise<{ json: unknown; header(name: string): string | undefined }> {
     const url = this.#resolve(path);
     const timeout = AbortSignal.timeout(this.#timeoutMs);
     const signal = this.#signal ? AbortSignal.any([this.#signal, timeout]) : timeout;
     const headers: Record<string, string> = { authorization: this.#authorization, accept: "application/json" };
     if (body !== undefined) headers["content-type"] = "application/json";
-    let res: Response;
-    let answer: string;
+    const request = { method, headers, body: body === undefined ? undefined : JSON.stringify(body), signal };
+    let res: Answer;
     try {
-      res = await this.#fetch(url, { method, headers, body: body === undefined ? undefined : JSON.stringify(body), signal });
-      answer = await res.text();
+      if (this.#fetch || !this.#https) res = await this.#viaFetch(url, request);
+      else {
+        // site.httpProxy's pin, imported when used: http-proxy.ts imports site.ts, which imports this file.
+        const pinOf = this.#tls?.spkiSha256 === undefined ? undefined : (await import("./http-proxy.ts")).spkiSha256;
+        res = await this.#viaHttps(url, request, pinOf);
+      }
     } catch (e) {
       // The command's deadline or the agent stopping: report that, not a BMC failure.
       if (this.#signal?.aborted) throw this.#signal.reason;
+      if (e instanceof AgentError) throw e; // the certificate refused
       throw this.#fail(`did not answer ${method} ${path}: ${timeout.aborted ? `no answer within ${this.#timeoutMs} ms` : this.#scrub(fetchFailureReason(e))}`);
     }
-    if (!res.ok) {
+    if (res.status < 200 || res.status > 299) {
       const what = `answered ${res.status}${res.statusText ? ` ${res.statusText}` : ""} to ${method} ${path}`;
-      if (res.status === 401 || res.status === 403) throw this.#fail(`${what}: check the BMC credential`);
-      const detail = redfishMessage(answer);
-      throw this.#fail(detail ? `${what}: ${this.#scrub(detail)}` : what);
+      if (res.status === 401 || res.status === 403) throw this.#fail(`${what}: check the BMC credential`, res.status);
+      const detail = redfishMessage(res.body);
+      throw this.#fail(detail ? `${what}: ${this.#scrub(detail)}` : what, res.status);
     }
-    if (!answer) return undefined;
+    if (!res.body) return { json: undefined, header: res.header };
     try {
-      return JSON.parse(answer) as unknown;
+      return { json: JSON.parse(res.body) as unknown, header: res.header };
     } catch {
       throw this.#fail(`answered ${method} ${path} with a body that is not JSON`);
     }
+  }
+
+  async #viaFetch(url: string, request: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal }): Promise<Answer> {
+    const res = await (this.#fetch ?? fetch)(url, request);
+    return { status: res.status, statusText: res.statusText, header: (name) => res.headers.get(name) ?? undefined, body: await res.text() };
+  }
+
+  /**
+   * One request over https, on a connection of its own whose certificate is checked first: the
+   * binding's pin and/or CA bundle, else the system's CAs. Only then is the request (with its
+   * Authorization header) written, so a BMC that is not trusted never sees the credential.
+   */
+  #viaHttps(url: string, request: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal }, pinOf: ((der: Uint8Array) => string) | undefined): Promise<Answer> {
+    const target = new URL(url);
+    const host = target.hostname.replace(/^\[(.*)\]$/, "$1"); // sockets take IPv6 without brackets
+    const port = Number(target.port || 443);
+    return new Promise<Answer>((resolve, reject) => {
+      let settled = false;
+      const finish = (outcome: () => void) => {
+        if (settled) return;
+        settled = true;
+        request.signal.removeEventListener("abort", onAbort);
+        socket.destroy();
+        outcome();
+      };
+      const fail = (e: Error) => finish(() => reject(e));
+      const onAbort = () => fail(new Error("aborted"));
+      // With rejectUnauthorized off the connection completes either way; authorized says whether it verified (chain and name).
+      const socket: TLSSocket = tlsConnect({ host, port, servername: isIP(host) ? undefined : host, ca: this.#tls?.caBundle, rejectUnauthorized: false });
+      if (request.signal.aborted) return onAbort();
+      request.signal.addEventListener("abort", onAbort, { once: true });
+      socket.once("secureConnect", () => {
+        const refused = this.#certificateRefusal(socket, pinOf);
+        if (refused) return fail(refused);
+        const req = httpsRequest(target, { method: request.method, headers: request.headers, createConnection: () => socket });
+        req.on("error", fail);
+        req.on("response", (res) => {
+          const chunks: Buffer[] = [];
+          let size = 0;
+          res.on("data", (chunk: Buffer) => {
+            size += chunk.byteLength;
+            if (size > MAX_ANSWER_BYTES) fail(new Error(`the answer is larger than ${MAX_ANSWER_BYTES} bytes`));
+            else chunks.push(chunk);
+          });
+          res.on("error", fail);
+          res.on("aborted", () => fail(new Error("the answer broke off")));
+          res.on("end", () => {
+            const body = Buffer.concat(chunks).toString("utf8");
+            const header = (name: string) => {
+              const v = res.headers[name.toLowerCase()];
+              return Array.isArray(v) ? v.join(", ") : v;
+            };
+            finish(() => resolve({ status: res.statusCode ?? 0, statusText: res.statusMessage ?? "", header, body }));
+          });
+        });
+        req.end(request.body);
+      });
+      socket.on("error", fail);
+      // After a complete answer this is a no-op; before one, the BMC hung up.
+      socket.on("close", () => fail(new Error("the connection closed before a complete answer")));
+    });
+  }
+
+  /** Why the BMC's certificate is not trusted under the binding's tls block, or undefined. Permanent: another attempt meets the same certificate. */
+  #certificateRefusal(socket: TLSSocket, pinOf: ((der: Uint8Array) => string) | undefined): AgentError | undefined {
+    const pin = this.#tls?.spkiSha256;
+    if (pin !== undefined) {
+      let presented: string | undefined;
+      try {
+        const peer = socket.getPeerCertificate();
+        presented = peer?.raw && pinOf ? pinOf(peer.raw) : undefined;
+      } catch {
+        // an unreadable certificate: no pin matches it
+      }
+      if (presented !== pin) {
+        return this.#fail(`presented a certificate whose public key does not match the pin bmc.tls.spkiSha256 ${pin}${presented ? ` (its pin is ${presented})` : ""}; nothing was sent`, undefined, true);
+      }
+      // The pin names the key: no CA vouches for a self-signed certificate, nor for the name in it.
+      if (this.#tls?.caBundle === undefined) return undefined;
+    }
+    if (socket.authorized) return undefined;
+    const by = this.#tls?.caBundle === undefined ? "by the system's CAs" : "by bmc.tls.caBundle";
+    return this.#fail(
+      `presented a certificate that is not trusted ${by} (${String(socket.authorizationError)}); nothing was sent. Name the CA that signed it in bmc.tls.caBundle, or pin its public key with bmc.tls.spkiSha256 (docs/bmc.md)`,
+      undefined,
+      true,
+    );
   }
 
   /** A link from the BMC as a URL on the BMC itself: credentials are never sent elsewhere. */
@@ -490,8 +727,14 @@ export class RedfishClient {
     return url.href;
   }
 
-  #fail(message: string): AgentError {
-    return new AgentError("DRIVER_ERROR", `BMC ${this.address} ${message}`);
+  /** A DRIVER_ERROR naming the BMC; `status` is the BMC's HTTP status when it answered one. */
+  #fail(message: string, status?: number, permanent = false): AgentError {
+    return new AgentError("DRIVER_ERROR", `BMC ${this.address} ${message}`, status, { permanent });
+  }
+
+  /** The resource tree does not offer what was asked: no attempt will find it there. */
+  #unsupported(message: string): AgentError {
+    return new AgentError("UNSUPPORTED", `BMC ${this.address} ${message}`);
   }
 
   /** Text the BMC or the network stack wrote, without the credential in case it echoes it. */
@@ -502,3 +745,6 @@ export class RedfishClient {
     return text;
   }
 }
+
+/** A BMC's answer that the method is not there: 405 Method Not Allowed, 501 Not Implemented. */
+const notOffered = (e: unknown) => e instanceof AgentError && (e.status === 405 || e.status === 501);

@@ -1,6 +1,8 @@
 // A Redfish BMC emulator for tests: SIMULATED HARDWARE, nothing here talks to a real
 // machine or BMC. In the spirit of sushy-tools' emulator, it serves the Redfish resource
-// tree of N simulated machines over real HTTP (node:http, 127.0.0.1 only, Basic auth):
+// tree of N simulated machines over real HTTP, or HTTPS with a given certificate (node:http(s),
+// 127.0.0.1 unless told otherwise, Basic auth); `better-compute bmc-emulator` runs it
+// (scripts/bmc-emulator.ts):
 //
 //   /redfish/v1                                   ServiceRoot (unauthenticated, as in the spec)
 //   /redfish/v1/Systems[/<id>]                    ComputerSystem: PowerState, Boot override, BiosVersion
@@ -8,7 +10,8 @@
 //   /redfish/v1/Systems/<id>/Bios/Settings        pending attributes; PATCH { Attributes } stages them for
 //                                                 the next power-on, when they are applied (as real BIOSes do)
 //   /redfish/v1/Systems/<id>/Storage[/RAID.Integrated.1]   one RAID controller and its Drives/<id>
-//   …/Storage/RAID.Integrated.1/Volumes[/<id>]    POST { RAIDType, Drives, Name? } creates a volume; DELETE removes it
+//   …/Storage/RAID.Integrated.1/Volumes[/<id>]    POST { RAIDType, Links: { Drives }, Name?, CapacityBytes? } creates a
+//                                                 volume (Drives at the top level, the older schema, too); DELETE removes it
 //   /redfish/v1/Systems/<id>/EthernetInterfaces[/NIC.1]    one NIC: MACAddress, IPv4Addresses, IPv6Addresses
 //                                                 (only for a machine given addresses, as inspection finds them)
 //   POST …/Systems/<id>/Actions/ComputerSystem.Reset   { ResetType }
@@ -18,11 +21,15 @@
 //
 // Tests read and change each simulated machine through `machines` (plain state objects),
 // get told of power transitions via `onPowerChange` (so a simulation can "boot" the
-// machine), and can make the BMC flaky with seeded, deterministic faults.
-import { createHash, timingSafeEqual } from "node:crypto";
+// machine), and can make the BMC flaky with seeded, deterministic faults. `quirks` make a
+// machine's BMC behave like real ones do (asynchronous resets, no BIOS resource, no volume
+// creation, Continuous-only boot overrides, a failing Storage, CapacityBytes required).
+// Product UUIDs are random per emulator (two emulators never share one) unless given.
+import { createHash, randomUUID, timingSafeEqual } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import { createServer as createHttpsServer } from "node:https";
 import { isIP, type AddressInfo } from "node:net";
-import { RAID_LEVELS as RAID_TYPES, raidDriveCountProblem, type RaidLevel as RaidType } from "../roles/redfish.ts";
+import { RAID_LEVELS as RAID_TYPES, raidCapacityBytes, raidDriveCountProblem, type RaidLevel as RaidType } from "../roles/redfish.ts";
 
 export type PowerState = "On" | "Off";
 export const BOOT_TARGETS = ["None", "Pxe", "Cd", "Hdd"] as const;
@@ -58,10 +65,26 @@ export interface SimVolume {
   capacityBytes: number;
 }
 
-function raidCapacity(level: RaidType, drives: SimDrive[]): number {
-  const smallest = Math.min(...drives.map((d) => d.capacityBytes));
-  const n = drives.length;
-  return smallest * (level === "RAID0" ? n : level === "RAID1" ? 1 : level === "RAID5" ? n - 1 : n / 2);
+/**
+ * How a machine's BMC departs from the happy path, as real BMCs do (sushy-tools, iDRAC, iLO...).
+ * Each is off by default; they live on MachineState.quirks, so a test may change them at any time.
+ */
+export interface BmcQuirks {
+  /**
+   * A reset is answered at once and applied over this many ms: the old PowerState first, then
+   * PoweringOn/PoweringOff, then the new one (a restart goes through Off). 0: applied before the answer.
+   */
+  resetDelayMs?: number;
+  /** No BIOS settings resource: the system links no Bios, and Bios answers 404. */
+  noBios?: boolean;
+  /** Volumes cannot be created: the Volumes collection says Allow: GET, and a POST is answered 405. */
+  noVolumeCreation?: boolean;
+  /** Boot overrides are always Continuous: a Once is accepted and recorded as Continuous (sushy-tools' libvirt driver). */
+  continuousBootOnly?: boolean;
+  /** Every request under Storage is answered 500. */
+  failingStorage?: boolean;
+  /** Creating a volume requires CapacityBytes (as some controllers do). */
+  requireVolumeCapacity?: boolean;
 }
 
 export interface MachineOptions {
@@ -72,6 +95,8 @@ export interface MachineOptions {
   drives?: number;
   /** IP addresses of its one NIC (IPv4 and/or IPv6); default none: no EthernetInterfaces at all. */
   addresses?: string[];
+  /** Its BMC's quirks, over the emulator's. */
+  quirks?: BmcQuirks;
 }
 
 /** The state of one simulated machine and its simulated BMC. Tests may read and mutate it. */
@@ -80,6 +105,8 @@ export interface MachineState {
   uuid: string;
   managerId: string;
   power: PowerState;
+  /** Shown as PowerState while an asynchronous reset is under way (quirks.resetDelayMs). */
+  transition: "PoweringOn" | "PoweringOff" | null;
   boot: { target: BootTarget; enabled: BootEnabled };
   media: { inserted: boolean; image: string | null };
   biosVersion: string;
@@ -94,6 +121,8 @@ export interface MachineState {
   powerHistory: PowerState[];
   /** The IP addresses its NIC reports; none: the system links no EthernetInterfaces. */
   addresses: string[];
+  /** How its BMC departs from the happy path; change at will. */
+  quirks: BmcQuirks;
 }
 
 export interface RedfishFaults {
@@ -124,7 +153,12 @@ export interface RedfishEmulatorOptions {
   username?: string;
   password?: string;
   faults?: RedfishFaults;
-  host?: "127.0.0.1";
+  /** Every machine's BMC quirks unless the machine says otherwise. */
+  quirks?: BmcQuirks;
+  /** Serve HTTPS with this identity (e.g. agent/testing/tls.ts's selfSignedCertificate) instead of HTTP. */
+  tls?: { key: string; cert: string };
+  /** Where to listen; default 127.0.0.1. */
+  host?: string;
   port?: number;
   /** Called after each power transition; awaited before the action is answered. */
   onPowerChange?: (machine: MachineState, from: PowerState, to: PowerState) => void | Promise<void>;
@@ -157,11 +191,6 @@ function rng(seed: number): () => number {
 function fakeMac(id: string): string {
   const h = createHash("sha256").update(`redfish-emulator-mac-${id}`).digest();
   return ["02", ...[...h.subarray(0, 5)].map((b) => b.toString(16).padStart(2, "0"))].join(":").toUpperCase();
-}
-
-function fakeUuid(i: number): string {
-  const h = createHash("sha256").update(`redfish-emulator-${i}`).digest("hex");
-  return `${h.slice(0, 8)}-${h.slice(8, 12)}-4${h.slice(13, 16)}-8${h.slice(17, 20)}-${h.slice(20, 32)}`;
 }
 
 class HttpError extends Error {
@@ -214,9 +243,11 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     for (const a of s.addresses ?? []) if (!isIP(a)) throw new Error(`machine ${id}: ${JSON.stringify(a)} is not an IP address`);
     const m: MachineState = {
       id,
-      uuid: s.uuid ?? fakeUuid(i),
+      // Random: a ramdisk is matched to its machine by this UUID, so two emulators must never share one.
+      uuid: s.uuid ?? randomUUID(),
       managerId: `${id}-bmc`,
       power: s.power ?? "Off",
+      transition: null,
       boot: { target: "None", enabled: "Disabled" },
       media: { inserted: false, image: null },
       biosVersion: "SIM-BIOS-1.0.0",
@@ -229,6 +260,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       },
       powerHistory: [],
       addresses: [...(s.addresses ?? [])],
+      quirks: { ...opts.quirks, ...s.quirks },
     };
     machines.set(id, m);
     byManager.set(m.managerId, m);
@@ -256,20 +288,42 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     if (to === "On" && m.boot.enabled === "Once") m.boot = { target: "None", enabled: "Disabled" };
   }
 
+  /** The power states a reset goes through, in order (a restart of an Off machine only powers it on, as many BMCs do). */
+  const resetSteps = (type: ResetType): PowerState[] => (type === "On" ? ["On"] : type === "ForceOff" || type === "GracefulShutdown" ? ["Off"] : ["Off", "On"]);
+
   async function reset(m: MachineState, type: ResetType): Promise<void> {
-    switch (type) {
-      case "On":
-        return setPower(m, "On");
-      case "ForceOff":
-      case "GracefulShutdown":
-        return setPower(m, "Off");
-      case "ForceRestart":
-      case "GracefulRestart":
-      case "PowerCycle":
-        // On an Off machine these power it on, as many BMCs do.
-        await setPower(m, "Off");
-        return setPower(m, "On");
-    }
+    for (const to of resetSteps(type)) await setPower(m, to);
+  }
+
+  // Asynchronous resets: each machine's run one after another, each step after part of the delay.
+  const timers = new Set<ReturnType<typeof setTimeout>>();
+  const resetsUnderWay = new Map<MachineState, Promise<void>>();
+  let stopped = false;
+  const wait = (ms: number) =>
+    new Promise<void>((resolve) => {
+      const t = setTimeout(() => (timers.delete(t), resolve()), ms);
+      timers.add(t);
+    });
+
+  function resetLater(m: MachineState, type: ResetType, delayMs: number): void {
+    const run = async () => {
+      // What changes is decided when the reset's turn comes: an earlier one may have been under way.
+      const changes: PowerState[] = [];
+      for (const to of resetSteps(type)) if (to !== (changes.at(-1) ?? m.power)) changes.push(to);
+      // Each change: the old state for a while, then PoweringOn/Off, then the new state.
+      const part = delayMs / (2 * Math.max(changes.length, 1));
+      for (const to of changes) {
+        await wait(part);
+        if (stopped) return;
+        m.transition = to === "On" ? "PoweringOn" : "PoweringOff";
+        await wait(part);
+        if (stopped) return;
+        m.transition = null;
+        await setPower(m, to);
+      }
+    };
+    const next = (resetsUnderWay.get(m) ?? Promise.resolve()).then(run).catch(() => {});
+    resetsUnderWay.set(m, next);
   }
 
   function systemResource(m: MachineState): unknown {
@@ -281,7 +335,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       Manufacturer: "Better Compute (simulated)",
       Model: "Redfish emulator",
       UUID: m.uuid,
-      PowerState: m.power,
+      PowerState: m.transition ?? m.power,
       BiosVersion: m.biosVersion,
       Status: { State: "Enabled", Health: "OK" },
       Boot: {
@@ -289,9 +343,9 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         BootSourceOverrideEnabled: m.boot.enabled,
         BootSourceOverrideMode: "UEFI",
         "BootSourceOverrideTarget@Redfish.AllowableValues": [...BOOT_TARGETS],
-        "BootSourceOverrideEnabled@Redfish.AllowableValues": [...BOOT_ENABLED],
+        "BootSourceOverrideEnabled@Redfish.AllowableValues": m.quirks.continuousBootOnly ? ["Disabled", "Continuous"] : [...BOOT_ENABLED],
       },
-      Bios: { "@odata.id": `${sys(m)}/Bios` },
+      ...(m.quirks.noBios ? {} : { Bios: { "@odata.id": `${sys(m)}/Bios` } }),
       ...(m.storage.drives.length > 0 ? { Storage: { "@odata.id": `${sys(m)}/Storage` } } : {}),
       ...(m.addresses.length > 0 ? { EthernetInterfaces: { "@odata.id": `${sys(m)}/EthernetInterfaces` } } : {}),
       Actions: {
@@ -445,7 +499,8 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
             target = v as BootTarget;
           } else if (k === "BootSourceOverrideEnabled") {
             if (!BOOT_ENABLED.includes(v as BootEnabled)) throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(v)} for the property ${k} is not in the list of acceptable values.`, [String(v), k]);
-            enabled = v as BootEnabled;
+            // A Continuous-only BMC takes a Once without complaint and records Continuous.
+            enabled = v === "Once" && m.quirks.continuousBootOnly ? "Continuous" : (v as BootEnabled);
           } else if (k !== "BootSourceOverrideMode") {
             throw new HttpError(400, "PropertyUnknown", `The property Boot/${k} is not a known or patchable property.`, [k]);
           }
@@ -453,6 +508,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         m.boot = { target, enabled };
         return [200, systemResource(m)];
       }
+      if (sub === "Bios" && m.quirks.noBios) throw notFound(path);
       if (sub === "Bios" && action === undefined) {
         get();
         return [200, biosResource(m)];
@@ -471,7 +527,9 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         if (!RESET_TYPES.includes(t as ResetType)) {
           throw new HttpError(400, "ActionParameterValueNotInList", `The value ${JSON.stringify(t)} for the parameter ResetType in the action ComputerSystem.Reset is not in the list of acceptable values.`, [String(t), "ResetType", "ComputerSystem.Reset"]);
         }
-        await reset(m, t as ResetType);
+        const delay = m.quirks.resetDelayMs ?? 0;
+        if (delay > 0) resetLater(m, t as ResetType, delay);
+        else await reset(m, t as ResetType);
         return [204, undefined];
       }
       throw notFound(path);
@@ -608,6 +666,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
   /** /Systems/<id>/Storage[...]; `rest` is what follows "Storage". A machine without drives has no controller. */
   async function storageRoute(req: IncomingMessage, method: string, path: string, m: MachineState, rest: string[]): Promise<[number, unknown, Record<string, string>?]> {
     if (m.storage.drives.length === 0 || rest.length > 3) throw notFound(path);
+    if (m.quirks.failingStorage) throw new HttpError(500, "InternalError", "The request failed due to an internal service error.");
     const get = () => {
       if (method !== "GET") throw noMethod(method);
     };
@@ -629,8 +688,10 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     }
     if (coll !== "Volumes") throw notFound(path);
     if (item === undefined) {
-      if (method === "GET") return [200, collection(`${storagePath(m)}/Volumes`, "VolumeCollection.VolumeCollection", "Volume Collection", m.storage.volumes.map((v) => volumePath(m, v)))];
-      if (method !== "POST") throw noMethod(method);
+      // Allow says which methods the collection offers, as the Redfish spec has a GET answer it.
+      const allow = { Allow: m.quirks.noVolumeCreation ? "GET" : "GET, POST" };
+      if (method === "GET") return [200, collection(`${storagePath(m)}/Volumes`, "VolumeCollection.VolumeCollection", "Volume Collection", m.storage.volumes.map((v) => volumePath(m, v))), allow];
+      if (method !== "POST" || m.quirks.noVolumeCreation) return [405, errorBody(noMethod(method)), allow];
       const v = createVolume(m, await jsonBody(req));
       return [201, volumeResource(m, v), { Location: volumePath(m, v) }];
     }
@@ -673,16 +734,26 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
 
   const volumeCounters = new Map<MachineState, number>();
 
-  /** POST …/Volumes: the level, the drives (known, distinct, free, as many as the level takes). */
+  /**
+   * POST …/Volumes: the level, the drives (known, distinct, free, as many as the level takes), under
+   * Links.Drives as the Volume schema has them (or at the top level, as its first versions did).
+   */
   function createVolume(m: MachineState, body: Record<string, unknown>): SimVolume {
     for (const k of Object.keys(body)) {
-      if (!["RAIDType", "Drives", "Name", "CapacityBytes"].includes(k)) throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known property of a Volume.`, [k]);
+      if (!["RAIDType", "Drives", "Links", "Name", "CapacityBytes"].includes(k)) throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known property of a Volume.`, [k]);
     }
     const level = body.RAIDType;
     if (level === undefined) throw new HttpError(400, "PropertyMissing", "The property RAIDType is a required property and must be included in the request.", ["RAIDType"]);
     if (!RAID_TYPES.includes(level as RaidType)) throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(level)} for the property RAIDType is not in the list of acceptable values.`, [String(level), "RAIDType"]);
-    const refs = body.Drives;
-    if (refs === undefined) throw new HttpError(400, "PropertyMissing", "The property Drives is a required property and must be included in the request.", ["Drives"]);
+    const links = body.Links;
+    if (links !== undefined && (typeof links !== "object" || links === null || Array.isArray(links))) throw new HttpError(400, "PropertyValueTypeError", "The value for the property Links must be an object.", ["Links"]);
+    for (const k of Object.keys(links ?? {})) {
+      if (k !== "Drives") throw new HttpError(400, "PropertyUnknown", `The property Links/${k} is not a known property of a Volume.`, [`Links/${k}`]);
+    }
+    const linked = (links as { Drives?: unknown } | undefined)?.Drives;
+    if (linked !== undefined && body.Drives !== undefined) throw new HttpError(400, "PropertyValueConflict", "The property Drives conflicts with the property Links/Drives: give one.", ["Drives", "Links/Drives"]);
+    const refs = linked ?? body.Drives;
+    if (refs === undefined) throw new HttpError(400, "PropertyMissing", "The property Links/Drives is a required property and must be included in the request.", ["Links/Drives"]);
     if (!Array.isArray(refs)) throw new HttpError(400, "PropertyValueTypeError", "The value for the property Drives must be an array of links.", ["Drives"]);
     const drives: SimDrive[] = [];
     for (const ref of refs) {
@@ -697,7 +768,10 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     }
     const problem = raidDriveCountProblem(level as RaidType, drives.length);
     if (problem) throw new HttpError(400, "PropertyValueConflict", `The property Drives conflicts with the property RAIDType: ${problem}.`, ["Drives", "RAIDType"]);
-    const max = raidCapacity(level as RaidType, drives);
+    const max = raidCapacityBytes(level as RaidType, drives.map((d) => d.capacityBytes));
+    if (body.CapacityBytes === undefined && m.quirks.requireVolumeCapacity) {
+      throw new HttpError(400, "PropertyMissing", "The property CapacityBytes is a required property and must be included in the request.", ["CapacityBytes"]);
+    }
     const capacity = body.CapacityBytes ?? max;
     if (typeof capacity !== "number" || !Number.isInteger(capacity) || capacity <= 0 || capacity > max) {
       throw new HttpError(400, "PropertyValueIncorrect", `The value ${JSON.stringify(capacity)} for the property CapacityBytes is not a size these drives can hold (at most ${max}).`, ["CapacityBytes", String(capacity)]);
@@ -817,14 +891,14 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     }
   }
 
-  const server = createServer((req, res) => {
+  const onRequest = (req: IncomingMessage, res: ServerResponse) => {
     handle(req, res).catch(() => {
       if (!res.headersSent) send(res, 500, errorBody(new HttpError(500, "InternalError", "Internal error.")));
       else res.destroy();
     });
-  });
+  };
+  const server = opts.tls ? createHttpsServer({ key: opts.tls.key, cert: opts.tls.cert }, onRequest) : createServer(onRequest);
   const host = opts.host ?? "127.0.0.1";
-  if (host !== "127.0.0.1") throw new Error("the Redfish emulator listens on 127.0.0.1 only");
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
     server.listen(opts.port ?? 0, host, () => {
@@ -833,9 +907,11 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     });
   });
   const { port } = server.address() as AddressInfo;
+  // Listening on every address: name the loopback one.
+  const shown = host === "0.0.0.0" ? "127.0.0.1" : host === "::" ? "[::1]" : isIP(host) === 6 ? `[${host}]` : host;
 
   return {
-    url: `http://127.0.0.1:${port}`,
+    url: `${opts.tls ? "https" : "http"}://${shown}:${port}`,
     machines,
     requests,
     setFaults(f: RedfishFaults) {
@@ -843,6 +919,8 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       random = rng(f.seed ?? 1);
     },
     stop() {
+      stopped = true;
+      for (const t of timers) clearTimeout(t);
       return new Promise<void>((resolve, reject) => {
         server.close((err) => (err ? reject(err) : resolve()));
         server.closeAllConnections();

@@ -5,22 +5,22 @@ import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineDriver, type CommandKind } from "better-compute";
 import { ComputeError, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
-import { defineProfile, defineStep, stepNotReady, type StepContext } from "better-compute/provision";
+import { defineProfile, defineStep, StepError, stepNotReady, type StepContext } from "better-compute/provision";
+import { bmcAddress, bmcTls, bmcTlsProblem } from "./bmc-address.ts";
 import { HTTP_PROXY_KIND, httpProxyBody } from "./http-proxy.ts";
 
 const secretRef = z.string().regex(/^secret:\/\/[\w-]+$/, "a secret:// reference");
 
-/** A Redfish BMC: the system it drives is named in the address. */
-export const redfishAddress = z
-  .string()
-  .url()
-  .refine((value) => {
-    if (!URL.canParse(value)) return false; // .url() has said so; a refine runs anyway and must not throw
-    const url = new URL(value);
-    return (url.protocol === "https:" || url.protocol === "http:") && !url.username && !url.password && /^\/redfish\/v1\/Systems\/[^/]+\/?$/.test(url.pathname);
-  }, "a BMC address is http(s)://host[:port]/redfish/v1/Systems/<id>, with no credentials in it");
+/** A Redfish BMC: the system it drives is named in the address (the site agent checks it with the same rules). */
+export const redfishAddress = bmcAddress;
 
-export const bmcBinding = z.object({ driver: z.string(), address: redfishAddress, username: z.string().min(1).max(128), password: secretRef });
+const bindingShape = { driver: z.string(), address: redfishAddress, username: z.string().min(1).max(128), password: secretRef, tls: bmcTls.optional() };
+const tlsFitsAddress = (b: { address: string; tls?: z.infer<typeof bmcTls> }, ctx: z.RefinementCtx) => {
+  const problem = bmcTlsProblem(b.address, b.tls);
+  if (problem) ctx.addIssue({ code: "custom", path: ["tls"], message: problem });
+};
+/** A BMC binding: its address, its username, the password by reference, and how to trust its certificate (tls). */
+export const bmcBinding = z.object(bindingShape).superRefine(tlsFitsAddress);
 export type BmcBinding = z.infer<typeof bmcBinding>;
 
 /** What metal puts into every workflow it starts. */
@@ -30,7 +30,7 @@ export const redfishDriver = defineDriver({
   id: "redfish",
   kinds: ["power", "management", "media"],
   runsOn: "site",
-  manifest: bmcBinding.extend({ driver: z.literal("redfish") }),
+  manifest: z.object({ ...bindingShape, driver: z.literal("redfish") }).superRefine(tlsFitsAddress),
   secretFields: ["password"],
 });
 export const ipxeDriver = defineDriver({ id: "ipxe", kinds: ["boot"], runsOn: "site" });
@@ -68,7 +68,10 @@ function bmcStep<S extends z.ZodRawShape>(id: string, kind: string, shape: S, bo
     target: (value) => value.siteAgent,
     command: {
       kind,
-      body: (value) => ({ bmc: { address: value.bmc.address, username: value.bmc.username, password: value.bmc.password }, ...body(value) }),
+      body: (value) => {
+        const { address, username, password, tls } = value.bmc;
+        return { bmc: { address, username, password, ...(tls ? { tls } : {}) }, ...body(value) };
+      },
       secretRefs: (value) => [value.bmc.password as SecretRef],
     },
   });
@@ -98,13 +101,17 @@ export const recordInventory = defineStep({
     .passthrough(),
   run: async (ctx, input) => {
     const { machine, ...inventory } = input;
+    const uuid = input.uuid.toLowerCase();
     await ctx.store.transaction(async (tx) => {
+      // The ramdisk is matched by this UUID: two machines in service with one would be mistaken for each other.
+      const holder = (await tx.execute(sql`SELECT id FROM metal_nodes WHERE lower(product_uuid) = ${uuid} AND id <> ${machine} AND state <> 'retired' LIMIT 1`)).rows[0] as { id: string } | undefined;
+      if (holder) throw new StepError("CONFLICT", `product UUID ${uuid} is already held by metal node ${holder.id}: two machines in service cannot share one (retire the other, or fix this machine's SMBIOS UUID)`, false, { node: holder.id, productUuid: uuid });
       await tx.execute(sql`
-        UPDATE metal_nodes SET product_uuid = ${input.uuid.toLowerCase()}, inventory = ${JSON.stringify(inventory)}::jsonb,
+        UPDATE metal_nodes SET product_uuid = ${uuid}, inventory = ${JSON.stringify(inventory)}::jsonb,
                addresses = ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(input.addresses)}::jsonb)), updated_at = compute_now()
         WHERE id = ${machine}`);
     });
-    return { productUuid: input.uuid.toLowerCase(), addresses: input.addresses };
+    return { productUuid: uuid, addresses: input.addresses };
   },
 });
 

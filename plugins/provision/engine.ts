@@ -208,7 +208,7 @@ async function sendCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefini
 
 async function checkCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, name: string): Promise<number | undefined> {
   const found = await ctx.store.db.execute(sql`SELECT state, result, error FROM bc_commands WHERE id = ${attempt.command_id}::bigint`);
-  const command = found.rows[0] as { state: string; result: unknown; error: { code: string; message: string } | null } | undefined;
+  const command = found.rows[0] as { state: string; result: unknown; error: { code: string; message: string; permanent?: boolean } | null } | undefined;
   if (command?.state === "succeeded") {
     await succeedStep(ctx, wf, attempt, name, command.result);
     return undefined;
@@ -216,7 +216,10 @@ async function checkCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefin
   if (command?.state === "failed" || command?.state === "expired") {
     const error = command.error ?? { code: "DRIVER_ERROR", message: "the agent reported no error" };
     const kind = step.runsOn === "control-plane" ? name : step.command.kind;
-    return failStep(ctx, wf, step, attempt, new StepError(codeOf(error.code), `${kind} failed on the agent: ${error.message}`, true, { agentCode: error.code }));
+    // A refusal (a body the agent will never accept, a capability the machine lacks, a BMC
+    // certificate it does not trust) fails the step now: another attempt would meet the same.
+    const permanent = error.permanent === true || PERMANENT_AGENT_CODES.has(error.code);
+    return failStep(ctx, wf, step, attempt, new StepError(codeOf(error.code), `${kind} failed on the agent: ${error.message}`, !permanent, { agentCode: error.code, ...(permanent ? { permanent } : {}) }));
   }
   if (attempt.overdue) return failStep(ctx, wf, step, attempt, new StepError("DEADLINE_EXCEEDED", `step ${name} got no result before its deadline`, false));
   return attempt.wait_ms !== null && attempt.wait_ms > 0 ? Math.min(attempt.wait_ms, WAITING_RECHECK_MS) : WAITING_RECHECK_MS;
@@ -352,8 +355,12 @@ function toStepError(err: unknown): StepError {
   return new StepError("INTERNAL", err instanceof Error ? err.message : String(err));
 }
 
+/** Agent codes that say another attempt cannot succeed. */
+const PERMANENT_AGENT_CODES = new Set(["INVALID_ARGUMENT", "UNSUPPORTED"]);
+
+/** The step's code for an agent's failure: the agent's own where the platform has it, DRIVER_ERROR otherwise. */
 function codeOf(code: string): StepError["code"] {
-  return code === "DEADLINE_EXCEEDED" ? "DEADLINE_EXCEEDED" : "DRIVER_ERROR";
+  return code === "DEADLINE_EXCEEDED" || PERMANENT_AGENT_CODES.has(code) ? (code as StepError["code"]) : "DRIVER_ERROR";
 }
 
 /** The attempt's deadline, counted from when it begins. */

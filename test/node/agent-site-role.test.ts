@@ -1,7 +1,8 @@
 // The site agent's role (agent/roles/site.ts, redfish.ts, boot.ts, image-cache.ts) against the
 // Redfish emulator (simulated hardware over real HTTP): inspect, idempotent power, boot
 // override, virtual media, BIOS settings staged for the next power-on, RAID volumes, failures as DRIVER_ERROR naming the BMC and never its credential,
-// bodies and secrets refused; the iPXE script; the image cache over HTTP.
+// bodies and secrets refused, each operation logged without a credential; the iPXE script; the
+// image cache over HTTP. BMCs that behave like real ones: redfish-real-world.test.ts; TLS: bmc-tls.test.ts.
 import { createHash } from "node:crypto";
 import { afterEach, describe, expect, it } from "vitest";
 import { AgentError, type CommandContext } from "../../agent/client.ts";
@@ -188,7 +189,7 @@ describe("site role: Redfish", () => {
 
     const bare = await emulator(undefined, { drives: 0 });
     const none = await agentFailure(run(bare, "metal.bmc.raid", { level: "RAID1", drives: 2 }));
-    expect(none).toMatchObject({ code: "DRIVER_ERROR", message: `BMC ${bare.url}/redfish/v1/Systems/abc links no Storage to /redfish/v1/Systems/abc; no RAID to configure` });
+    expect(none).toMatchObject({ code: "UNSUPPORTED", message: `BMC ${bare.url}/redfish/v1/Systems/abc has no storage resource (Storage); no RAID to configure` });
   });
 
   it("powers on, off and cycles by desired state, resetting only when needed", async () => {
@@ -201,9 +202,10 @@ describe("site role: Redfish", () => {
     expect(resets()).toBe(1);
     expect(await run(emu, "metal.bmc.power", { action: "cycle" })).toEqual({ powerState: "On", previous: "On" });
     expect(m.powerHistory).toEqual(["On", "Off", "On"]);
+    expect(resets()).toBe(3); // a cycle is ForceOff, then On, each waited for
     expect(await run(emu, "metal.bmc.power", { action: "off" })).toEqual({ powerState: "Off", previous: "On" });
     expect(await run(emu, "metal.bmc.power", { action: "off" })).toEqual({ powerState: "Off", previous: "Off" });
-    expect(resets()).toBe(3);
+    expect(resets()).toBe(4);
     expect(await run(emu, "metal.bmc.power", { action: "cycle" })).toEqual({ powerState: "On", previous: "Off" });
     expect(m.powerHistory).toEqual(["On", "Off", "On", "Off", "On"]); // a cycle of an Off machine only powers it on
   });
@@ -315,6 +317,31 @@ describe("site role: Redfish", () => {
     expect(await agentFailure(run(emu, "metal.bmc.boot", { device: "floppy" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
     expect(await agentFailure(run(emu, "metal.bmc.media.insert", { url: "file:///etc/passwd" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
     expect(emu.requests).toEqual([]);
+  });
+
+  it("logs each BMC operation (kind, BMC, outcome, duration) and each failure, never the credential", async () => {
+    const emu = await emulator();
+    const address = `${emu.url}/redfish/v1/Systems/abc`;
+    const port = new URL(emu.url).port;
+    const wrong = "Wr0ng-Pa55word-abc";
+    const lines: Array<Record<string, unknown>> = [];
+    const at = (level: string) => (message: string, fields?: Record<string, unknown>) => void lines.push({ level, message, ...fields });
+    const handlers = siteHandlers({ log: { info: at("info"), warn: at("warn"), error: at("error") }, timeoutMs: 2_000 });
+    const bmc = { address, username: USER, password: REF };
+    await handlers["metal.bmc.power"]!({ bmc, action: "on" }, ctx("metal.bmc.power"));
+    await agentFailure(handlers["metal.bmc.inspect"]!({ bmc }, ctx("metal.bmc.inspect", { [REF]: wrong })) as Promise<unknown>);
+    await agentFailure(handlers["metal.bmc.inspect"]!({ bmc: { ...bmc, address: `http://${USER}:${PASS}@127.0.0.1:${port}/redfish/v1/Systems/abc` } }, ctx("metal.bmc.inspect")) as Promise<unknown>);
+    await agentFailure(handlers["metal.bmc.inspect"]!({ bmc: { ...bmc, password: PASS } }, ctx("metal.bmc.inspect")) as Promise<unknown>);
+
+    expect(lines).toEqual([
+      { level: "info", message: "bmc operation", kind: "metal.bmc.power", bmc: address, outcome: "ok", durationMs: expect.any(Number) },
+      { level: "warn", message: "bmc operation failed", kind: "metal.bmc.inspect", bmc: address, outcome: "DRIVER_ERROR", durationMs: expect.any(Number), error: expect.stringContaining("answered 401") },
+      // A refused address is not logged: it may hold a credential (this one does).
+      { level: "warn", message: "bmc operation failed", kind: "metal.bmc.inspect", bmc: undefined, outcome: "INVALID_ARGUMENT", durationMs: expect.any(Number), error: expect.stringContaining("carries a username or password") },
+      { level: "warn", message: "bmc operation failed", kind: "metal.bmc.inspect", bmc: undefined, outcome: "INVALID_ARGUMENT", durationMs: expect.any(Number), error: expect.stringContaining("bmc.password") },
+    ]);
+    const logged = JSON.stringify(lines);
+    for (const secret of [PASS, wrong, USER, Buffer.from(`${USER}:${PASS}`).toString("base64"), Buffer.from(`${USER}:${wrong}`).toString("base64")]) expect(logged).not.toContain(secret);
   });
 
   it("sends Basic auth to the BMC only: a link to another origin is not followed", async () => {

@@ -2,9 +2,11 @@
 // over real HTTP: the resource tree, power actions and the power hook, boot override,
 // virtual media, BIOS settings staged for the next power-on, RAID volumes on the Storage
 // controller, a NIC's addresses under EthernetInterfaces, Basic auth that never echoes the
-// password, seeded faults, and stop().
+// password, seeded faults, stop(), product UUIDs of its own, and the quirks of real BMCs
+// (asynchronous resets, no BIOS, no volume creation, Continuous-only overrides, a failing Storage,
+// CapacityBytes required).
 import { afterEach, describe, expect, it } from "vitest";
-import { startRedfishEmulator, type MachineOptions, type PowerState, type RedfishEmulator, type RedfishFaults } from "../../agent/testing/redfish-emulator.ts";
+import { startRedfishEmulator, type BmcQuirks, type MachineOptions, type PowerState, type RedfishEmulator, type RedfishFaults } from "../../agent/testing/redfish-emulator.ts";
 
 const USER = "root";
 const PASS = "s3cret-Pa55word-xyz";
@@ -31,7 +33,21 @@ async function call(emu: RedfishEmulator, method: string, path: string, body?: u
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   const text = await res.text();
-  return { status: res.status, text, json: text ? (JSON.parse(text) as any) : undefined };
+  return { status: res.status, text, json: text ? (JSON.parse(text) as any) : undefined, allow: res.headers.get("allow") };
+}
+
+/** An emulator of one machine "q" with these quirks. */
+const quirky = (quirks: BmcQuirks, machine: Omit<MachineOptions, "id" | "quirks"> = {}) => start([{ ...machine, id: "q", quirks }]);
+
+/** The PowerStates a machine goes through until it reports `until`, each once, in order. */
+async function powerStatesUntil(emu: RedfishEmulator, until: string): Promise<string[]> {
+  const seen: string[] = [];
+  for (let i = 0; i < 1000 && seen.at(-1) !== until; i++) {
+    const state = (await call(emu, "GET", "/redfish/v1/Systems/q")).json.PowerState as string;
+    if (seen.at(-1) !== state) seen.push(state);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  return seen;
 }
 
 describe("redfish emulator", () => {
@@ -335,6 +351,93 @@ describe("redfish emulator", () => {
     const t0 = performance.now();
     expect((await call(emu, "GET", "/redfish/v1")).status).toBe(200);
     expect(performance.now() - t0).toBeGreaterThanOrEqual(55);
+  });
+
+  it("gives every machine a product UUID of its own, different in every emulator, unless one is given", async () => {
+    const a = await start(2);
+    const b = await start([{}, { uuid: "11111111-2222-4333-8444-555555555555" }]);
+    const uuids = [...a.machines.values(), ...b.machines.values()].map((m) => m.uuid);
+    expect(uuids[3]).toBe("11111111-2222-4333-8444-555555555555");
+    expect(new Set(uuids).size).toBe(4);
+    for (const u of uuids) expect(u).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+  });
+
+  it("resetDelayMs: a reset is answered at once and applied later, through PoweringOn/PoweringOff", async () => {
+    const hooked: string[] = [];
+    const emu = await startRedfishEmulator({ machines: [{ id: "q" }], username: USER, password: PASS, quirks: { resetDelayMs: 1000 }, onPowerChange: (m, from, to) => void hooked.push(`${from}>${to}`) });
+    running.push(emu);
+    const m = emu.machines.get("q")!;
+    const reset = (t: string) => call(emu, "POST", "/redfish/v1/Systems/q/Actions/ComputerSystem.Reset", { ResetType: t });
+    expect((await reset("On")).status).toBe(204);
+    expect(await powerStatesUntil(emu, "On")).toEqual(["Off", "PoweringOn", "On"]);
+    expect((await reset("ForceRestart")).status).toBe(204);
+    expect(await powerStatesUntil(emu, "PoweringOn")).toEqual(["On", "PoweringOff", "Off", "PoweringOn"]);
+    expect(await powerStatesUntil(emu, "On")).toEqual(["PoweringOn", "On"]);
+    // Resets sent together are applied one after another.
+    await reset("ForceOff");
+    await reset("On");
+    expect(await powerStatesUntil(emu, "Off")).toEqual(["On", "PoweringOff", "Off"]);
+    expect(await powerStatesUntil(emu, "On")).toEqual(["Off", "PoweringOn", "On"]);
+    expect(m.powerHistory).toEqual(["On", "Off", "On", "Off", "On"]);
+    expect(hooked).toEqual(["Off>On", "On>Off", "Off>On", "On>Off", "Off>On"]);
+  });
+
+  it("noBios: the system links no Bios, and Bios answers 404", async () => {
+    const emu = await quirky({ noBios: true });
+    expect((await call(emu, "GET", "/redfish/v1/Systems/q")).json.Bios).toBeUndefined();
+    expect((await call(emu, "GET", "/redfish/v1/Systems/q/Bios")).status).toBe(404);
+    expect((await call(emu, "PATCH", "/redfish/v1/Systems/q/Bios/Settings", { Attributes: { SriovGlobalEnable: true } })).status).toBe(404);
+    expect(emu.machines.get("q")!.biosPending).toEqual({});
+  });
+
+  it("noVolumeCreation: the Volumes collection allows GET only and answers a POST 405", async () => {
+    const vols = "/redfish/v1/Systems/q/Storage/RAID.Integrated.1/Volumes";
+    const drive = { "@odata.id": "/redfish/v1/Systems/q/Storage/RAID.Integrated.1/Drives/Disk.Bay.0" };
+    const normal = await quirky({}, { drives: 1 });
+    expect((await call(normal, "GET", vols)).allow).toBe("GET, POST");
+    const emu = await quirky({ noVolumeCreation: true }, { drives: 1 });
+    const listed = await call(emu, "GET", vols);
+    expect([listed.status, listed.allow]).toEqual([200, "GET"]);
+    const refused = await call(emu, "POST", vols, { RAIDType: "RAID0", Links: { Drives: [drive] } });
+    expect([refused.status, refused.allow, refused.json.error.code]).toEqual([405, "GET", "Base.1.8.ActionNotSupported"]);
+    expect(emu.machines.get("q")!.storage.volumes).toEqual([]);
+  });
+
+  it("continuousBootOnly: a Once override is accepted and recorded as Continuous", async () => {
+    const emu = await quirky({ continuousBootOnly: true });
+    const p = await call(emu, "PATCH", "/redfish/v1/Systems/q", { Boot: { BootSourceOverrideTarget: "Pxe", BootSourceOverrideEnabled: "Once" } });
+    expect(p.status).toBe(200);
+    expect(p.json.Boot).toMatchObject({ BootSourceOverrideTarget: "Pxe", BootSourceOverrideEnabled: "Continuous", "BootSourceOverrideEnabled@Redfish.AllowableValues": ["Disabled", "Continuous"] });
+    await call(emu, "POST", "/redfish/v1/Systems/q/Actions/ComputerSystem.Reset", { ResetType: "On" });
+    expect(emu.machines.get("q")!.boot).toEqual({ target: "Pxe", enabled: "Continuous" }); // not consumed by the boot
+  });
+
+  it("failingStorage: everything under Storage answers 500; the system still links it", async () => {
+    const emu = await quirky({ failingStorage: true }, { drives: 2 });
+    expect((await call(emu, "GET", "/redfish/v1/Systems/q")).json.Storage).toEqual({ "@odata.id": "/redfish/v1/Systems/q/Storage" });
+    for (const path of ["/redfish/v1/Systems/q/Storage", "/redfish/v1/Systems/q/Storage/RAID.Integrated.1", "/redfish/v1/Systems/q/Storage/RAID.Integrated.1/Volumes"]) {
+      const r = await call(emu, "GET", path);
+      expect([r.status, r.json.error.code]).toEqual([500, "Base.1.8.InternalError"]);
+    }
+    emu.machines.get("q")!.quirks.failingStorage = false; // quirks can change at any time
+    expect((await call(emu, "GET", "/redfish/v1/Systems/q/Storage")).status).toBe(200);
+  });
+
+  it("creates volumes with the drives under Links.Drives; requireVolumeCapacity wants CapacityBytes", async () => {
+    const emu = await quirky({ requireVolumeCapacity: true }, { drives: 2 });
+    const m = emu.machines.get("q")!;
+    const vols = "/redfish/v1/Systems/q/Storage/RAID.Integrated.1/Volumes";
+    const drives = [0, 1].map((i) => ({ "@odata.id": `/redfish/v1/Systems/q/Storage/RAID.Integrated.1/Drives/Disk.Bay.${i}` }));
+    const missing = await call(emu, "POST", vols, { RAIDType: "RAID1", Links: { Drives: drives } });
+    expect([missing.status, missing.json.error.code, missing.json.error["@Message.ExtendedInfo"][0].MessageArgs]).toEqual([400, "Base.1.8.PropertyMissing", ["CapacityBytes"]]);
+    const both = await call(emu, "POST", vols, { RAIDType: "RAID1", Drives: drives, Links: { Drives: drives }, CapacityBytes: 1 });
+    expect([both.status, both.json.error.code]).toEqual([400, "Base.1.8.PropertyValueConflict"]);
+    expect((await call(emu, "POST", vols, { RAIDType: "RAID1", Links: { Drives: drives, Chassis: [] }, CapacityBytes: 1 })).status).toBe(400);
+    const size = m.storage.drives[0]!.capacityBytes;
+    const made = await call(emu, "POST", vols, { Name: "os", RAIDType: "RAID1", Links: { Drives: drives }, CapacityBytes: size });
+    expect(made.status).toBe(201);
+    expect(made.json).toMatchObject({ Name: "os", RAIDType: "RAID1", CapacityBytes: size, Links: { Drives: drives } });
+    expect(m.storage.volumes).toMatchObject([{ raidType: "RAID1", drives: ["Disk.Bay.0", "Disk.Bay.1"], capacityBytes: size }]);
   });
 
   it("stop() closes the port", async () => {

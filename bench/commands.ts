@@ -6,7 +6,7 @@
 //
 // One FakeDaemon (the real AgentClient, in-memory journal, `ws` sockets) runs in this process
 // and answers agent.ping. Each round trip, one at a time:
-//   t0  POST /v1/commands.create {nodeId, kind: "agent.ping"}   (the API commits the row, answers,
+//   t0  POST /v1/commands.create {node, kind: "agent.ping"}   (the API commits the row, answers,
 //       and wakes the NodeDO after the response)
 //       the NodeDO reads the open commands and sends the frame; the agent journals, acks, runs
 //       the handler, signs and sends the result; the NodeDO records it in a transaction
@@ -65,7 +65,7 @@ export const commandsSection: BenchSection = {
         });
         const roundTrip = async (): Promise<CommandSample> => {
           const t0 = performance.now();
-          const { id } = await callApi<{ id: string }>(stack, "commands.create", { nodeId, kind: "agent.ping", body: {} });
+          const { id } = await callApi<{ id: string }>(stack, "commands.create", { node: nodeId, kind: "agent.ping", body: {} });
           const http = performance.now() - t0;
           if (!at.ack.has(id)) {
             await new Promise<void>((resolve, reject) => {

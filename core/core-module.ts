@@ -1,10 +1,11 @@
 // The core module: what every deployment has, registered on the same contract as any other.
 import { desc, eq, sql } from "drizzle-orm";
 import { z } from "zod";
-import { defineMethod, defineModule, type Module } from "./contracts.ts";
+import { defineMethod, defineModule, type DriverDefinition, type Module } from "./contracts.ts";
 import { notFound } from "./errors.ts";
 import { mintApiKey, type IamPort } from "./iam.ts";
 import type { Registry } from "./registry.ts";
+import { resourceId } from "./schemas.ts";
 import { apiKeys } from "./store/schema.ts";
 
 export function coreModule(deps: { registry: () => Registry; iam: () => IamPort }): Module {
@@ -39,7 +40,7 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     action: "iam.apiKeys.create",
     resource: (input) => `apiKeys/${input.name}`,
     description: "Mint an API key; the key is returned once and stored only as a digest",
-    input: z.object({ name: z.string().min(1).max(100), roles: z.array(z.string()).min(1) }),
+    input: z.object({ name: z.string().min(1).max(100), roles: z.array(resourceId).min(1) }),
     output: z.object({ id: z.string(), key: z.string(), roles: z.array(z.string()) }),
     handler: async (ctx, input, tx) => {
       const { id, key } = await mintApiKey(tx, { ...input, createdBy: ctx.principal.id }, deps.iam().roles());
@@ -66,7 +67,7 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     name: "iam.apiKeys.revoke",
     action: "iam.apiKeys.revoke",
     resource: (input) => `apiKeys/${input.id}`,
-    input: z.object({ id: z.string() }),
+    input: z.object({ id: resourceId }),
     output: z.object({ id: z.string(), revoked: z.literal(true) }),
     handler: async (ctx, input, tx) => {
       const [row] = await tx.select({ revokedAt: apiKeys.revokedAt }).from(apiKeys).where(eq(apiKeys.id, input.id)).for("update");
@@ -80,6 +81,57 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     },
   });
 
+  const driversList = defineMethod({
+    name: "drivers.list",
+    action: "drivers.list",
+    readOnly: true,
+    description: "The registered drivers: what they drive, where they run, and the JSON schema of a binding (manifest)",
+    input: z.object({}),
+    output: z.object({
+      drivers: z.array(z.object({ id: z.string(), version: z.string(), kinds: z.array(z.string()), runsOn: z.string(), secretFields: z.array(z.string()), manifest: z.unknown().nullable() })),
+    }),
+    handler: async (ctx) => ({
+      drivers: ctx.registered.extensions<DriverDefinition>("driver").map((d) => ({
+        id: d.id, version: d.version, kinds: d.kinds, runsOn: d.runsOn, secretFields: d.secretFields ?? [], manifest: d.manifest ? manifestSchema(d.manifest) : null,
+      })),
+    }),
+  });
+
+  const eventsList = defineMethod({
+    name: "events.list",
+    action: "events.list",
+    readOnly: true,
+    description: "The event record, oldest first (order: desc for newest first); page with after: the previous page's next",
+    input: z.object({
+      /** Exactly this subject, e.g. metal/nodes/m-1. */
+      subject: resourceId.optional(),
+      /** Exactly this type, or every type under a prefix: metal.node.* */
+      type: z.string().max(128).regex(/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?$/, "a dotted event type, or a prefix ending in .* (metal.node.*)").optional(),
+      /** The next of the previous page: events after this one, in the listing's order. */
+      after: z.string().regex(/^\d{1,18}$/, "an event id (digits) from a previous page").optional(),
+      order: z.enum(["asc", "desc"]).default("asc"),
+      limit: z.number().int().min(1).max(500).default(100),
+    }),
+    output: z.object({ events: z.array(event), next: z.string().nullable() }),
+    handler: async (_ctx, input, tx) => {
+      const prefix = input.type?.endsWith(".*") ? input.type.slice(0, -1) : undefined;
+      const exact = prefix === undefined ? input.type : undefined;
+      const newestFirst = input.order === "desc";
+      const rows = await tx.execute(sql`
+        SELECT * FROM bc_events
+        WHERE (${input.subject ?? null}::text IS NULL OR subject = ${input.subject ?? null})
+          AND (${exact ?? null}::text IS NULL OR type = ${exact ?? null})
+          AND (${prefix ?? null}::text IS NULL OR starts_with(type, ${prefix ?? null}))
+          AND (${input.after ?? null}::bigint IS NULL OR ${newestFirst ? sql`id < ${input.after ?? null}::bigint` : sql`id > ${input.after ?? null}::bigint`})
+        ORDER BY id ${newestFirst ? sql`DESC` : sql`ASC`} LIMIT ${input.limit}`);
+      const events = (rows.rows as Record<string, any>[]).map((r) => ({
+        id: String(r.id), eventId: r.event_id, type: r.type, module: r.module, subject: r.subject, data: r.data,
+        actor: r.actor, requestId: r.request_id, occurredAt: new Date(r.occurred_at).toISOString(),
+      }));
+      return { events, next: events.length === input.limit ? events.at(-1)!.id : null };
+    },
+  });
+
   return defineModule({
     id: "core",
     description: "Modules, API keys and the caller's identity",
@@ -90,10 +142,35 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
         "iam.apiKeys.create": "Mint API keys",
         "iam.apiKeys.list": "List API keys (never their secrets)",
         "iam.apiKeys.revoke": "Revoke API keys",
+        "drivers.list": "List registered drivers",
+        "events.list": "Read the event record",
       },
     },
-    api: [modulesList, whoami, keysCreate, keysList, keysRevoke],
+    api: [modulesList, whoami, keysCreate, keysList, keysRevoke, driversList, eventsList],
   });
+}
+
+const event = z.object({
+  /** The event's place in the record: the cursor for after. */
+  id: z.string(),
+  eventId: z.string(),
+  type: z.string(),
+  module: z.string(),
+  subject: z.string().nullable(),
+  data: z.record(z.string(), z.unknown()),
+  actor: z.string().nullable(),
+  requestId: z.string().nullable(),
+  occurredAt: z.string(),
+});
+
+/** A driver manifest as JSON Schema (what a binding must look like), or null when zod cannot say. */
+function manifestSchema(manifest: z.ZodType): unknown {
+  try {
+    const { $schema: _, ...schema } = z.toJSONSchema(manifest, { io: "input", unrepresentable: "any" }) as Record<string, unknown>;
+    return schema;
+  } catch {
+    return null;
+  }
 }
 
 const sqlRevoke = (id: string) => sql`UPDATE bc_api_keys SET revoked_at = compute_now() WHERE id = ${id}`;

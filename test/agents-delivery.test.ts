@@ -32,7 +32,7 @@ async function online(identity: Awaited<ReturnType<typeof joined>>): Promise<Raw
 
 async function enqueue(nodeId: string, count: number, from = 0) {
   const ids: string[] = [];
-  for (let i = from; i < from + count; i++) ids.push((await client.call("commands.create", { nodeId, kind: "test.step", body: { i }, key: `${nodeId}:${i}` })).body.id);
+  for (let i = from; i < from + count; i++) ids.push((await client.call("commands.create", { node: nodeId, kind: "test.step", body: { i }, key: `${nodeId}:${i}` })).body.id);
   return ids;
 }
 
@@ -93,7 +93,7 @@ describe("delivery", () => {
     await agent.result(command, true, { after: "eviction" });
     await agent.next("result-ack", (a) => a.id === id);
     expect(await states(identity.nodeId)).toEqual([{ state: "succeeded", n: 1 }]);
-    const node = (await client.call("nodes.get", { id: identity.nodeId })).body;
+    const node = (await client.call("nodes.get", { node: identity.nodeId })).body;
     expect(node.state).toBe("connected");
     agent.ws.close(1000, "done");
   });
@@ -103,10 +103,10 @@ describe("delivery", () => {
     const older = await online(identity);
     const newer = await online(identity);
     expect((await older.closed).code).toBe(4409);
-    expect((await client.call("nodes.get", { id: identity.nodeId })).body.state).toBe("connected");
+    expect((await client.call("nodes.get", { node: identity.nodeId })).body.state).toBe("connected");
     newer.ws.close(1000, "bye");
     await newer.closed;
-    await expect.poll(async () => (await client.call("nodes.get", { id: identity.nodeId })).body.state).toBe("disconnected");
+    await expect.poll(async () => (await client.call("nodes.get", { node: identity.nodeId })).body.state).toBe("disconnected");
   });
 
   it("records a disconnection the runtime never reported, at the next sweep", async () => {
@@ -118,9 +118,9 @@ describe("delivery", () => {
     await runInDurableObject(stub, (_instance, state) => {
       for (const ws of state.getWebSockets()) ws.serializeAttachment({ ...(ws.deserializeAttachment() as object), sessionId: "a-lost-session" });
     });
-    expect((await client.call("nodes.get", { id: identity.nodeId })).body.state).toBe("connected");
+    expect((await client.call("nodes.get", { node: identity.nodeId })).body.state).toBe("connected");
     expect(await runDurableObjectAlarm(stub)).toBe(true);
-    expect((await client.call("nodes.get", { id: identity.nodeId })).body.state).toBe("disconnected");
+    expect((await client.call("nodes.get", { node: identity.nodeId })).body.state).toBe("disconnected");
     const events = await client.store.db.execute(sql`SELECT data->>'code' AS code FROM bc_events WHERE type = 'node.disconnected' AND subject = ${`nodes/${identity.nodeId}`}`);
     expect(events.rows).toEqual([{ code: "1006" }]);
   });
@@ -128,7 +128,7 @@ describe("delivery", () => {
   it("closes a revoked node's socket and refuses it afterwards", async () => {
     const identity = await joined();
     const agent = await online(identity);
-    expect((await client.call("nodes.revoke", { id: identity.nodeId })).status).toBe(200);
+    expect((await client.call("nodes.revoke", { node: identity.nodeId })).status).toBe(200);
     expect((await agent.closed).code).toBe(4403);
     const again = await compute.fetch(new Request("http://bc.test/agent/v1/connect", { headers: { upgrade: "websocket", authorization: `Bearer ${identity.credential}` } }), env);
     expect(again.status).toBe(403);

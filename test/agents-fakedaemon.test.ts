@@ -33,7 +33,7 @@ async function daemon(handlers: ConstructorParameters<typeof FakeDaemon>[0]["han
 
 async function enqueue(nodeId: string, kind: string, count: number, from = 0) {
   for (let i = from; i < from + count; i++) {
-    const res = await client.call("commands.create", { nodeId, kind, body: kind === "test.step" ? { i } : {}, key: `${nodeId}:${kind}:${i}` });
+    const res = await client.call("commands.create", { node: nodeId, kind, body: kind === "test.step" ? { i } : {}, key: `${nodeId}:${kind}:${i}` });
     expect(res.status).toBe(200);
   }
 }

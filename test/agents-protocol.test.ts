@@ -45,7 +45,7 @@ async function connectedAgent(): Promise<RawAgent> {
   return agent;
 }
 
-const send = (nodeId: string, kind: string, body: object) => client.call("commands.create", { nodeId, kind, body });
+const send = (nodeId: string, kind: string, body: object) => client.call("commands.create", { node: nodeId, kind, body });
 const commandState = async (id: string) => (await client.call("commands.get", { id })).body;
 
 describe("joining", () => {
@@ -54,7 +54,7 @@ describe("joining", () => {
     const first = await joinRaw(compute, env, token);
     expect(first.res.status).toBe(200);
     expect(first.body).toMatchObject({ nodeId: expect.stringMatching(/^n-/), role: "site", credential: expect.any(String) });
-    const node = (await client.call("nodes.get", { id: first.body.nodeId })).body;
+    const node = (await client.call("nodes.get", { node: first.body.nodeId })).body;
     expect(node).toMatchObject({ role: "site", state: "joined", labels: { "bc.dev/site": "lab" }, attestor: "join-token" });
 
     const again = await joinRaw(compute, env, token);
@@ -91,14 +91,14 @@ describe("the agent protocol", () => {
     const agent = await connectRaw(compute, env, { nodeId: joined.body.nodeId, credential: joined.body.credential, key: joined.key });
     await agent.hello({ labels: { "bc.dev/site": "elsewhere", "bc.dev/machine": "m-stolen", rack: "r12" } });
     await agent.next("welcome");
-    const node = (await client.call("nodes.get", { id: joined.body.nodeId })).body as { labels: Record<string, string> };
+    const node = (await client.call("nodes.get", { node: joined.body.nodeId })).body as { labels: Record<string, string> };
     expect(node.labels).toEqual({ "bc.dev/site": "lab", rack: "r12" });
     agent.ws.close(1000);
   });
 
   it("records the connection with driver labels, delivers a command and takes its result", async () => {
     const agent = await connectedAgent();
-    const node = (await client.call("nodes.get", { id: agent.nodeId })).body;
+    const node = (await client.call("nodes.get", { node: agent.nodeId })).body;
     expect(node).toMatchObject({ state: "connected", labels: { "bc.dev/site": "lab", "bc.dev/driver.redfish": "1.2.0" } });
 
     const created = await send(agent.nodeId, "test.echo", { n: 7 });
@@ -225,7 +225,7 @@ describe("discovery, renewal and connection events", () => {
     const ramdisk = await generateNodeKey();
     const joined = await joinWith(compute, env, { attestor: "discovery", role: "ramdisk", key: ramdisk, evidence: await vouch(lab, ramdisk.publicKey) });
     expect(joined.res.status).toBe(200);
-    const node = (await client.call("nodes.get", { id: joined.body.nodeId })).body;
+    const node = (await client.call("nodes.get", { node: joined.body.nodeId })).body;
     expect(node).toMatchObject({ role: "ramdisk", attestor: "discovery", labels: { "bc.dev/site": "lab", "bc.dev/discovered-by": lab.nodeId, "bc.dev/product-uuid": "4c4c4544-0042" } });
 
     const impostor = { nodeId: lab.nodeId, key: await generateNodeKey() };
@@ -260,7 +260,7 @@ describe("discovery, renewal and connection events", () => {
     await agent.closed;
 
     expect((await renew(fresh, (await generateNodeKey()).privateKey)).status).toBe(401);
-    await client.call("nodes.revoke", { id: lab.nodeId });
+    await client.call("nodes.revoke", { node: lab.nodeId });
     expect((await renew(fresh, lab.key.privateKey)).status).toBe(403);
 
     await expect.poll(async () => (await client.store.db.execute(sql`

@@ -3,7 +3,8 @@
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineMethod, defineModule, type Module } from "../contracts.ts";
-import { notFound } from "../errors.ts";
+import { ComputeError, notFound } from "../errors.ts";
+import { resourceId } from "../schemas.ts";
 import { builtinAttestors } from "./attestors.ts";
 import { MAX_TOKEN_TTL_SECONDS, mintJoinToken } from "./tokens.ts";
 
@@ -41,6 +42,33 @@ const command = z.object({
   completedAt: z.string().nullable(),
 });
 
+const TOKEN_STATES = ["active", "used", "expired", "revoked"] as const;
+
+/** A join token as an operator sees it: never the token, nor its digest. */
+const joinToken = z.object({
+  id: z.string(),
+  attestor: z.string(),
+  role,
+  labels,
+  /** The node id it joins as (a provisioned token names one), or null. */
+  node: z.string().nullable(),
+  state: z.enum(TOKEN_STATES),
+  createdBy: z.string(),
+  createdAt: z.string(),
+  expiresAt: z.string(),
+  usedAt: z.string().nullable(),
+  /** The node that joined with it (null when it was refused, e.g. expired, or not used). */
+  usedBy: z.string().nullable(),
+  revokedAt: z.string().nullable(),
+});
+
+/** bc_join_tokens rows with their state (revoked, used, expired or active, in that order) and the node that joined with them. */
+const TOKEN_ROWS = sql`(
+  SELECT t.id, t.attestor, t.role, t.labels, t.node_id, t.created_by, t.created_at, t.expires_at, t.consumed_at, t.revoked_at,
+         CASE WHEN t.revoked_at IS NOT NULL THEN 'revoked' WHEN t.consumed_at IS NOT NULL THEN 'used' WHEN t.expires_at <= compute_now() THEN 'expired' ELSE 'active' END AS state,
+         (SELECT n.id FROM bc_nodes n WHERE n.public_key = t.consumed_by ORDER BY n.joined_at LIMIT 1) AS used_by
+  FROM bc_join_tokens t) AS tokens`;
+
 const iso = (v: unknown) => (v === null || v === undefined ? null : new Date(v as string).toISOString());
 
 function toNode(r: Record<string, any>): z.infer<typeof node> {
@@ -48,6 +76,13 @@ function toNode(r: Record<string, any>): z.infer<typeof node> {
     id: r.id, role: r.role, state: r.state, hostname: r.hostname, labels: r.labels, attestor: r.attestor,
     agentVersion: r.agent_version, bootId: r.boot_id, joinedAt: iso(r.joined_at)!, connectedAt: iso(r.connected_at),
     disconnectedAt: iso(r.disconnected_at), revoked: r.revoked_at !== null,
+  };
+}
+
+function toJoinToken(r: Record<string, any>): z.infer<typeof joinToken> {
+  return {
+    id: r.id, attestor: r.attestor, role: r.role, labels: r.labels, node: r.node_id, state: r.state, createdBy: r.created_by,
+    createdAt: iso(r.created_at)!, expiresAt: iso(r.expires_at)!, usedAt: r.state === "used" ? iso(r.consumed_at) : null, usedBy: r.used_by, revokedAt: iso(r.revoked_at),
   };
 }
 
@@ -87,6 +122,48 @@ export function agentsModule(): Module {
     },
   });
 
+  const joinTokensList = defineMethod({
+    name: "joinTokens.list",
+    action: "joinTokens.list",
+    readOnly: true,
+    description: "Join tokens, newest first (never the token or its digest); page with after: the previous page's next",
+    input: z.object({ role: role.optional(), state: z.enum(TOKEN_STATES).optional(), limit: z.number().int().min(1).max(500).default(100), after: resourceId.optional() }),
+    output: z.object({ tokens: z.array(joinToken), next: z.string().nullable() }),
+    handler: async (_ctx, input, tx) => {
+      if (input.after && (await tx.execute(sql`SELECT 1 FROM bc_join_tokens WHERE id = ${input.after}`)).rows.length === 0) throw notFound(`join token ${input.after} does not exist (after is a token id from a previous page)`);
+      const rows = await tx.execute(sql`
+        SELECT * FROM ${TOKEN_ROWS}
+        WHERE (${input.role ?? null}::text IS NULL OR role = ${input.role ?? null})
+          AND (${input.state ?? null}::text IS NULL OR state = ${input.state ?? null})
+          AND (${input.after ?? null}::text IS NULL OR (created_at, id) < (SELECT created_at, id FROM bc_join_tokens WHERE id = ${input.after ?? null}))
+        ORDER BY created_at DESC, id DESC LIMIT ${input.limit}`);
+      const tokens = rows.rows.map((r) => toJoinToken(r as Record<string, any>));
+      return { tokens, next: tokens.length === input.limit ? tokens.at(-1)!.id : null };
+    },
+  });
+
+  const joinTokensRevoke = defineMethod({
+    name: "joinTokens.revoke",
+    action: "joinTokens.revoke",
+    resource: (input) => `joinTokens/${input.id}`,
+    description: "Revoke a join token that was not used: it can no longer join (revoking twice is not an error)",
+    input: z.object({ id: resourceId }),
+    output: joinToken,
+    handler: async (ctx, input, tx) => {
+      // Revoking uses the token up, so the attestors refuse it as they refuse any used token.
+      const revoked = await tx.execute(sql`
+        UPDATE bc_join_tokens SET revoked_at = compute_now(), consumed_at = compute_now() WHERE id = ${input.id} AND consumed_at IS NULL RETURNING role`);
+      if (revoked.rows.length) await ctx.events.publish(tx, { type: "joinToken.revoked", subject: `joinTokens/${input.id}`, data: { role: (revoked.rows[0] as { role: string }).role } });
+      const found = (await tx.execute(sql`SELECT * FROM ${TOKEN_ROWS} WHERE id = ${input.id}`)).rows[0] as Record<string, any> | undefined;
+      if (!found) throw notFound(`join token ${input.id} does not exist`);
+      if (found.state === "used") {
+        const hint = found.used_by ? `: node ${found.used_by} joined with it; revoke the node instead (nodes.revoke)` : "";
+        throw new ComputeError("FAILED_PRECONDITION", `join token ${input.id} was already used${hint}`, { token: input.id, ...(found.used_by ? { node: found.used_by } : {}) });
+      }
+      return toJoinToken(found);
+    },
+  });
+
   const nodesList = defineMethod({
     name: "nodes.list",
     action: "nodes.list",
@@ -107,12 +184,12 @@ export function agentsModule(): Module {
     name: "nodes.get",
     action: "nodes.get",
     readOnly: true,
-    resource: (input) => `nodes/${input.id}`,
-    input: z.object({ id: z.string() }),
+    resource: (input) => `nodes/${input.node}`,
+    input: z.object({ node: resourceId }),
     output: node,
     handler: async (_ctx, input, tx) => {
-      const rows = await tx.execute(sql`SELECT * FROM bc_nodes WHERE id = ${input.id}`);
-      if (!rows.rows[0]) throw notFound(`node ${input.id} does not exist`);
+      const rows = await tx.execute(sql`SELECT * FROM bc_nodes WHERE id = ${input.node}`);
+      if (!rows.rows[0]) throw notFound(`node ${input.node} does not exist`);
       return toNode(rows.rows[0] as Record<string, any>);
     },
   });
@@ -120,14 +197,14 @@ export function agentsModule(): Module {
   const nodesRevoke = defineMethod({
     name: "nodes.revoke",
     action: "nodes.revoke",
-    resource: (input) => `nodes/${input.id}`,
+    resource: (input) => `nodes/${input.node}`,
     description: "Revoke a node's credentials: its socket is closed and it cannot renew or reconnect",
-    input: z.object({ id: z.string() }),
+    input: z.object({ node: resourceId }),
     output: node,
     handler: async (ctx, input, tx) => {
-      await ctx.nodes.revoke(tx, { nodeId: input.id }, `revoked by ${ctx.principal.id}`);
-      const rows = await tx.execute(sql`SELECT * FROM bc_nodes WHERE id = ${input.id}`);
-      if (!rows.rows[0]) throw notFound(`node ${input.id} does not exist`);
+      await ctx.nodes.revoke(tx, { nodeId: input.node }, `revoked by ${ctx.principal.id}`);
+      const rows = await tx.execute(sql`SELECT * FROM bc_nodes WHERE id = ${input.node}`);
+      if (!rows.rows[0]) throw notFound(`node ${input.node} does not exist`);
       return toNode(rows.rows[0] as Record<string, any>);
     },
   });
@@ -135,11 +212,11 @@ export function agentsModule(): Module {
   const commandsCreate = defineMethod({
     name: "commands.create",
     action: "commands.create",
-    resource: (input) => `nodes/${input.nodeId}`,
+    resource: (input) => `nodes/${input.node}`,
     description: "Send a command to a node's agent (idempotent by key)",
     input: z.object({
-      nodeId: z.string(),
-      kind: z.string(),
+      node: resourceId,
+      kind: resourceId,
       body: z.record(z.string(), z.unknown()).default({}),
       key: z.string().min(1).max(256).optional(),
       deadlineSeconds: z.number().positive().optional(),
@@ -147,7 +224,7 @@ export function agentsModule(): Module {
     output: z.object({ id: z.string(), seq: z.number(), created: z.boolean() }),
     handler: async (ctx, input, tx) => {
       const key = input.key ?? `api:${crypto.randomUUID()}`;
-      return ctx.commands.enqueue(tx, { nodeId: input.nodeId, kind: input.kind, key, body: input.body, deadlineSeconds: input.deadlineSeconds });
+      return ctx.commands.enqueue(tx, { nodeId: input.node, kind: input.kind, key, body: input.body, deadlineSeconds: input.deadlineSeconds });
     },
   });
 
@@ -155,7 +232,7 @@ export function agentsModule(): Module {
     name: "commands.get",
     action: "commands.get",
     readOnly: true,
-    input: z.object({ id: z.string().regex(/^\d+$/) }),
+    input: z.object({ id: z.string().regex(/^\d{1,18}$/, "a command id (digits)") }),
     output: command,
     handler: async (_ctx, input, tx) => {
       const rows = await tx.execute(sql`SELECT * FROM bc_commands WHERE id = ${input.id}::bigint`);
@@ -168,12 +245,12 @@ export function agentsModule(): Module {
     name: "commands.list",
     action: "commands.list",
     readOnly: true,
-    resource: (input) => `nodes/${input.nodeId}`,
-    input: z.object({ nodeId: z.string(), afterSeq: z.number().int().default(0), limit: z.number().int().min(1).max(1000).default(100) }),
+    resource: (input) => `nodes/${input.node}`,
+    input: z.object({ node: resourceId, afterSeq: z.number().int().default(0), limit: z.number().int().min(1).max(1000).default(100) }),
     output: z.object({ commands: z.array(command) }),
     handler: async (_ctx, input, tx) => {
       const rows = await tx.execute(sql`
-        SELECT * FROM bc_commands WHERE node_id = ${input.nodeId} AND seq > ${input.afterSeq} ORDER BY seq LIMIT ${input.limit}`);
+        SELECT * FROM bc_commands WHERE node_id = ${input.node} AND seq > ${input.afterSeq} ORDER BY seq LIMIT ${input.limit}`);
       return { commands: rows.rows.map((r) => toCommand(r as Record<string, any>)) };
     },
   });
@@ -185,6 +262,8 @@ export function agentsModule(): Module {
       actions: {
         "joinTokens.create": "Mint join tokens for agents",
         "siteTokens.create": "Mint join tokens for site agents",
+        "joinTokens.list": "List join tokens (never the tokens themselves)",
+        "joinTokens.revoke": "Revoke join tokens that were not used",
         "nodes.list": "List nodes",
         "nodes.get": "Read a node",
         "nodes.revoke": "Revoke a node's credentials",
@@ -193,7 +272,7 @@ export function agentsModule(): Module {
         "commands.list": "List a node's commands",
       },
     },
-    api: [joinTokensCreate, siteTokensCreate, nodesList, nodesGet, nodesRevoke, commandsCreate, commandsGet, commandsList],
+    api: [joinTokensCreate, siteTokensCreate, joinTokensList, joinTokensRevoke, nodesList, nodesGet, nodesRevoke, commandsCreate, commandsGet, commandsList],
     commands: [
       { kind: "agent.ping", description: "Round trip to the agent", input: z.object({}).passthrough() },
       { kind: "agent.info", description: "The agent's host, version and role", input: z.object({}) },

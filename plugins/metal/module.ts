@@ -5,9 +5,11 @@
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineModule, type DriverDefinition, type DriverKind, type Module } from "better-compute";
-import { ComputeError, conflict, defineMethod, invalidArgument, invalidConfig, notFound, schemaIssues, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
+import { ComputeError, conflict, defineMethod, invalidArgument, invalidConfig, notFound, resourceId, schemaIssues, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
 import { startWorkflow, type ProfileDefinition, type StepDefinition } from "better-compute/provision";
+import { bmcTls } from "./bmc-address.ts";
 import { METAL_STATES, transition, type MetalEvent, type MetalState } from "./lifecycle.ts";
+import { siteAndPoolActions, siteAndPoolMethods, slug, type Policy } from "./sites.ts";
 import { commissionProfileFor, imageStreamDriver, ipxeDriver, metalCommands, metalProfiles, metalSteps, redfishDriver, siteAgentOf as siteAgent, waitAgentJoined, WIPE_STEP, type BmcBinding } from "./steps.ts";
 
 export interface HardwareProfile {
@@ -93,15 +95,15 @@ ALTER TABLE metal_nodes ADD CONSTRAINT metal_nodes_state_check CHECK (state IN (
 DROP INDEX IF EXISTS metal_nodes_moving;
 CREATE INDEX metal_nodes_moving ON metal_nodes (state) WHERE state IN ('enrolled', 'commissioning', 'deploying', 'releasing', 'rescuing', 'unrescuing');`;
 
-const slug = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "lower-case letters, digits and dashes");
-const policy = z.object({
-  hardwareProfile: z.string(),
-  /** Release may reach ready without an attested wipe (agentless machines); recorded as node.release.unverified. */
-  allowUnverifiedRelease: z.boolean().default(false),
-  /** Networks a site agent may reach machines on over plain HTTP. */
-  provisioningCidrs: z.array(z.string().regex(/^[\d.]+\/\d{1,2}$|^[0-9a-f:]+\/\d{1,3}$/i)).default([]),
-});
-type Policy = z.infer<typeof policy>;
+// One machine per BMC and per product UUID among the machines in service. The BMC's address
+// compares without a trailing slash (metal_nodes_bmc compared it as given).
+const UNIQUE_MACHINE_SQL = `
+DROP INDEX IF EXISTS metal_nodes_bmc;
+CREATE UNIQUE INDEX IF NOT EXISTS metal_nodes_bmc_address ON metal_nodes ((rtrim(bmc->>'address', '/'))) WHERE state <> 'retired';
+CREATE UNIQUE INDEX IF NOT EXISTS metal_nodes_product_uuid ON metal_nodes ((lower(product_uuid))) WHERE state <> 'retired';`;
+
+/** States a workflow drives the machine through. */
+const TRANSITIONAL: readonly MetalState[] = ["commissioning", "deploying", "releasing", "rescuing", "unrescuing"];
 
 const metalNode = z.object({
   id: z.string(),
@@ -152,6 +154,17 @@ async function loadNode(tx: Pick<Tx, "execute">, id: string, lock = false): Prom
   return row;
 }
 
+/**
+ * One BMC address drives one machine: enrolling an address a machine that is not retired holds is
+ * a CONFLICT naming that machine. Addresses compare as the BMC reads them (a trailing slash aside).
+ */
+async function refuseHeldBmc(tx: Pick<Tx, "execute">, address: string): Promise<void> {
+  const found = await tx.execute(sql`
+    SELECT id, state FROM metal_nodes WHERE rtrim(bmc->>'address', '/') = rtrim(${address}, '/') AND state <> 'retired' LIMIT 1`);
+  const holder = found.rows[0] as { id: string; state: MetalState } | undefined;
+  if (holder) throw conflict(`the BMC ${address} is held by metal node ${holder.id} (${holder.state}): retire that machine to enroll its BMC again`, { node: holder.id, state: holder.state });
+}
+
 /** The machine's ramdisks (matched by product UUID at its site) can no longer act for it. */
 async function revokeRamdisks(ctx: ModuleContext, tx: Tx, node: Pick<NodeRow, "product_uuid" | "site_id">, reason: string): Promise<void> {
   if (!node.product_uuid) return;
@@ -196,42 +209,6 @@ export function metalModule(options: MetalOptions = {}): Module {
 
   // ------------------------------------------------------------------ methods
 
-  const sitesCreate = defineMethod({
-    name: "metal.sites.create",
-    action: "metal.sites.create",
-    resource: (input) => `metal/sites/${input.id}`,
-    input: z.object({ id: slug, description: z.string().max(500).optional() }),
-    output: z.object({ id: z.string(), created: z.boolean() }),
-    handler: async (ctx, input, tx) => {
-      const inserted = await tx.execute(sql`INSERT INTO metal_sites (id, description) VALUES (${input.id}, ${input.description ?? null}) ON CONFLICT DO NOTHING RETURNING id`);
-      if (inserted.rows.length) await ctx.events.publish(tx, { type: "metal.site.created", subject: `metal/sites/${input.id}` });
-      return { id: input.id, created: inserted.rows.length > 0 };
-    },
-  });
-
-  const poolsCreate = defineMethod({
-    name: "metal.pools.create",
-    action: "metal.pools.create",
-    resource: (input) => `metal/pools/${input.id}`,
-    input: z.object({ id: slug, site: slug, class: z.literal("metal").default("metal"), agent: z.enum(["bcd", "none"]).default("bcd"), policy }),
-    output: z.object({ id: z.string(), created: z.boolean() }),
-    handler: async (ctx, input, tx) => {
-      const hw = hardwareProfiles[input.policy.hardwareProfile];
-      if (!hw) throw invalidArgument(`no hardware profile ${input.policy.hardwareProfile} is configured`, { known: Object.keys(hardwareProfiles) });
-      // No agent boots on an agentless machine, so none can attest a wipe: ready needs the pool's opt-in.
-      if (input.agent === "none" && !input.policy.allowUnverifiedRelease) {
-        throw invalidArgument("an agentless pool (agent: none) cannot attest a wipe: set policy.allowUnverifiedRelease to true to accept its machines as ready without one");
-      }
-      const site = await tx.execute(sql`SELECT 1 FROM metal_sites WHERE id = ${input.site}`);
-      if (site.rows.length === 0) throw notFound(`site ${input.site} does not exist`);
-      const inserted = await tx.execute(sql`
-        INSERT INTO metal_pools (id, site_id, class, agent, policy) VALUES (${input.id}, ${input.site}, ${input.class}, ${input.agent}, ${JSON.stringify(input.policy)}::jsonb)
-        ON CONFLICT DO NOTHING RETURNING id`);
-      if (inserted.rows.length) await ctx.events.publish(tx, { type: "metal.pool.created", subject: `metal/pools/${input.id}`, data: { site: input.site, hardwareProfile: input.policy.hardwareProfile } });
-      return { id: input.id, created: inserted.rows.length > 0 };
-    },
-  });
-
   const enroll = defineMethod({
     name: "metal.enroll",
     action: "metal.enroll",
@@ -239,12 +216,14 @@ export function metalModule(options: MetalOptions = {}): Module {
     description: "Enroll a machine by its BMC; commissioning starts by itself (the password is sealed and never shown again)",
     input: z.object({
       id: slug.optional(),
-      pool: slug,
+      pool: resourceId,
       bmc: z.object({
         address: z.string(),
         username: z.string(),
         /** The BMC password (sealed at once) or a secret:// reference to one already stored. */
         password: z.string().min(1).max(256),
+        /** How the site agent trusts an https BMC's certificate: caBundle (PEM) and/or spkiSha256 (a pin); see docs/bmc.md. */
+        tls: bmcTls.optional(),
       }),
     }),
     output: metalNode,
@@ -254,17 +233,23 @@ export function metalModule(options: MetalOptions = {}): Module {
       const driverId = hardwareProfiles[pool.policy.hardwareProfile]?.drivers.power;
       const driver = ctx.registered.extensions<DriverDefinition>("driver").find((d) => d.id === driverId && d.kinds.includes("power"));
       if (!driver) throw invalidConfig(`hardware profile ${pool.policy.hardwareProfile} names power driver ${driverId}, which is not registered`);
+      await refuseHeldBmc(tx, input.bmc.address);
       const id = input.id ?? `m-${crypto.randomUUID().slice(0, 8)}`;
       const password = /^secret:\/\/[\w-]+$/.test(input.bmc.password)
         ? (input.bmc.password as SecretRef)
         : await ctx.secrets.put(tx, { module: "metal", name: `bmc/${id}`, value: input.bmc.password });
-      const binding = { driver: driver.id, address: input.bmc.address, username: input.bmc.username, password };
+      const binding = { driver: driver.id, address: input.bmc.address, username: input.bmc.username, password, ...(input.bmc.tls ? { tls: input.bmc.tls } : {}) };
       const checked = driver.manifest?.safeParse(binding);
       if (checked && !checked.success) throw invalidArgument(`the BMC binding does not match driver ${driver.id}'s manifest`, { issues: schemaIssues(checked.error) });
       const inserted = await tx.execute(sql`
         INSERT INTO metal_nodes (id, pool_id, site_id, bmc, state) VALUES (${id}, ${pool.id}, ${pool.site_id}, ${JSON.stringify(binding)}::jsonb, 'enrolled')
         ON CONFLICT DO NOTHING RETURNING id`);
-      if (inserted.rows.length === 0) throw conflict(`metal node ${id} already exists`);
+      if (inserted.rows.length === 0) {
+        // Lost a race for the id or the BMC (the insert waited for the other transaction to commit).
+        if ((await tx.execute(sql`SELECT 1 FROM metal_nodes WHERE id = ${id}`)).rows.length) throw conflict(`metal node ${id} already exists`, { node: id });
+        await refuseHeldBmc(tx, input.bmc.address);
+        throw conflict(`metal node ${id} could not be enrolled: its BMC is held by another machine`);
+      }
       await ctx.events.publish(tx, { type: "metal.node.enrolled", subject: `metal/nodes/${id}`, data: { pool: pool.id, bmc: input.bmc.address } });
       const node = await loadNode(tx, id);
       // Commissioning starts now if the site has an agent; otherwise the reconciler starts it once one joins.
@@ -277,23 +262,25 @@ export function metalModule(options: MetalOptions = {}): Module {
     name: "metal.nodes.get",
     action: "metal.nodes.get",
     readOnly: true,
-    resource: (input) => `metal/nodes/${input.id}`,
-    input: z.object({ id: z.string() }),
+    resource: (input) => `metal/nodes/${input.node}`,
+    input: z.object({ node: resourceId }),
     output: metalNode,
-    handler: async (_ctx, input, tx) => toNode(await loadNode(tx, input.id)),
+    handler: async (_ctx, input, tx) => toNode(await loadNode(tx, input.node)),
   });
 
   const nodesList = defineMethod({
     name: "metal.nodes.list",
     action: "metal.nodes.list",
     readOnly: true,
-    input: z.object({ pool: z.string().optional(), state: z.enum(METAL_STATES).optional() }),
+    input: z.object({ pool: resourceId.optional(), site: resourceId.optional(), state: z.enum(METAL_STATES).optional(), maintenance: z.boolean().optional() }),
     output: z.object({ nodes: z.array(metalNode) }),
     handler: async (_ctx, input, tx) => {
       const rows = await tx.execute(sql`
         SELECT ${NODE_COLUMNS} FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
         WHERE (${input.pool ?? null}::text IS NULL OR n.pool_id = ${input.pool ?? null})
+          AND (${input.site ?? null}::text IS NULL OR n.site_id = ${input.site ?? null})
           AND (${input.state ?? null}::text IS NULL OR n.state = ${input.state ?? null})
+          AND (${input.maintenance ?? null}::boolean IS NULL OR n.maintenance = ${input.maintenance ?? null})
         ORDER BY n.created_at, n.id LIMIT 1000`);
       return { nodes: (rows.rows as unknown as NodeRow[]).map(toNode) };
     },
@@ -304,7 +291,7 @@ export function metalModule(options: MetalOptions = {}): Module {
     action: "metal.deploy",
     resource: (input) => `metal/nodes/${input.node}`,
     description: "Deploy a ready machine with a profile (target metal); it ends deployed with the profile's role",
-    input: z.object({ node: z.string(), profile: z.string(), version: z.string().optional(), input: z.record(z.string(), z.unknown()).default({}) }),
+    input: z.object({ node: resourceId, profile: resourceId, version: resourceId.optional(), input: z.record(z.string(), z.unknown()).default({}) }),
     output: z.object({ node: z.string(), workflow: z.string() }),
     handler: async (ctx, input, tx) => {
       const node = await loadNode(tx, input.node, true);
@@ -327,7 +314,7 @@ export function metalModule(options: MetalOptions = {}): Module {
     action: "metal.undeploy",
     resource: (input) => `metal/nodes/${input.node}`,
     description: "Release a deployed machine: its disks are wiped (attested) before it is ready again",
-    input: z.object({ node: z.string() }),
+    input: z.object({ node: resourceId }),
     output: z.object({ node: z.string(), workflow: z.string() }),
     handler: async (ctx, input, tx) => {
       const node = await loadNode(tx, input.node, true);
@@ -344,7 +331,7 @@ export function metalModule(options: MetalOptions = {}): Module {
     action: "metal.nodes.recommission",
     resource: (input) => `metal/nodes/${input.node}`,
     description: "Take a failed machine out of maintenance and commission it again from the start",
-    input: z.object({ node: z.string() }),
+    input: z.object({ node: resourceId }),
     output: metalNode,
     handler: async (ctx, input, tx) => {
       const moved = await transition(ctx, tx, input.node, "recommission", { maintenance: false, reason: null, workflowId: null, role: null, lastError: null });
@@ -360,7 +347,7 @@ export function metalModule(options: MetalOptions = {}): Module {
     action: "metal.rescue",
     resource: (input) => `metal/nodes/${input.node}`,
     description: "Boot a deployed machine into the ramdisk (its disk untouched) for an operator to look into; metal.unrescue boots it from its disk again",
-    input: z.object({ node: z.string() }),
+    input: z.object({ node: resourceId }),
     output: z.object({ node: z.string(), workflow: z.string() }),
     handler: async (ctx, input, tx) => {
       const node = await loadNode(tx, input.node, true);
@@ -376,7 +363,7 @@ export function metalModule(options: MetalOptions = {}): Module {
     action: "metal.rescue",
     resource: (input) => `metal/nodes/${input.node}`,
     description: "Boot a rescued machine from its disk again; the rescue ramdisk is revoked",
-    input: z.object({ node: z.string() }),
+    input: z.object({ node: resourceId }),
     output: z.object({ node: z.string(), workflow: z.string() }),
     handler: async (ctx, input, tx) => {
       const node = await loadNode(tx, input.node, true);
@@ -392,7 +379,7 @@ export function metalModule(options: MetalOptions = {}): Module {
     action: "metal.nodes.retire",
     resource: (input) => `metal/nodes/${input.node}`,
     description: "Take a machine out of service for good (enrolled, ready or failed); its BMC may be enrolled again as a new machine",
-    input: z.object({ node: z.string(), reason: z.string().min(1).max(500).optional() }),
+    input: z.object({ node: resourceId, reason: z.string().min(1).max(500).optional() }),
     output: metalNode,
     handler: async (ctx, input, tx) => {
       const node = await loadNode(tx, input.node, true);
@@ -405,6 +392,37 @@ export function metalModule(options: MetalOptions = {}): Module {
       // Nothing may act for it again: whatever agent joined for it (an installed system, a ramdisk) is revoked.
       await ctx.nodes.revoke(tx, { role: "node", labels: { "bc.dev/machine": node.id } }, `metal node ${node.id} was retired`);
       await revokeRamdisks(ctx, tx, node, `metal node ${node.id} was retired`);
+      return toNode(await loadNode(tx, node.id));
+    },
+  });
+
+  const maintenance = defineMethod({
+    name: "metal.nodes.maintenance",
+    action: "metal.nodes.maintenance",
+    resource: (input) => `metal/nodes/${input.node}`,
+    description: "Put a machine in maintenance (on, with a reason: nothing new starts on it) or take it out (off); not while a workflow drives it",
+    input: z.object({ node: resourceId, on: z.boolean(), reason: z.string().min(1).max(500).optional() }),
+    output: metalNode,
+    handler: async (ctx, input, tx) => {
+      if (input.on && !input.reason) throw invalidArgument("a reason is required to put a machine in maintenance");
+      const node = await loadNode(tx, input.node, true);
+      const refuse = (why: string) => new ComputeError("FAILED_PRECONDITION", `metal node ${node.id} is ${node.state}: ${why}`, { node: node.id, state: node.state });
+      if (node.state === "retired") throw refuse("a retired machine is out of service for good");
+      // Maintenance stops nothing already running; the workflow's end decides (a failure turns maintenance on itself).
+      if (TRANSITIONAL.includes(node.state)) throw refuse(`maintenance does not stop its workflow ${node.workflow_id}: wait until it ends, or cancel it (workflows.cancel; the machine then ends failed, in maintenance)`);
+      if (node.state === "failed" && !input.on) throw refuse("a failed machine leaves maintenance by metal.nodes.recommission");
+      const reason = input.on ? input.reason! : null;
+      if (node.maintenance === input.on && node.maintenance_reason === reason) return toNode(node);
+      const change = input.on ? "maintenance.on" : "maintenance.off";
+      await tx.execute(sql`UPDATE metal_nodes SET maintenance = ${input.on}, maintenance_reason = ${reason}, updated_at = compute_now() WHERE id = ${node.id}`);
+      await tx.execute(sql`
+        INSERT INTO metal_transitions (node_id, event, from_state, to_state, workflow_id, reason)
+        VALUES (${node.id}, ${change}, ${node.state}, ${node.state}, ${node.workflow_id}, ${input.reason ?? null})`);
+      await ctx.events.publish(tx, { type: `metal.node.${change}`, subject: `metal/nodes/${node.id}`, data: { state: node.state, ...(input.reason ? { reason: input.reason } : {}) } });
+      // Out of maintenance, an enrolled machine commissions now (as at enroll), not at the next cron pass.
+      if (node.state === "enrolled" && !input.on && (await siteAgent(tx, node.site_id))) {
+        await runLifecycle(ctx, tx, await loadNode(tx, node.id), "commission", lifecycleProfile(node, "commission"), {}, { createdBy: ctx.principal.id });
+      }
       return toNode(await loadNode(tx, node.id));
     },
   });
@@ -481,8 +499,7 @@ export function metalModule(options: MetalOptions = {}): Module {
     description: "Bare-metal machines behind BMCs: sites, pools, hardware profiles and their lifecycle",
     iam: {
       actions: {
-        "metal.sites.create": "Create sites",
-        "metal.pools.create": "Create machine pools",
+        ...siteAndPoolActions,
         "metal.enroll": "Enroll machines by their BMC",
         "metal.nodes.get": "Read a machine",
         "metal.nodes.list": "List machines",
@@ -490,6 +507,7 @@ export function metalModule(options: MetalOptions = {}): Module {
         "metal.undeploy": "Release machines (wipes their disks)",
         "metal.nodes.recommission": "Take failed machines out of maintenance",
         "metal.nodes.retire": "Take machines out of service for good",
+        "metal.nodes.maintenance": "Put machines in maintenance and take them out",
         "metal.rescue": "Boot deployed machines into the ramdisk and back",
       },
     },
@@ -497,8 +515,9 @@ export function metalModule(options: MetalOptions = {}): Module {
       { name: "metal/0001_metal", sql: SCHEMA_SQL },
       { name: "metal/0002_addresses", sql: ADDRESSES_SQL },
       { name: "metal/0003_rescue", sql: RESCUE_SQL },
+      { name: "metal/0004_one_machine_per_bmc_and_uuid", sql: UNIQUE_MACHINE_SQL },
     ],
-    api: [sitesCreate, poolsCreate, enroll, nodesGet, nodesList, deploy, undeploy, recommission, retire, rescue, unrescue],
+    api: [...siteAndPoolMethods(hardwareProfiles), enroll, nodesGet, nodesList, deploy, undeploy, recommission, retire, maintenance, rescue, unrescue],
     commands: metalCommands,
     extensions: [redfishDriver, ipxeDriver, imageStreamDriver, ...metalSteps],
     profiles: [...metalProfiles, ...commissionProfiles],

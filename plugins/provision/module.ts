@@ -4,7 +4,7 @@
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineModule, type Module } from "better-compute";
-import { ComputeError, defineMethod, invalidArgument, notFound, schemaIssues, type ModuleContext, type Tx } from "better-compute/core";
+import { ComputeError, defineMethod, invalidArgument, notFound, resourceId, schemaIssues, type ModuleContext, type Tx } from "better-compute/core";
 import { findProfile, stepsById, validateProfile } from "./validate.ts";
 
 const WORKFLOWS_SQL = `
@@ -46,6 +46,11 @@ CREATE TABLE IF NOT EXISTS workflow_steps (
   finished_at timestamptz,
   PRIMARY KEY (workflow_id, position, attempt)
 );`;
+
+// workflows.list pages newest first, of one target or all.
+const WORKFLOWS_LIST_SQL = `
+CREATE INDEX IF NOT EXISTS workflows_created ON workflows (created_at, id);
+CREATE INDEX IF NOT EXISTS workflows_target ON workflows (target, created_at, id);`;
 
 export interface StartWorkflowInput {
   profile: string;
@@ -97,20 +102,29 @@ const attempt = z.object({
   startedAt: z.string().nullable(),
   finishedAt: z.string().nullable(),
 });
-const workflow = z.object({
+const WORKFLOW_STATES = ["running", "succeeded", "failed", "cancelled"] as const;
+const workflowRow = z.object({
   id: z.string(),
   profile: z.string(),
   version: z.string(),
   target: z.string(),
-  state: z.enum(["running", "succeeded", "failed", "cancelled"]),
+  state: z.enum(WORKFLOW_STATES),
   position: z.number(),
   error: z.unknown().nullable(),
+  createdBy: z.string(),
   createdAt: z.string(),
   finishedAt: z.string().nullable(),
+});
+const workflow = workflowRow.extend({
   steps: z.array(z.object({ position: z.number(), name: z.string(), step: z.string(), attempts: z.array(attempt) })),
 });
 
 const iso = (v: unknown) => (v === null || v === undefined ? null : new Date(v as string).toISOString());
+
+const toWorkflowRow = (wf: Record<string, any>): z.infer<typeof workflowRow> => ({
+  id: wf.id, profile: wf.profile_id, version: wf.profile_version, target: wf.target, state: wf.state, position: wf.position,
+  error: wf.error, createdBy: wf.created_by, createdAt: iso(wf.created_at)!, finishedAt: iso(wf.finished_at),
+});
 
 export function provisionModule(): Module {
   const validate = defineMethod({
@@ -118,7 +132,7 @@ export function provisionModule(): Module {
     action: "profiles.validate",
     readOnly: true,
     description: "Resolve every step of a profile against the registry and list what would go wrong",
-    input: z.object({ id: z.string(), version: z.string().optional() }),
+    input: z.object({ id: resourceId, version: resourceId.optional() }),
     output: z.object({ profile: z.string(), version: z.string(), valid: z.boolean(), issues: z.array(issue) }),
     handler: async (ctx, input) => {
       const profile = findProfile(ctx.registered, input.id, input.version);
@@ -133,9 +147,9 @@ export function provisionModule(): Module {
     action: "workflows.start",
     resource: (input) => `workflows/${input.profile}/${input.target}`,
     input: z.object({
-      profile: z.string(),
-      version: z.string().optional(),
-      target: z.string().min(1),
+      profile: resourceId,
+      version: resourceId.optional(),
+      target: resourceId,
       input: z.record(z.string(), z.unknown()).default({}),
       deadlineSeconds: z.number().positive().optional(),
     }),
@@ -149,7 +163,7 @@ export function provisionModule(): Module {
     readOnly: true,
     resource: (input) => `workflows/${input.id}`,
     description: "A workflow with its steps, every attempt, their states and timings",
-    input: z.object({ id: z.string() }),
+    input: z.object({ id: resourceId }),
     output: workflow,
     handler: async (_ctx, input, tx) => {
       const found = await tx.execute(sql`SELECT * FROM workflows WHERE id = ${input.id}`);
@@ -166,10 +180,36 @@ export function provisionModule(): Module {
         });
         steps.set(r.position, entry);
       }
-      return {
-        id: wf.id, profile: wf.profile_id, version: wf.profile_version, target: wf.target, state: wf.state, position: wf.position,
-        error: wf.error, createdAt: iso(wf.created_at)!, finishedAt: iso(wf.finished_at), steps: [...steps.values()],
-      };
+      return { ...toWorkflowRow(wf), steps: [...steps.values()] };
+    },
+  });
+
+  const list = defineMethod({
+    name: "workflows.list",
+    action: "workflows.list",
+    readOnly: true,
+    description: "Workflows newest first, without their steps (workflows.get has them); page with after: the previous page's next",
+    input: z.object({
+      /** What the workflows ran on: for metal, the machine (its node id). */
+      target: resourceId.optional(),
+      state: z.enum(WORKFLOW_STATES).optional(),
+      profile: resourceId.optional(),
+      limit: z.number().int().min(1).max(500).default(100),
+      /** The next of the previous page: workflows older than this one. */
+      after: resourceId.optional(),
+    }),
+    output: z.object({ workflows: z.array(workflowRow), next: z.string().nullable() }),
+    handler: async (_ctx, input, tx) => {
+      if (input.after && (await tx.execute(sql`SELECT 1 FROM workflows WHERE id = ${input.after}`)).rows.length === 0) throw notFound(`workflow ${input.after} does not exist (after is a workflow id from a previous page)`);
+      const rows = await tx.execute(sql`
+        SELECT * FROM workflows
+        WHERE (${input.target ?? null}::text IS NULL OR target = ${input.target ?? null})
+          AND (${input.state ?? null}::text IS NULL OR state = ${input.state ?? null})
+          AND (${input.profile ?? null}::text IS NULL OR profile_id = ${input.profile ?? null})
+          AND (${input.after ?? null}::text IS NULL OR (created_at, id) < (SELECT created_at, id FROM workflows WHERE id = ${input.after ?? null}))
+        ORDER BY created_at DESC, id DESC LIMIT ${input.limit}`);
+      const workflows = (rows.rows as Record<string, any>[]).map(toWorkflowRow);
+      return { workflows, next: workflows.length === input.limit ? workflows.at(-1)!.id : null };
     },
   });
 
@@ -178,7 +218,7 @@ export function provisionModule(): Module {
     action: "workflows.cancel",
     resource: (input) => `workflows/${input.id}`,
     description: "Stop a running workflow after its current transition (commands already sent still run)",
-    input: z.object({ id: z.string() }),
+    input: z.object({ id: resourceId }),
     output: z.object({ id: z.string(), state: z.string() }),
     handler: async (ctx, input, tx) => {
       const updated = await tx.execute(sql`
@@ -200,15 +240,20 @@ export function provisionModule(): Module {
         "profiles.validate": "Validate a provisioning profile",
         "workflows.start": "Start provisioning workflows",
         "workflows.get": "Read workflows and their steps",
+        "workflows.list": "List workflows",
         "workflows.cancel": "Cancel workflows",
       },
     },
-    migrations: [{ name: "provision/0001_workflows", sql: WORKFLOWS_SQL }],
-    api: [validate, start, get, cancel],
+    migrations: [
+      { name: "provision/0001_workflows", sql: WORKFLOWS_SQL },
+      { name: "provision/0002_workflows_list", sql: WORKFLOWS_LIST_SQL },
+    ],
+    api: [validate, start, get, list, cancel],
+    sweeps: [{ id: "wake-stalled-workflows", run: (ctx) => wakeStalledWorkflows(ctx) }],
   });
 }
 
-/** The cron safety net: running workflows nobody has advanced for a while are woken. */
+/** The cron safety net (the module's sweep, run by compute.sweep): running workflows nobody has advanced for a while are woken. */
 export async function wakeStalledWorkflows(ctx: ModuleContext & { afterCommit(): Promise<void> }, staleSeconds = 60): Promise<number> {
   const rows = await ctx.store.db.execute(sql`
     SELECT id FROM workflows WHERE state = 'running' AND updated_at < compute_now() - make_interval(secs => ${staleSeconds}) LIMIT 500`);

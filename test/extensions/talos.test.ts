@@ -94,7 +94,7 @@ describe("Walkthrough 3: Talos on an agentless pool", () => {
 
   it("commissions out of band: addresses from Redfish, no ramdisk, ready without a wipe only because the pool opted in", async () => {
     for (const [i, id] of ids.entries()) {
-      const node = await sim.call<Record<string, unknown>>("metal.nodes.get", { id });
+      const node = await sim.call<Record<string, unknown>>("metal.nodes.get", { node: id });
       expect(node.state, JSON.stringify(node.lastError)).toBe("ready");
       expect(node.addresses).toEqual([ADDRESS(i)]);
       expect(sim.machines[i]!.boots).toEqual([]); // never PXE-booted: nothing ran on it
@@ -148,7 +148,7 @@ describe("Walkthrough 3: Talos on an agentless pool", () => {
       expect(refused, method).toMatchObject({ code: "UNSUPPORTED" });
       expect((refused as { message: string }).message).toMatch(/agentless/);
     }
-    expect((await sim.call<{ state: string }>("metal.nodes.get", { id: "t-1" })).state).toBe("ready");
+    expect((await sim.call<{ state: string }>("metal.nodes.get", { node: "t-1" })).state).toBe("ready");
   });
 
   it("site.httpProxy is SSRF-bounded: each refused request fails the step with INVALID_ARGUMENT and creates no command", async () => {

@@ -14,7 +14,7 @@ afterEach(async () => {
 async function fastForwardUntil(s: MetalSim, nodeId: string, states: string[], timeoutMs = 60_000) {
   const until = Date.now() + timeoutMs;
   while (Date.now() < until) {
-    const node = await s.call<{ state: string }>("metal.nodes.get", { id: nodeId });
+    const node = await s.call<{ state: string }>("metal.nodes.get", { node: nodeId });
     if (states.includes(node.state)) return node as Record<string, unknown>;
     await s.advanceClock(10);
     await new Promise((r) => setTimeout(r, 100));

@@ -132,7 +132,7 @@ describe("metal refusals: a typed code, and nothing written", () => {
     expect(err.code).toBe("FAILED_PRECONDITION");
     expect(await count(sim, sql`SELECT count(*)::int AS n FROM workflows WHERE target = 'm-quiet'`)).toBe(0);
     expect(await history(sim, "m-quiet")).toEqual([]);
-    expect((await sim.call<{ state: string }>("metal.nodes.get", { id: "m-quiet" })).state).toBe("enrolled");
+    expect((await sim.call<{ state: string }>("metal.nodes.get", { node: "m-quiet" })).state).toBe("enrolled");
     // An unknown machine is NOT_FOUND.
     expect((await refusal(sim.call("metal.deploy", { node: "m-nobody", profile: "metal.deploy.image-stream" }))).code).toBe("NOT_FOUND");
   });
@@ -152,7 +152,7 @@ describe("metal refusals: a typed code, and nothing written", () => {
 
     expect(await written(sim)).toEqual(before);
     expect((await history(sim, "m-dup")).map((h) => h.event)).toEqual(["commission", "commissioned"]);
-    const node = await sim.call<{ state: string; workflow: string; role: string | null }>("metal.nodes.get", { id: "m-dup" });
+    const node = await sim.call<{ state: string; workflow: string; role: string | null }>("metal.nodes.get", { node: "m-dup" });
     expect(node).toMatchObject({ state: "ready", workflow: ready.workflow, role: null });
   }, 60_000);
 });
@@ -229,7 +229,7 @@ describe("metal lifecycle on a simulated site", () => {
 
     const answers = JSON.stringify([
       enrolled,
-      await sim.call("metal.nodes.get", { id: "m-life" }),
+      await sim.call("metal.nodes.get", { node: "m-life" }),
       await sim.call("metal.nodes.list", {}),
       await sim.call("metal.nodes.list", { pool: sim.site.pool }),
     ]);
@@ -289,7 +289,7 @@ describe("metal lifecycle on a simulated site", () => {
 
   it("rescue boots a deployed machine into the ramdisk with its disk untouched; unrescue revokes that ramdisk and boots the disk: deployed again", async () => {
     const machine = sim.machines[0]!;
-    expect((await sim.call<{ state: string }>("metal.nodes.get", { id: "m-life" })).state).toBe("ready");
+    expect((await sim.call<{ state: string }>("metal.nodes.get", { node: "m-life" })).state).toBe("ready");
     expect((await refusal(sim.call("metal.rescue", { node: "m-life" }))).code).toBe("FAILED_PRECONDITION");
     await sim.call("metal.deploy", { node: "m-life", profile: "metal.deploy.image-stream", input: { image: { url: `${images.url}/images/${image}`, sha256: image } } });
     expect((await sim.waitForState("m-life", ["deployed", "failed"])).state).toBe("deployed");
@@ -325,7 +325,7 @@ describe("metal lifecycle on a simulated site", () => {
 
   it("retire takes a ready machine out of service for good; its BMC can be enrolled again as a new machine, which cannot be retired mid-workflow", async () => {
     const machine = sim.machines[1]!;
-    expect((await sim.call<{ state: string }>("metal.nodes.get", { id: "m-digest" })).state).toBe("ready");
+    expect((await sim.call<{ state: string }>("metal.nodes.get", { node: "m-digest" })).state).toBe("ready");
     const retired = await sim.call<Record<string, unknown>>("metal.nodes.retire", { node: "m-digest", reason: "motherboard replaced" });
     expect(retired).toMatchObject({ state: "retired", maintenance: false, workflow: null, role: null });
     expect((await history(sim, "m-digest")).at(-1)).toEqual({ event: "retire", from_state: "ready", to_state: "retired", workflow_id: null });
@@ -363,7 +363,7 @@ describe("a site whose agent joins after its machines were enrolled", () => {
     const enrolled = await sim.enroll(sim.machines[0]!, { id: "m-late" });
     expect(enrolled).toMatchObject({ state: "enrolled", site: sim.site.id });
     await sleep(2500); // the reconciler passes at least twice meanwhile
-    expect((await sim.call<{ state: string }>("metal.nodes.get", { id: "m-late" })).state).toBe("enrolled");
+    expect((await sim.call<{ state: string }>("metal.nodes.get", { node: "m-late" })).state).toBe("enrolled");
     expect(await count(sim, sql`SELECT count(*)::int AS n FROM workflows WHERE target = 'm-late'`)).toBe(0);
     expect(await history(sim, "m-late")).toEqual([]);
 
@@ -386,7 +386,7 @@ describe("a site whose agent joins after its machines were enrolled", () => {
     const otherSite = await new AgentClient({ transport: sim.control.transport, state: otherState, baseUrl: sim.control.baseUrl })
       .join({ attestor: "join-token", evidence: { token: other.token }, role: "site" });
     const otherKey = await importNodeKey((await otherState.loadKey())!);
-    const machine = (await sim.call<{ productUuid: string }>("metal.nodes.get", { id: "m-late" }));
+    const machine = (await sim.call<{ productUuid: string }>("metal.nodes.get", { node: "m-late" }));
     const ramdiskKey = await generateNodeKey();
     const ramdiskState = new MemoryState();
     await ramdiskState.saveKey(ramdiskKey.privateJwk);
@@ -450,7 +450,7 @@ describe("the lifecycle state machine (transition)", () => {
     expect(await apply("fail", { maintenance: true, reason: "first failure", lastError: { code: "DRIVER_ERROR", message: "first" } })).toBe("commissioning");
     expect(await apply("fail", { maintenance: true, reason: "second failure", lastError: { code: "DRIVER_ERROR", message: "second" } })).toBeUndefined();
     expect(await state("m-sm")).toMatchObject({ state: "failed", maintenance: true, maintenance_reason: "first failure" });
-    const failed = await sim.call<{ lastError: { message: string } }>("metal.nodes.get", { id: "m-sm" });
+    const failed = await sim.call<{ lastError: { message: string } }>("metal.nodes.get", { node: "m-sm" });
     expect(failed.lastError.message).toBe("first");
     expect((await history(sim, "m-sm")).map((h) => h.event)).toEqual(["commission", "fail"]);
   });

@@ -56,7 +56,7 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
   const node = site.find((n) => n.state === "connected");
   expect(node.labels["bc.dev/site"]).toBe("lab");
 
-  const created = await api("commands.create", { nodeId: node.id, kind: "agent.ping", body: {} });
+  const created = await api("commands.create", { node: node.id, kind: "agent.ping", body: {} });
   expect(created.status).toBe(200);
   const done = await eventually(async () => (await api("commands.get", { id: created.body.id })).body, (c) => c.state === "succeeded", "the ping's result");
   expect(done.result).toMatchObject({ pong: true });
@@ -89,5 +89,5 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
   bcd.kill("SIGTERM");
   const code = await new Promise<number | null>((resolve) => bcd!.once("exit", (c) => resolve(c)));
   expect(code).toBe(0);
-  await eventually(async () => (await api("nodes.get", { id: node.id })).body.state, (s) => s === "disconnected", "the disconnection being recorded");
+  await eventually(async () => (await api("nodes.get", { node: node.id })).body.state, (s) => s === "disconnected", "the disconnection being recorded");
 }, 120_000);

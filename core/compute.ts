@@ -1,7 +1,7 @@
 // betterCompute(): the one entry a deployment calls. It checks every registration at once
 // (INVALID_CONFIG naming the offender), resolves the ports and builds the API Worker.
 import type { Hono } from "hono";
-import { createApi, type AppEnv, type Env } from "./api.ts";
+import { createApi, createJoinApp, type AppEnv, type Env } from "./api.ts";
 import { coreModule } from "./core-module.ts";
 import {
   databaseClock,
@@ -59,7 +59,10 @@ export interface PlatformContext extends ModuleContext {
 export interface Compute {
   readonly registry: Registry;
   readonly iam: IamPort;
+  /** The API Worker's app: every method, JoinService, the agent gateway. */
   readonly app: Hono<AppEnv>;
+  /** The join Worker's app (workers/join): JoinService and /v1/health alone. */
+  readonly joinApp: Hono<AppEnv>;
   readonly options: Readonly<ComputeOptions>;
   /** The Worker's fetch handler: `export default compute`. */
   fetch(request: Request, env: object, ctx?: ExecutionContext): Promise<Response>;
@@ -74,6 +77,8 @@ export interface Compute {
   applyModuleMigrations(store: Store): Promise<MigrationReport>;
   /** Runs every module's reconcilers once; returns how many things they changed (a failing one is logged and skipped). */
   reconcile(env: object, store: Store): Promise<number>;
+  /** The cron handler's work: every module's sweeps, then every reconciler; returns how many things they changed. */
+  sweep(env: object, store: Store): Promise<number>;
   /** Mints an API key in its own transaction (npm start, tests, operators' scripts). */
   mintApiKey(store: Store, input: { name: string; roles: string[]; createdBy?: string }): Promise<{ id: string; key: string }>;
 }
@@ -141,11 +146,31 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   let openapi: Record<string, unknown> | undefined;
   const openapiDoc = () => (openapi ??= openApiDocument(reg, { baseURL: options.baseURL }));
   const app = createApi({ registry: reg, iam, database, maxBodyBytes, openapi: openapiDoc, moduleContext: contextFor, agentsModule: agents });
+  const joinApp = createJoinApp({ registry: reg, database, moduleContext: contextFor, agentsModule: agents });
+
+  /** Runs one kind of pass of every module once, in registration order; a failing pass is logged and skipped, the next run retries it. */
+  const runPasses = async (kind: "sweeps" | "reconcilers", env: object, store: Store) => {
+    let changed = 0;
+    for (const mod of reg.modules) {
+      for (const pass of mod[kind] ?? []) {
+        const ctx = contextFor(mod, env as Env, store);
+        try {
+          changed += await pass.run(ctx);
+        } catch (err) {
+          const what = kind === "sweeps" ? "sweep" : "reconciler";
+          ctx.log.warn(`a ${what} pass failed; the next pass retries`, { [what]: pass.id, error: err instanceof Error ? err.message : String(err) });
+        }
+        await ctx.afterCommit();
+      }
+    }
+    return changed;
+  };
 
   return {
     registry: reg,
     iam,
     app,
+    joinApp,
     options,
     fetch: (request, env, ctx) => Promise.resolve(app.fetch(request, env as Env, ctx)),
     migrations: () => reg.migrations,
@@ -154,21 +179,8 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     applyModuleMigrations: (store) => applyMigrations(store, reg.migrations),
     mintApiKey: (store, input) =>
       store.transaction((tx) => mintApiKey(tx, { ...input, createdBy: input.createdBy ?? "system:operator" }, iam!.roles())),
-    async reconcile(env, store) {
-      let changed = 0;
-      for (const mod of reg.modules) {
-        for (const reconciler of mod.reconcilers ?? []) {
-          const ctx = contextFor(mod, env as Env, store);
-          try {
-            changed += await reconciler.run(ctx);
-          } catch (err) {
-            ctx.log.warn("a reconciler pass failed; the next pass retries", { reconciler: reconciler.id, error: err instanceof Error ? err.message : String(err) });
-          }
-          await ctx.afterCommit();
-        }
-      }
-      return changed;
-    },
+    reconcile: (env, store) => runPasses("reconcilers", env, store),
+    sweep: async (env, store) => (await runPasses("sweeps", env, store)) + (await runPasses("reconcilers", env, store)),
     moduleContext(moduleId, env, store) {
       const mod = reg.modules.find((m) => m.id === moduleId);
       if (!mod) throw invalidConfig(`no module ${moduleId} is registered`);

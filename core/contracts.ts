@@ -68,7 +68,8 @@ export interface CommandKind {
 /**
  * A level-triggered control loop: it reads the record and moves what can move now. It runs from
  * the cron sweep and whenever a workflow ends, possibly twice at once: guard every write by the
- * state it expects. Returns how many things it changed.
+ * state it expects. Returns how many things it changed. A module's `sweeps` have the same shape
+ * and run from the cron sweep only.
  */
 export interface Reconciler {
   id: string;
@@ -87,6 +88,11 @@ export interface ModuleDefinition {
   /** Provisioning profiles (defineProfile from better-compute/provision), registered as profile:id@version. */
   profiles?: Extension[];
   reconcilers?: Reconciler[];
+  /**
+   * Cron-only passes (same shape as a reconciler): safety nets such as waking workflows whose
+   * wake-up was lost. The cron sweep runs them, then the reconcilers; a workflow's end does not.
+   */
+  sweeps?: Reconciler[];
   /** Called once per request context; a module keeps no state of its own between requests. */
   setup?: (ctx: ModuleContext) => void;
 }

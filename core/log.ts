@@ -1,5 +1,7 @@
 // Structured logs, one JSON object per line. Fields whose names say they hold a secret are
-// replaced before anything is written: secrets never reach logs.
+// replaced before anything is written: secrets never reach logs. Each level goes to the console
+// method of its name, so `wrangler dev --log-level warn` (and Workers Logs' level filter) still
+// shows warnings and errors.
 
 const SECRET_FIELD = /secret|token|password|passphrase|authorization|credential|private|cookie/i;
 
@@ -21,8 +23,8 @@ export function redact(value: unknown, depth = 0): unknown {
 }
 
 export function createLogger(base: LogFields = {}): Logger {
-  const write = (level: string, message: string, fields?: LogFields) =>
-    console.log(JSON.stringify(redact({ level, message, ...base, ...fields })));
+  const write = (level: "info" | "warn" | "error", message: string, fields?: LogFields) =>
+    (level === "info" ? console.log : console[level])(JSON.stringify(redact({ level, message, ...base, ...fields })));
   return {
     info: (m, f) => write("info", m, f),
     warn: (m, f) => write("warn", m, f),

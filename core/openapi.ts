@@ -5,11 +5,13 @@ import type { Registry } from "./registry.ts";
 
 const errorSchema = {
   type: "object",
-  required: ["code", "message"],
+  required: ["code", "message", "requestId"],
   properties: {
     code: { type: "string", enum: Object.keys(errorStatus) },
     message: { type: "string" },
     details: { type: "object", additionalProperties: true },
+    /** Also the response's x-request-id header and the server log line's requestId. */
+    requestId: { type: "string" },
   },
 };
 
@@ -25,19 +27,22 @@ export function openApiDocument(registry: Registry, info: { baseURL?: string }):
     },
   };
   for (const { method, module } of registry.methods.values()) {
+    const input = strictObjects(jsonSchema(method.input, "input"));
     paths[`/v1/${method.name}`] = {
       post: {
         operationId: method.name,
         summary: method.description ?? method.name,
         tags: [module.id],
         "x-iam-action": method.action,
-        requestBody: { required: false, content: { "application/json": { schema: jsonSchema(method.input, "input") } } },
+        // An empty body reads as {}: it is optional exactly when the input requires no field.
+        requestBody: { required: hasRequired(input), content: { "application/json": { schema: input } } },
         responses: {
           "200": { description: "OK", content: { "application/json": { schema: jsonSchema(method.output, "output") } } },
-          "400": errorResponse("INVALID_ARGUMENT: malformed JSON or a body that breaks the schema"),
+          "400": errorResponse("INVALID_ARGUMENT: malformed JSON, a body that breaks the schema or the input rules (unknown keys, nesting, control characters)"),
           "401": errorResponse("UNAUTHENTICATED"),
           "403": errorResponse("PERMISSION_DENIED"),
           "413": errorResponse("PAYLOAD_TOO_LARGE"),
+          default: errorResponse("any other error (NOT_FOUND, CONFLICT, FAILED_PRECONDITION, UNAVAILABLE, ...), same body"),
         },
       },
     };
@@ -59,6 +64,24 @@ function jsonSchema(schema: z.ZodType, io: "input" | "output"): unknown {
   } catch {
     return {};
   }
+}
+
+/**
+ * The API refuses keys an object's schema does not declare (core/api.ts); zod's JSON Schema
+ * leaves that open for input, so it is written here. Records and loose objects already say
+ * what they take (additionalProperties), and are left as they are.
+ */
+function strictObjects(schema: unknown): unknown {
+  if (Array.isArray(schema)) return schema.map(strictObjects);
+  if (schema === null || typeof schema !== "object") return schema;
+  const out: Record<string, unknown> = Object.fromEntries(Object.entries(schema).map(([k, v]) => [k, strictObjects(v)]));
+  if (out.type === "object" && out.properties !== undefined && out.additionalProperties === undefined) out.additionalProperties = false;
+  return out;
+}
+
+function hasRequired(schema: unknown): boolean {
+  const required = (schema as { required?: unknown } | null)?.required;
+  return Array.isArray(required) && required.length > 0;
 }
 
 function errorResponse(description: string) {

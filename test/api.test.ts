@@ -2,8 +2,11 @@
 // the error model, through the real Worker in workerd against Postgres.
 import { env, exports } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { z } from "zod";
 import { compute } from "../better-compute.config.ts";
+import { betterCompute, definePlugin } from "../core/index.ts";
+import { ComputeError, defineMethod } from "../core/public.ts";
 import { createTestClient, type TestClient } from "../core/testing.ts";
 
 let client: TestClient;
@@ -15,7 +18,7 @@ afterAll(() => client?.close());
 const post = (path: string, body: BodyInit | null, headers: Record<string, string> = {}) =>
   exports.default.fetch(`http://bc.test${path}`, { method: "POST", body, headers: { "content-type": "application/json", ...headers } });
 
-/** Every error body is {code, message, details?} and carries no stack trace or key. */
+/** Every error body is {code, message, details?, requestId} and carries no stack trace or key. */
 async function expectError(res: Response, status: number, code: string) {
   expect(res.status).toBe(status);
   expect(res.headers.get("content-type")).toMatch(/application\/json/);
@@ -23,8 +26,10 @@ async function expectError(res: Response, status: number, code: string) {
   expect(text).not.toMatch(/\n\s+at |\.ts:\d+|node_modules/);
   expect(text).not.toContain(client.key);
   const body = JSON.parse(text);
-  expect(Object.keys(body).sort()).toEqual(expect.arrayContaining(["code", "message"]));
+  expect(Object.keys(body).sort()).toEqual(expect.arrayContaining(["code", "message", "requestId"]));
   expect(body.code).toBe(code);
+  // The id the response header carries, and the server's log line too.
+  expect(body.requestId).toBe(res.headers.get("x-request-id"));
   return body;
 }
 
@@ -134,5 +139,66 @@ describe("the default deployment's API", () => {
     const read = await client.call("modules.list");
     const none = await client.store.db.execute(sql`SELECT 1 FROM bc_audit WHERE request_id = ${read.headers.get("x-request-id")}`);
     expect(none.rows).toHaveLength(0);
+  });
+});
+
+// ---------------------------------------------------------------- server-side errors
+
+/** Fails on purpose, holding a value the log must never show. */
+const failing = definePlugin({
+  id: "acme-failing",
+  iam: { actions: { "acme.fail": "Fail on purpose" } },
+  api: [
+    defineMethod({
+      name: "acme.fail",
+      action: "acme.fail",
+      input: z.object({ how: z.enum(["crash", "unavailable", "refuse"]), note: z.string() }),
+      output: z.object({}),
+      handler: async (_ctx, input) => {
+        if (input.how === "crash") throw new Error("the acme store fell over");
+        if (input.how === "unavailable") throw new ComputeError("UNAVAILABLE", "the acme store is down for maintenance");
+        throw new ComputeError("FAILED_PRECONDITION", "the acme store refuses");
+      },
+    }),
+  ],
+});
+
+describe("server-side errors", () => {
+  const failingCompute = betterCompute({ plugins: [failing] });
+  let failingClient: TestClient;
+  const errors: string[] = [];
+  beforeAll(async () => {
+    failingClient = await createTestClient(failingCompute, env);
+    vi.spyOn(console, "error").mockImplementation((...args: unknown[]) => void errors.push(args.map(String).join(" ")));
+  });
+  afterAll(async () => {
+    vi.restoreAllMocks();
+    await failingClient?.close();
+  });
+
+  it("logs every 5xx once at error level, with its request id, method and code, never the body", async () => {
+    for (const [how, status, code] of [["crash", 500, "INTERNAL"], ["unavailable", 503, "UNAVAILABLE"]] as const) {
+      const res = await failingClient.call("acme.fail", { how, note: "hunter2-in-the-body" });
+      expect(res.status).toBe(status);
+      expect(res.body).toMatchObject({ code, requestId: res.headers.get("x-request-id") });
+      const lines = errors.filter((line) => line.includes(res.body.requestId));
+      expect(lines).toHaveLength(1);
+      expect(JSON.parse(lines[0]!)).toMatchObject({ level: "error", message: "request failed", requestId: res.body.requestId, method: "acme.fail", code, status });
+      expect(lines[0]).not.toContain("hunter2");
+    }
+    // What went wrong inside reaches the log, never the caller.
+    expect(errors.join("\n")).toContain("the acme store fell over");
+  });
+
+  it("does not log a 4xx as a server error", async () => {
+    const res = await failingClient.call("acme.fail", { how: "refuse", note: "x" });
+    expect(res.status).toBe(400);
+    expect(errors.some((line) => line.includes(res.body.requestId))).toBe(false);
+  });
+
+  it("puts a request id on every response, success included", async () => {
+    const ok = await client.request("/v1/health");
+    expect(ok.status).toBe(200);
+    expect(ok.headers.get("x-request-id")).toMatch(/^[0-9a-f-]{36}$/);
   });
 });

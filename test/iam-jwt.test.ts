@@ -42,6 +42,6 @@ it("refuses a token signed by another key, from another issuer, or expired", asy
   for (const token of [await forge({ roles: ["admin"] }), await sign({ roles: ["admin"] }, { issuer: "https://evil.test" }), await sign({ roles: ["admin"] }, { expiresIn: "-1m" })]) {
     const res = await client.call("iam.whoami", {}, { key: token });
     expect(res.status).toBe(401);
-    expect(res.body).toEqual({ code: "UNAUTHENTICATED", message: "the bearer token did not verify" });
+    expect(res.body).toEqual({ code: "UNAUTHENTICATED", message: "the bearer token did not verify", requestId: res.headers.get("x-request-id") });
   }
 });

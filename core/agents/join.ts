@@ -2,7 +2,8 @@
 // WebSocket. Join: the agent proves its key (it signs the request) and an attestor vouches for
 // the machine; it gets a node id and a short-lived credential bound to that key. Connect: the
 // credential is checked here, the socket goes to the node's own NodeDO, which asks for proof
-// of possession of the key before anything else.
+// of possession of the key before anything else. The API Worker serves both; the join Worker
+// (workers/join) serves JoinService alone, since the gateway needs the NodeDO binding.
 import { sql } from "drizzle-orm";
 import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
@@ -13,7 +14,7 @@ import { ComputeError, invalidArgument } from "../errors.ts";
 import { CONNECT_PATH, JOIN_PATH, joinMessage, joinRequest, RENEW_PATH, renewMessage, renewRequest, verifyMessage, type JoinResponse } from "../protocol.ts";
 import type { Registry } from "../registry.ts";
 import type { Store } from "../store/database.ts";
-import { parseInput, readJson, type AppEnv, type Env } from "../api.ts";
+import { readInput, type AppEnv, type Env } from "../api.ts";
 import { databaseSeconds, issueCredential, verifyCredential } from "./credentials.ts";
 import { nodeNamespace } from "./notify.ts";
 
@@ -26,7 +27,8 @@ export interface JoinDeps {
   moduleContext: (mod: Module, env: Env, store: Store) => PlatformContext;
 }
 
-export function agentRoutes(deps: JoinDeps): Hono<AppEnv> {
+/** JoinService: join and renew. */
+export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
   const app = new Hono<AppEnv>();
   const limit = bodyLimit({
     maxSize: MAX_JOIN_BODY_BYTES,
@@ -36,7 +38,7 @@ export function agentRoutes(deps: JoinDeps): Hono<AppEnv> {
   });
 
   app.post(JOIN_PATH, limit, async (c) => {
-    const request = parseInput(joinRequest, await readJson(c.req.raw));
+    const request = await readInput(c, joinRequest);
     if (!(await verifyMessage(request.publicKey, joinMessage(request.publicKey, request.attestor), request.signature))) {
       throw new ComputeError("UNAUTHENTICATED", "the join request's signature does not verify with its public key");
     }
@@ -65,7 +67,7 @@ export function agentRoutes(deps: JoinDeps): Hono<AppEnv> {
 
   app.post(RENEW_PATH, limit, async (c) => {
     const node = await verifyCredential(c.var.store, bearer(c.req.raw));
-    const request = parseInput(renewRequest, await readJson(c.req.raw));
+    const request = await readInput(c, renewRequest);
     const now = await databaseSeconds(c.var.store);
     const at = Date.parse(request.timestamp) / 1000;
     if (!Number.isFinite(at) || Math.abs(now - at) > RENEW_CLOCK_SKEW_SECONDS) {
@@ -79,6 +81,12 @@ export function agentRoutes(deps: JoinDeps): Hono<AppEnv> {
     return c.json({ nodeId: node.nodeId, role: node.role, ...issued } satisfies JoinResponse);
   });
 
+  return app;
+}
+
+/** The agent gateway: a node's WebSocket, handed to its NodeDO. */
+export function gatewayRoutes(): Hono<AppEnv> {
+  const app = new Hono<AppEnv>();
   app.get(CONNECT_PATH, async (c) => {
     if (c.req.header("upgrade")?.toLowerCase() !== "websocket") {
       throw new ComputeError("FAILED_PRECONDITION", "the agent gateway speaks WebSocket only (send Upgrade: websocket)");

@@ -178,7 +178,7 @@ describe("a deployment with two third-party plugins", () => {
     const id = `doomed-${uid()}`;
     const res = await client.call("widgets.explode", { id });
     expect(res.status).toBe(500);
-    expect(res.body).toEqual({ code: "INTERNAL", message: "internal error" });
+    expect(res.body).toEqual({ code: "INTERNAL", message: "internal error", requestId: res.headers.get("x-request-id") });
     const state = await client.store.db.execute(sql`SELECT 1 FROM acme_widgets WHERE id = ${id}`);
     const events = await client.store.db.execute(sql`SELECT 1 FROM bc_events WHERE subject = ${`widgets/${id}`}`);
     const audit = await client.store.db.execute(sql`SELECT 1 FROM bc_audit WHERE request_id = ${res.headers.get("x-request-id")}`);

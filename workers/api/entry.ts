@@ -2,7 +2,6 @@
 // handlers and the WorkflowDO class bound to that compute (its steps and profiles).
 import type { Compute } from "../../core/compute.ts";
 import { workflowObject } from "../../durable-objects/workflow.ts";
-import { wakeStalledWorkflows } from "../../plugins/provision/module.ts";
 
 export function deploymentEntry(compute: Compute) {
   return {
@@ -14,13 +13,11 @@ export function deploymentEntry(compute: Compute) {
   };
 }
 
-/** The cron safety net: workflows nobody advanced for a minute are woken, and every reconciler runs. */
+/** The cron safety net: what the modules registered for it (their sweeps, then their reconcilers), on a store of its own. */
 export async function sweep(compute: Compute, env: object): Promise<number> {
   const store = compute.openStore(env);
   try {
-    const provision = compute.registry.modules.some((m) => m.id === "provision");
-    const woken = provision ? await wakeStalledWorkflows(compute.moduleContext("provision", env, store)) : 0;
-    return woken + (await compute.reconcile(env, store));
+    return await compute.sweep(env, store);
   } finally {
     await store.close();
   }

@@ -1,6 +1,6 @@
 // The API Worker's entry: the deployment's compute serves every request (API, JoinService,
 // agent gateway); the Durable Object classes are exported for their bindings; the cron
-// trigger wakes workflows whose wake-up was lost.
+// trigger runs what the modules registered for it (compute.sweep).
 import { compute } from "../../better-compute.config.ts";
 import { deploymentEntry } from "./entry.ts";
 

@@ -8,7 +8,6 @@
 // established TLS connection before a byte of the request (headers, secrets, body) is written.
 // Redirects are never followed. Secret header values come from the command's secrets and never
 // appear in a result or an error. Node-only (node:http, node:https, node:tls).
-import { X509Certificate, createHash } from "node:crypto";
 import { request as httpRequest, type IncomingMessage } from "node:http";
 import { request as httpsRequest } from "node:https";
 import { connect as netConnect, type Socket } from "node:net";
@@ -16,6 +15,7 @@ import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { AgentError, inLane, type CommandContext, type CommandHandler } from "../client.ts";
 import { HTTP_PROXY_KIND, MAX_PROXY_RESPONSE_BYTES, headerProblem, httpProxyBody, type HttpProxyBody, type HttpProxyAnswer } from "better-compute/metal/http-proxy";
 import { parseBody } from "./site.ts";
+import { spkiSha256 } from "./tls-pin.ts";
 
 export interface HttpProxyOptions {
   /** Per request, connecting included (ms), unless the command says; default 10 000. */
@@ -36,12 +36,6 @@ function machineLane(body: Record<string, unknown>): string | undefined {
   } catch {
     return undefined; // refused by the handler, in the default lane
   }
-}
-
-/** The SHA-256 (base64) of a DER certificate's SubjectPublicKeyInfo: what curl's --pinnedpubkey sha256// takes. */
-export function spkiSha256(certificateDer: Uint8Array): string {
-  const spki = new X509Certificate(certificateDer).publicKey.export({ type: "spki", format: "der" });
-  return createHash("sha256").update(spki).digest("base64");
 }
 
 export function httpProxyHandlers(options: HttpProxyOptions = {}): Record<string, CommandHandler> {

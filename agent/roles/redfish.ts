@@ -23,6 +23,7 @@ import { z } from "zod";
 import { bmcAddressMessage, bmcTlsProblem, parseBmcAddress, type BmcTls } from "better-compute/metal/bmc-address";
 import { base64, utf8 } from "../../core/encoding.ts";
 import { AgentError, type FetchLike } from "../client.ts";
+import { spkiSha256 } from "./tls-pin.ts";
 
 /** A BMC and its credential; the password is the resolved value, not a secret:// reference. */
 export interface BmcCredential {
@@ -603,11 +604,7 @@ export class RedfishClient {
     let res: Answer;
     try {
       if (this.#fetch || !this.#https) res = await this.#viaFetch(url, request);
-      else {
-        // site.httpProxy's pin, imported when used: http-proxy.ts imports site.ts, which imports this file.
-        const pinOf = this.#tls?.spkiSha256 === undefined ? undefined : (await import("./http-proxy.ts")).spkiSha256;
-        res = await this.#viaHttps(url, request, pinOf);
-      }
+      else res = await this.#viaHttps(url, request);
     } catch (e) {
       // The command's deadline or the agent stopping: report that, not a BMC failure.
       if (this.#signal?.aborted) throw this.#signal.reason;
@@ -638,7 +635,7 @@ export class RedfishClient {
    * binding's pin and/or CA bundle, else the system's CAs. Only then is the request (with its
    * Authorization header) written, so a BMC that is not trusted never sees the credential.
    */
-  #viaHttps(url: string, request: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal }, pinOf: ((der: Uint8Array) => string) | undefined): Promise<Answer> {
+  #viaHttps(url: string, request: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal }): Promise<Answer> {
     const target = new URL(url);
     const host = target.hostname.replace(/^\[(.*)\]$/, "$1"); // sockets take IPv6 without brackets
     const port = Number(target.port || 443);
@@ -658,7 +655,7 @@ export class RedfishClient {
       if (request.signal.aborted) return onAbort();
       request.signal.addEventListener("abort", onAbort, { once: true });
       socket.once("secureConnect", () => {
-        const refused = this.#certificateRefusal(socket, pinOf);
+        const refused = this.#certificateRefusal(socket);
         if (refused) return fail(refused);
         const req = httpsRequest(target, { method: request.method, headers: request.headers, createConnection: () => socket });
         req.on("error", fail);
@@ -690,13 +687,13 @@ export class RedfishClient {
   }
 
   /** Why the BMC's certificate is not trusted under the binding's tls block, or undefined. Permanent: another attempt meets the same certificate. */
-  #certificateRefusal(socket: TLSSocket, pinOf: ((der: Uint8Array) => string) | undefined): AgentError | undefined {
+  #certificateRefusal(socket: TLSSocket): AgentError | undefined {
     const pin = this.#tls?.spkiSha256;
     if (pin !== undefined) {
       let presented: string | undefined;
       try {
         const peer = socket.getPeerCertificate();
-        presented = peer?.raw && pinOf ? pinOf(peer.raw) : undefined;
+        presented = peer?.raw ? spkiSha256(peer.raw) : undefined;
       } catch {
         // an unreadable certificate: no pin matches it
       }

@@ -10,7 +10,8 @@ import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { AgentError, type CommandContext } from "../../agent/client.ts";
 import { headerProblem, httpProxyBody } from "better-compute/metal/http-proxy";
-import { httpProxyHandlers, spkiSha256 } from "../../agent/roles/http-proxy.ts";
+import { httpProxyHandlers } from "../../agent/roles/http-proxy.ts";
+import { spkiSha256 } from "../../agent/roles/tls-pin.ts";
 import { selfSignedCertificate } from "../../agent/testing/tls.ts";
 import { agentFailure } from "../support/agent-error.ts";
 

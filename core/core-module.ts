@@ -4,6 +4,7 @@ import { z } from "zod";
 import { defineMethod, defineModule, type DriverDefinition, type Module } from "./contracts.ts";
 import { notFound } from "./errors.ts";
 import { mintApiKey, type IamPort } from "./iam.ts";
+import { jsonSchema } from "./openapi.ts";
 import type { Registry } from "./registry.ts";
 import { resourceId } from "./schemas.ts";
 import { apiKeys } from "./store/schema.ts";
@@ -92,7 +93,7 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     }),
     handler: async (ctx) => ({
       drivers: ctx.registered.extensions<DriverDefinition>("driver").map((d) => ({
-        id: d.id, version: d.version, kinds: d.kinds, runsOn: d.runsOn, secretFields: d.secretFields ?? [], manifest: d.manifest ? manifestSchema(d.manifest) : null,
+        id: d.id, version: d.version, kinds: d.kinds, runsOn: d.runsOn, secretFields: d.secretFields ?? [], manifest: d.manifest ? jsonSchema(d.manifest, "input") : null,
       })),
     }),
   });
@@ -162,15 +163,5 @@ const event = z.object({
   requestId: z.string().nullable(),
   occurredAt: z.string(),
 });
-
-/** A driver manifest as JSON Schema (what a binding must look like), or null when zod cannot say. */
-function manifestSchema(manifest: z.ZodType): unknown {
-  try {
-    const { $schema: _, ...schema } = z.toJSONSchema(manifest, { io: "input", unrepresentable: "any" }) as Record<string, unknown>;
-    return schema;
-  } catch {
-    return null;
-  }
-}
 
 const sqlRevoke = (id: string) => sql`UPDATE bc_api_keys SET revoked_at = compute_now() WHERE id = ${id}`;

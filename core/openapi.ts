@@ -57,7 +57,8 @@ export function openApiDocument(registry: Registry, info: { baseURL?: string }):
   };
 }
 
-function jsonSchema(schema: z.ZodType, io: "input" | "output"): unknown {
+/** A zod schema as JSON Schema ({} where zod cannot say): for the document, and for drivers.list's manifests. */
+export function jsonSchema(schema: z.ZodType, io: "input" | "output"): unknown {
   try {
     const { $schema: _, ...rest } = z.toJSONSchema(schema, { io, unrepresentable: "any" }) as Record<string, unknown>;
     return rest;

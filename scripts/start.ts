@@ -1,52 +1,147 @@
-// npm start (and `better-compute dev`): the whole control plane on this machine with no
-// external service. PGlite keeps its data under .data/; DATABASE_URL points it at any real
-// Postgres instead. --sim N joins N simulated agents (FakeDaemon, role node) to it.
+// npm start (and npm run dev): the whole control plane on this machine with no external service.
+//
+//   npm start [-- options]     the stack: PGlite keeps its data under .data/ (or $BC_DATA_DIR);
+//                              DATABASE_URL points it at any real Postgres instead
+//   npm run dev [-- options]   the stack plus a whole simulated site (scripts/local/dev-site.ts),
+//                              on its own data dir, <data dir>/dev, started afresh each run
+//
+//   --port P           the API's port (default $PORT, else 8787)
+//   --new-admin-key    mint a new admin key instead of reusing the one kept in the data dir
+//   --sim N            join N simulated ping-only agents (FakeDaemon, role node)
+//   --site             the simulated site (what npm run dev passes); --machines N of them (default 3)
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { nodeTransport } from "../agent/node-transport.ts";
 import { FakeDaemon } from "../agent/testing.ts";
+import { startDevSite, type DevSite } from "./local/dev-site.ts";
 import { repoRoot } from "./local/node-store.ts";
-import { startStack, type Stack } from "./local/stack.ts";
+import { shownPath, StackRefusedError, startStack, type Stack } from "./local/stack.ts";
 
-const { values } = parseArgs({ options: { sim: { type: "string", default: "0" }, port: { type: "string" } } });
-const simulated = Number(values.sim);
-if (!Number.isInteger(simulated) || simulated < 0 || simulated > 1000) {
-  console.error("--sim takes a whole number of agents from 0 to 1000");
-  process.exit(2);
+const USAGE = "usage: npm start -- [--port P] [--new-admin-key] [--sim N]    npm run dev -- [--machines N] [--port P] [--sim N]";
+
+let values;
+try {
+  ({ values } = parseArgs({
+    options: {
+      sim: { type: "string", default: "0" },
+      port: { type: "string" },
+      site: { type: "boolean", default: false },
+      machines: { type: "string" },
+      "new-admin-key": { type: "boolean", default: false },
+    },
+  }));
+} catch (err) {
+  usage((err as Error).message);
 }
+const simulated = count(values.sim, "--sim", "agents", 0, 1000);
+const siteMode = values.site;
+if (values.machines !== undefined && !siteMode) usage("--machines is for the simulated site: npm run dev -- --machines N");
+const machines = count(values.machines ?? "3", "--machines", "machines", 1, 100);
 const port = Number(values.port ?? process.env.PORT ?? 8787);
-const databaseUrl = process.env.DATABASE_URL || undefined;
-console.log(databaseUrl ? "Better Compute: starting on DATABASE_URL…" : "Better Compute: starting on the embedded PGlite (.data/pglite)…");
+if (!Number.isInteger(port) || port < 1 || port > 65535) usage(`--port takes a port number, not ${values.port ?? process.env.PORT}`);
 
-const stack = await startStack({
-  dataDir: process.env.BC_DATA_DIR ?? path.join(repoRoot, ".data"),
-  port,
-  databaseUrl,
-  onOutput: (line) => console.log(`  [wrangler] ${line}`),
-});
-const daemons = await simulate(stack, simulated);
+const baseDir = process.env.BC_DATA_DIR ? path.resolve(process.env.BC_DATA_DIR) : path.join(repoRoot, ".data");
+// The simulated machines live only in memory: the dev site starts from empty data, away from npm start's.
+const dataDir = siteMode ? path.join(baseDir, "dev") : baseDir;
+const databaseUrl = siteMode ? undefined : process.env.DATABASE_URL || undefined;
+if (siteMode && process.env.DATABASE_URL) console.log("npm run dev keeps its own embedded PGlite (its machines live only in memory): DATABASE_URL is not used");
+console.log(
+  siteMode
+    ? `Better Compute: starting a simulated site afresh in ${shownPath(dataDir)}…`
+    : databaseUrl
+      ? "Better Compute: starting on DATABASE_URL…"
+      : `Better Compute: starting on the embedded PGlite (${shownPath(path.join(dataDir, "pglite"))})…`,
+);
 
-console.log(`
-Better Compute is running at ${stack.url}
-
-  admin API key (shown once): ${stack.adminKey}
-
-  curl ${stack.url}/v1/health
-  curl ${stack.url}/openapi.json
-  curl -X POST -H "authorization: Bearer ${stack.adminKey}" ${stack.url}/v1/modules.list
-${daemons.length ? `\n  ${daemons.length} simulated agents connected: ${daemons.map((d) => d.nodeId).join(", ")}\n` : ""}
-Press Ctrl-C to stop.`);
-
+let stack: Stack;
+try {
+  stack = await startStack({
+    dataDir,
+    port,
+    databaseUrl,
+    fresh: siteMode,
+    newAdminKey: values["new-admin-key"],
+    onOutput: (line) => console.log(`  [wrangler] ${line}`),
+    onNotice: (line) => console.log(line),
+  });
+} catch (err) {
+  if (!(err instanceof StackRefusedError)) throw err;
+  console.error(err.message);
+  process.exit(1);
+}
+const running: { daemons: FakeDaemon[]; site?: DevSite } = { daemons: [] };
 let stopping = false;
 for (const signal of ["SIGINT", "SIGTERM"] as const) {
   process.on(signal, async () => {
     if (stopping) return;
     stopping = true;
     console.log("\nstopping…");
-    await Promise.all(daemons.map((d) => d.stop()));
+    await running.site?.stop();
+    await Promise.all(running.daemons.map((d) => d.stop()));
     await stack.stop();
     process.exit(0);
   });
+}
+
+try {
+  running.daemons = await simulate(stack, simulated);
+  if (siteMode) running.site = await startDevSite(stack, { machines, print: (line) => console.log(line) });
+} catch (err) {
+  await running.site?.stop();
+  await Promise.all(running.daemons.map((d) => d.stop()));
+  await stack.stop();
+  throw err;
+}
+console.log(banner(stack, running.daemons, running.site));
+running.site?.watch();
+
+function banner(stack: Stack, daemons: FakeDaemon[], site: DevSite | undefined): string {
+  const keyFile = shownPath(path.join(stack.dataDir, "admin-key"));
+  const key = stack.adminKeyReused ? `reused from ${keyFile}; --new-admin-key mints another` : `new, kept in ${keyFile}`;
+  const cron = stack.crons.length ? `the cron (${stack.crons.map((c) => `"${c}"`).join(", ")}) fires locally` : "no cron in wrangler.toml";
+  const lines = [
+    `Better Compute is running at ${stack.url}${site ? " with a simulated site (npm run dev)" : ""}`,
+    "",
+    `  admin API key (${key}): ${stack.adminKey}`,
+    site
+      ? `  data: ${shownPath(stack.dataDir)}/, started afresh on every npm run dev (npm start's data is not touched); ${cron}`
+      : `  data: ${shownPath(stack.dataDir)}/ (one stack at a time); ${cron}`,
+    "",
+  ];
+  if (site) {
+    const [first] = site.machines;
+    const input = JSON.stringify({ image: { url: site.image.url, sha256: site.image.sha256 } });
+    lines.push(
+      "  REAL       the control plane: the API Worker, NodeDOs and WorkflowDOs in wrangler dev's workerd, Postgres (PGlite),",
+      `             the site agent (a bcd process, node ${site.siteAgent.nodeId}, state in ${shownPath(site.siteAgent.stateDir)}),`,
+      "             the ramdisk and installed-OS agents' protocol (joins, signed hellos and results over WebSockets)",
+      `  SIMULATED  ${site.machines.length} machines and their disks (in memory), their BMCs (a Redfish emulator at ${site.bmcUrl}),`,
+      "             PXE/DHCP: a ramdisk's discovery join is vouched for with the site agent's key, read from its state dir",
+      "             (the site agent's own proxy DHCP/iPXE is not built yet); a demo disk image served over HTTP",
+      "",
+      `  machines in pool ${site.pool}: ${site.machines.map((m) => m.node).join(", ")} (enrolled; their states follow below)`,
+      "",
+      "  try:",
+      "    npx better-compute metal nodes list",
+      ...(first
+        ? [
+            `    npx better-compute metal deploy ${first.node} --profile metal.deploy.image-stream --input '${input}'`,
+            `    npx better-compute metal undeploy ${first.node}`,
+          ]
+        : []),
+      "",
+    );
+  } else {
+    lines.push(
+      `  curl ${stack.url}/v1/health`,
+      `  curl ${stack.url}/openapi.json`,
+      `  curl -X POST -H "authorization: Bearer ${stack.adminKey}" ${stack.url}/v1/modules.list`,
+      "",
+    );
+  }
+  if (daemons.length) lines.push(`  ${daemons.length} simulated agents connected: ${daemons.map((d) => d.nodeId).join(", ")}`, "");
+  lines.push("Press Ctrl-C to stop.");
+  return `\n${lines.join("\n")}`;
 }
 
 /** Joins N FakeDaemons with join tokens minted over the API, as an operator would. */
@@ -72,4 +167,15 @@ async function simulate(stack: Stack, count: number): Promise<FakeDaemon[]> {
     daemons.push(daemon);
   }
   return daemons;
+}
+
+function count(value: string, flag: string, what: string, min: number, max: number): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < min || n > max) usage(`${flag} takes a whole number of ${what} from ${min} to ${max}`);
+  return n;
+}
+
+function usage(problem: string): never {
+  console.error(`${problem}\n${USAGE}`);
+  process.exit(2);
 }

@@ -6,16 +6,21 @@
 // production driver, the engine, the metal module, JoinService), or a running stack
 // (`stack`: wrangler dev with its NodeDOs and WorkflowDOs, agents over real WebSockets).
 //
+// The site agent may also be a real bcd process outside the sim (`siteAgent`, as `npm run dev`
+// runs it): the sim then only borrows its key to vouch for the ramdisks it PXE-boots.
+//
 // A machine powered on boots what its BMC says: PXE brings up a ramdisk agent that joins by
 // discovery (the site agent signs for it), a CD whose image the `install` hook accepts installs
 // an OS whose agent joins with the provisioned token found in the image, a disk with that OS
 // on it boots the same agent again. Power off stops whatever runs; a wipe removes the OS.
+import { readFile } from "node:fs/promises";
 import type { Module } from "better-compute";
 import type { HardwareProfile } from "better-compute/metal";
 import { AgentClient, inLane, type AgentTransport, type CommandHandler } from "../client.ts";
 import { nodeTransport } from "../node-transport.ts";
 import type { SocketLike } from "../socket.ts";
-import { MemoryState } from "../state.ts";
+import { FileState } from "../file-state.ts";
+import { MemoryState, type AgentIdentity } from "../state.ts";
 import { httpProxyHandlers } from "../roles/http-proxy.ts";
 import { siteHandlers } from "../roles/site.ts";
 import { ramdiskHandlers } from "../roles/ramdisk.ts";
@@ -83,11 +88,43 @@ export interface MetalSimOptions {
   siteId?: string;
   /** Join the site's agent at creation; default true (false: a site whose agent comes later, see joinSiteAgent). */
   joinSiteAgent?: boolean;
+  /**
+   * The site's agent runs outside the sim (a real `bcd --role site` process, joined to the stack):
+   * the sim joins none of its own, and its simulated PXE firmware has each ramdisk's discovery
+   * assertion signed with this agent's key (see siteAgentFromStateDir), standing in for the site
+   * agent's proxy DHCP/iPXE, which is not built yet.
+   */
+  siteAgent?: ExternalSiteAgent;
   /** TEST HOOK (in process only): crash the workflow runner and the reconcilers at a transaction boundary (see ChaosPlan). */
   chaos?: ChaosPlan;
 }
 
 export type InstallResult = { token: string } | { os: AgentlessOs };
+
+/** A site agent's node id and private key: what vouches for a PXE-booted ramdisk (discovery). */
+export interface ExternalSiteAgent {
+  nodeId: string;
+  key: CryptoKey;
+}
+
+/** The identity of a joined bcd, read from its state dir (FileState's identity.json and key.jwk); throws if it has not joined. */
+export async function siteAgentFromStateDir(dir: string): Promise<ExternalSiteAgent> {
+  // Read the files, not through FileState: that would open the journal bcd is appending to.
+  const files = new FileState(dir);
+  const read = async <T>(file: string): Promise<T | undefined> => {
+    try {
+      return JSON.parse(await readFile(file, "utf8")) as T;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+      throw err;
+    }
+  };
+  const identity = await read<AgentIdentity>(files.identityFile);
+  const jwk = await read<JsonWebKey>(files.keyFile);
+  if (!identity || !jwk) throw new Error(`${dir} holds no joined agent (no ${identity ? "key.jwk" : "identity.json"})`);
+  if (identity.role !== "site") throw new Error(`the agent in ${dir} is a ${identity.role} agent, not a site agent`);
+  return { nodeId: identity.nodeId, key: (await importNodeKey(jwk)).privateKey };
+}
 
 export interface SimMachine {
   /** The emulator's system id. */
@@ -125,7 +162,7 @@ export interface MetalSim {
   bmc: RedfishEmulator;
   machines: SimMachine[];
   site: { id: string; pool: string; readonly agentNodeId: string | undefined };
-  /** Joins the site's agent (done at creation unless joinSiteAgent: false); answers its node id. */
+  /** Joins the site's agent (done at creation unless joinSiteAgent: false; none with an external siteAgent); answers its node id. */
   joinSiteAgent(): Promise<string>;
   /** Every command an agent of the site ran, with its body, in order. */
   commandsSeen: SeenCommand[];
@@ -217,7 +254,7 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
       provisioningCidrs: options.provisioningCidrs ?? [],
     },
   });
-  let site: { nodeId: string; key: CryptoKey } | undefined;
+  let site: ExternalSiteAgent | undefined = options.siteAgent;
   async function joinSiteAgent(): Promise<string> {
     if (site) return site.nodeId;
     const siteState = new MemoryState();
@@ -356,7 +393,7 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
       const until = Date.now() + timeoutMs;
       let node: Record<string, unknown> = {};
       while (Date.now() < until) {
-        node = await control.call("metal.nodes.get", { id: nodeId });
+        node = await control.call("metal.nodes.get", { node: nodeId });
         if (wanted.includes(node.state as string)) return node;
         await new Promise((r) => setTimeout(r, 50));
       }

@@ -1,0 +1,177 @@
+// `npm run dev`'s simulated site, beside the local stack: a real site agent (the `bcd` process,
+// joined with a site token minted over the API), N simulated machines behind emulated Redfish
+// BMCs (createMetalSim's, booted when their BMC powers them on), enrolled into a pool, and a
+// demo disk image served over HTTP for metal.deploy. Once watched, each machine's state change
+// is printed as it happens, and one line when all of them are ready.
+import { spawn, type ChildProcess } from "node:child_process";
+import fs from "node:fs";
+import { createRequire } from "node:module";
+import path from "node:path";
+import { createInterface } from "node:readline";
+import { createImageCache } from "../../agent/roles/image-cache.ts";
+import { createMetalSim, siteAgentFromStateDir, type ExternalSiteAgent, type MetalSim } from "../../agent/testing/metal-sim.ts";
+import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
+import { repoRoot } from "./node-store.ts";
+import { formatLogLine, type Stack } from "./stack.ts";
+
+export interface DevSiteOptions {
+  /** Simulated machines to enroll. */
+  machines: number;
+  /** Writes one line to the terminal. */
+  print: (line: string) => void;
+}
+
+export interface DevSite {
+  site: string;
+  pool: string;
+  siteAgent: { nodeId: string; stateDir: string };
+  /** The Redfish emulator serving every simulated BMC. */
+  bmcUrl: string;
+  /** The enrolled machines: metal node id and BMC address. */
+  machines: { node: string; bmc: string }[];
+  /** A small disk image to deploy, served over HTTP. */
+  image: { url: string; sha256: string; bytes: number };
+  /** Starts printing the machines' state changes (polled every second) and the line once all are ready. */
+  watch(): void;
+  stop(): Promise<void>;
+}
+
+const SITE = "dev";
+/** A few KiB that say what they are: the demo image metal.deploy streams onto a simulated disk. */
+const DEMO_IMAGE = new TextEncoder().encode("Better Compute demo disk image (npm run dev)\n".repeat(100));
+
+export async function startDevSite(stack: Stack, options: DevSiteOptions): Promise<DevSite> {
+  const cleanup: Array<() => Promise<unknown>> = [];
+  const stop = async () => {
+    for (const step of cleanup.reverse()) await step().catch(() => {});
+    cleanup.length = 0;
+  };
+  const call = <T = Record<string, unknown>>(method: string, input: Record<string, unknown> = {}) => callApi<T>(stack.url, stack.adminKey, method, input);
+  try {
+    const cache = createImageCache();
+    const sha256 = cache.put(DEMO_IMAGE);
+    const images = await cache.serve();
+    cleanup.push(() => images.stop());
+
+    const stateDir = path.join(stack.dataDir, "site-agent");
+    const { token } = await call<{ token: string }>("siteTokens.create", { site: SITE });
+    const bcd = startSiteAgent(stack.url, stateDir, token, options.print);
+    cleanup.push(() => bcd.stop());
+    const siteAgent = await joinedSiteAgent(stateDir, bcd.process, call);
+
+    const sim = await createMetalSim({ stack, machines: options.machines, siteId: SITE, siteAgent });
+    cleanup.push(() => sim.stop());
+    const enrolled = new Map<string, string>();
+    const machines: DevSite["machines"] = [];
+    for (const machine of sim.machines) {
+      const node = await sim.enroll(machine);
+      enrolled.set(node.id, node.state);
+      machines.push({ node: node.id, bmc: machine.address });
+    }
+
+    return {
+      site: SITE, pool: sim.site.pool, siteAgent: { nodeId: siteAgent.nodeId, stateDir }, bmcUrl: sim.bmc.url, machines,
+      image: { url: `${images.url}/images/${sha256}`, sha256, bytes: DEMO_IMAGE.byteLength },
+      watch() {
+        const stopWatching = watchMachines(sim, enrolled, options.print);
+        cleanup.push(async () => stopWatching());
+      },
+      stop,
+    };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+/** The real site agent: `bcd start --role site`, its JSON log lines shown one readable line each. */
+function startSiteAgent(url: string, stateDir: string, token: string, print: (line: string) => void): { process: ChildProcess; stop(): Promise<void> } {
+  const tsx = createRequire(import.meta.url).resolve("tsx/cli");
+  const child = spawn(process.execPath, [tsx, path.join(repoRoot, "agent", "bcd.ts"), "start", "--url", url, "--role", "site", "--state-dir", stateDir, "--hostname", `${SITE}-site-agent`], {
+    cwd: repoRoot,
+    env: { ...process.env, BC_JOIN_TOKEN: token },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let stopping = false;
+  for (const stream of [child.stdout!, child.stderr!]) {
+    createInterface({ input: stream, crlfDelay: Infinity }).on("line", (line) => {
+      if (line.trim() && !stopping) print(`  [site-agent] ${siteAgentLine(line)}`);
+    });
+  }
+  return {
+    process: child,
+    stop: () =>
+      new Promise<void>((resolve) => {
+        stopping = true;
+        if (child.exitCode !== null || child.signalCode !== null) return resolve();
+        const force = setTimeout(() => child.kill("SIGKILL"), 5_000);
+        child.once("exit", () => {
+          clearTimeout(force);
+          resolve();
+        });
+        child.kill("SIGTERM");
+      }),
+  };
+}
+
+/** bcd's JSON log line as one readable line (fields named like secrets redacted); its plain lines as they are. */
+function siteAgentLine(line: string): string {
+  try {
+    const fields = JSON.parse(line) as Record<string, unknown>;
+    if (typeof fields.level === "string" && typeof fields.message === "string") return formatLogLine(fields);
+  } catch {
+    // a plain line ("joined as …", "bcd: …")
+  }
+  return line;
+}
+
+/** Waits for bcd to have joined (its identity in the state dir) and connected; answers its identity. */
+async function joinedSiteAgent(stateDir: string, bcd: ChildProcess, call: <T>(method: string, input?: Record<string, unknown>) => Promise<T>): Promise<ExternalSiteAgent> {
+  const deadline = Date.now() + 60_000;
+  let agent: ExternalSiteAgent | undefined;
+  for (;;) {
+    if (bcd.exitCode !== null) throw new Error(`the site agent (bcd) exited with ${bcd.exitCode} before it connected; its lines are above`);
+    if (!agent && fs.existsSync(path.join(stateDir, "identity.json"))) agent = await siteAgentFromStateDir(stateDir);
+    if (agent && (await call<{ state: string }>("nodes.get", { node: agent.nodeId })).state === "connected") return agent;
+    if (Date.now() > deadline) throw new Error("the site agent (bcd) did not connect within 60 s; its lines are above");
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** Polls the pool's machines every second and prints each state change; one line once all the enrolled ones are ready. */
+function watchMachines(sim: MetalSim, enrolled: ReadonlyMap<string, string>, print: (line: string) => void): () => void {
+  const known = new Map(enrolled);
+  const nodes = [...enrolled.keys()];
+  let allReady = false;
+  let lastProblem = "";
+  let stopped = false;
+  const poll = async () => {
+    try {
+      const { nodes: listed } = await sim.call<{ nodes: { id: string; state: string; lastError?: unknown }[] }>("metal.nodes.list", { pool: sim.site.pool });
+      for (const node of listed) {
+        const before = known.get(node.id);
+        if (before === node.state) continue;
+        known.set(node.id, node.state);
+        const why = node.state === "failed" && node.lastError ? `  (${typeof node.lastError === "string" ? node.lastError : JSON.stringify(node.lastError)})` : "";
+        print(`  ${node.id}  ${before === undefined ? "" : `${before} → `}${node.state}${why}`);
+      }
+      if (!allReady && nodes.every((id) => known.get(id) === "ready")) {
+        allReady = true;
+        print(`  ${nodes.length} simulated machine${nodes.length === 1 ? "" : "s"} ready`);
+      }
+      lastProblem = "";
+    } catch (err) {
+      const problem = err instanceof Error ? err.message : String(err);
+      if (!stopped && problem !== lastProblem) print(`  could not list the machines: ${problem}`);
+      lastProblem = problem;
+    }
+  };
+  const loop = async () => {
+    while (!stopped) {
+      await poll();
+      await new Promise((r) => setTimeout(r, 1_000));
+    }
+  };
+  void loop();
+  return () => void (stopped = true);
+}

@@ -1,10 +1,17 @@
 #!/usr/bin/env node
-// better-compute dev [--sim N] [--port P]: the local stack (as npm start), with N simulated agents.
+// better-compute: `start` and `dev` run the local stack (as npm start and npm run dev: with the
+// simulated site), `bmc-emulator` a simulated BMC; `doctor` and every API command are the CLI in
+// scripts/cli (see docs/cli.md).
+import { nodeVersionProblem } from "./preflight.mjs";
 import { runTs } from "./run-ts.mjs";
 
-const [command, ...args] = process.argv.slice(2);
-if (command !== "dev") {
-  console.error("usage: better-compute dev [--sim N] [--port P]");
-  process.exit(2);
+const problem = nodeVersionProblem(process.versions.node);
+if (problem) {
+  console.error(problem);
+  process.exit(1);
 }
-runTs("scripts/start.ts", args);
+const [command, ...args] = process.argv.slice(2);
+if (command === "start") runTs("scripts/start.ts", args);
+else if (command === "dev") runTs("scripts/start.ts", ["--site", ...args]);
+else if (command === "bmc-emulator") runTs("scripts/bmc-emulator.ts", args);
+else runTs("scripts/cli/main.ts", process.argv.slice(2));

@@ -11,7 +11,7 @@
 //
 // Neither platform can drop a connection without a close handshake, so terminate() abandons
 // the socket (see SocketLike.terminate); closeAbandoned() closes those at the end of a test.
-import { AgentError, errorFromResponse, type AgentTransport, type FetchLike } from "./client.ts";
+import { AgentError, errorFromResponse, type AgentTransport, type FetchLike } from "./contracts.ts";
 import { BufferedSocket, type RawSocket, type SocketLike } from "./socket.ts";
 
 /** A fetch function, or an object with one (a service binding, `SELF`, `exports.default`). */

@@ -2,7 +2,7 @@
 // (request headers, a frame size limit, and terminate() that really drops the TCP connection).
 import { WebSocket } from "ws";
 import { MAX_FRAME_BYTES } from "../core/protocol.ts";
-import { AgentError, type AgentTransport, type FetchLike } from "./client.ts";
+import { AgentError, type AgentTransport, type FetchLike } from "./contracts.ts";
 import { BufferedSocket, type SocketLike } from "./socket.ts";
 
 export interface NodeTransportOptions {

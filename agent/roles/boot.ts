@@ -1,6 +1,6 @@
 // Network boot for the site agent: the iPXE script that boots a machine into a kernel and
 // initrd (the provisioning ramdisk). Runtime-neutral.
-import { AgentError } from "../client.ts";
+import { AgentError } from "../contracts.ts";
 
 export interface IpxeBoot {
   kernelUrl: string;

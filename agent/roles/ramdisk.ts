@@ -4,7 +4,7 @@
 // Node-only (node:crypto's incremental sha256).
 import { createHash } from "node:crypto";
 import { z } from "zod";
-import { AgentError, type CommandHandler, type FetchLike } from "../client.ts";
+import { AgentError, type CommandHandler, type FetchLike } from "../contracts.ts";
 import { fetchFailureReason } from "./redfish.ts";
 import { parseBody } from "./site.ts";
 

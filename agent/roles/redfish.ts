@@ -22,7 +22,7 @@ import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { z } from "zod";
 import { bmcAddressMessage, bmcTlsProblem, parseBmcAddress, type BmcTls } from "better-compute/metal/bmc-address";
 import { base64, utf8 } from "../../core/encoding.ts";
-import { AgentError, type FetchLike } from "../client.ts";
+import { AgentError, type FetchLike } from "../contracts.ts";
 import { spkiSha256 } from "./tls-pin.ts";
 
 /** A BMC and its credential; the password is the resolved value, not a secret:// reference. */

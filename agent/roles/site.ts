@@ -5,7 +5,8 @@
 // Node-only, like the Redfish client (node:https, so each BMC binding's tls block decides trust).
 import { z } from "zod";
 import { bmcTls } from "better-compute/metal/bmc-address";
-import { AgentError, inLane, type AgentLogger, type CommandContext, type CommandHandler, type FetchLike } from "../client.ts";
+import { SECRET_REF } from "../../core/schemas.ts";
+import { AgentError, inLane, type AgentLogger, type CommandContext, type CommandHandler, type FetchLike } from "../contracts.ts";
 import { RAID_LEVELS, RedfishClient, raidDriveCountProblem, type BmcCredential, type RedfishClientOptions } from "./redfish.ts";
 
 export interface SiteHandlerOptions {
@@ -32,7 +33,7 @@ const bmc = z.object({
   address: z.string().min(1),
   username: z.string().min(1),
   // The message does not echo the value: it may be a password sent by mistake.
-  password: z.string().regex(/^secret:\/\/[\w-]+$/, "must be a secret://<id> reference, never the password itself"),
+  password: z.string().regex(SECRET_REF, "must be a secret://<id> reference, never the password itself"),
   tls: bmcTls.optional(),
 });
 type BmcBody = z.infer<typeof bmc>;

@@ -67,7 +67,7 @@ export async function inProcessControlPlane(options: { modules?: Module[]; hardw
     // The Durable Object bindings, as wakeObjects() finds them: a wake-up calls straight in.
     const namespace = (wake: (name: string) => void) => ({
       idFromName: (name: string) => name,
-      get: (name: string) => ({ fetch: async () => (wake(name), new Response(null, { status: 204 })) }),
+      get: (name: string) => ({ wake: async () => wake(name) }),
     });
     const env: Record<string, unknown> = {
       DATABASE_URL: pglite.connectionString,

@@ -1,9 +1,10 @@
 // The rules of the site agent's `site.httpProxy` command (better-compute/metal/http-proxy; the
 // handler is agent/roles/http-proxy.ts): which
 // requests it performs on the control plane's behalf to an agentless machine (e.g. Talos's API
-// on https://<machine-ip>:50000). Runtime-neutral (zod only, no Node built-ins) so the control
+// on https://<machine-ip>:50000). Runtime-neutral (zod and better-compute/core, no Node built-ins) so the control
 // plane checks a request with the same rules before it sends it; the agent checks again.
 import { z } from "zod";
+import { SECRET_REF } from "better-compute/core";
 import { parseIp } from "./addresses.ts";
 
 export const HTTP_PROXY_KIND = "site.httpProxy";
@@ -33,7 +34,6 @@ const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
 // Headers that frame the message or steer the connection: the agent decides those, never the
 // caller, so a request cannot be smuggled or sent through another proxy.
 const FORBIDDEN_HEADERS = new Set(["host", "connection", "content-length", "transfer-encoding", "te", "trailer", "upgrade", "keep-alive", "expect"]);
-const SECRET_REF = /^secret:\/\/[\w-]+$/;
 // The standard base64 of 32 bytes: 43 characters, the last holding 2 bits, and one '='.
 const SPKI_SHA256 = /^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$/;
 

@@ -4,12 +4,12 @@
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineDriver, type CommandKind } from "better-compute";
-import { ComputeError, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
+import { ComputeError, SECRET_REF, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
 import { defineProfile, defineStep, StepError, stepNotReady, type StepContext } from "better-compute/provision";
 import { bmcAddress, bmcTls, bmcTlsProblem } from "./bmc-address.ts";
 import { HTTP_PROXY_KIND, httpProxyBody } from "./http-proxy.ts";
 
-const secretRef = z.string().regex(/^secret:\/\/[\w-]+$/, "a secret:// reference");
+const secretRef = z.string().regex(SECRET_REF, "a secret:// reference");
 
 /** A Redfish BMC: the system it drives is named in the address (the site agent checks it with the same rules). */
 export const redfishAddress = bmcAddress;

@@ -5,15 +5,42 @@
 // (workflow, step, attempt) and enqueued in the same transaction that records it, so a
 // resumed workflow never sends a command twice.
 import { sql } from "drizzle-orm";
-import { canonicalJson, ComputeError, isComputeError, schemaIssues, sha256Hex, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
+import { canonicalJson, ComputeError, isComputeError, schemaIssues, sha256Hex, type ModuleContext, type PlatformContext, type SecretRef, type Tx } from "better-compute/core";
 import { StepError, StepNotReady, type ProfileDefinition, type StepContext, type StepDefinition } from "./contracts.ts";
 import { findProfile, stepsById } from "./validate.ts";
 
 export type WorkflowState = "running" | "succeeded" | "failed" | "cancelled";
-type AttemptState = "ready" | "not_ready" | "waiting" | "scheduled" | "succeeded" | "failed";
+export const ATTEMPT_STATES = ["ready", "not_ready", "waiting", "scheduled", "succeeded", "failed"] as const;
+type AttemptState = (typeof ATTEMPT_STATES)[number];
+/** An attempt in these is over; its workflow moved on, or failed, in the same transaction. */
+const FINISHED: readonly AttemptState[] = ["succeeded", "failed"];
+const UNFINISHED = ATTEMPT_STATES.filter((s) => !FINISHED.includes(s));
+
+/**
+ * An attempt of a step and its legal moves, like the metal lifecycle's table: every UPDATE below
+ * is guarded by its move's from-states, so running it twice, or after another runner moved the
+ * attempt first, changes nothing. begin and retry insert a new attempt.
+ *
+ *   begin → ready → waiting (an agent step's command sent) → succeeded | failed
+ *           ready → not_ready (a control-plane step not ready yet; polled again) → succeeded | failed
+ *   failed (retryable) → retry: a new attempt, scheduled → ready once its backoff passed
+ */
+export const ATTEMPT_MOVES = {
+  begin: { from: [], to: "ready" },
+  retry: { from: ["failed"], to: "scheduled" },
+  /** Its backoff passed. */
+  start: { from: ["scheduled"], to: "ready" },
+  notReady: { from: ["ready", "not_ready"], to: "not_ready" },
+  send: { from: ["ready"], to: "waiting" },
+  succeed: { from: UNFINISHED, to: "succeeded" },
+  fail: { from: UNFINISHED, to: "failed" },
+} as const satisfies Record<string, { from: readonly AttemptState[]; to: AttemptState }>;
+
+/** The guard of a move: the attempt is in one of its from-states. */
+const attemptIn = (move: keyof typeof ATTEMPT_MOVES) => sql`state = ANY(${`{${ATTEMPT_MOVES[move].from.join(",")}}`}::text[])`;
 
 /** The provision module's context as the WorkflowDO holds it. */
-export type EngineContext = ModuleContext & { afterCommit(): Promise<void> };
+export type EngineContext = PlatformContext;
 
 export interface Advanced {
   state: WorkflowState | "missing";
@@ -91,8 +118,8 @@ async function advanceStep(ctx: EngineContext, wf: WorkflowRow, profile: Profile
       if (attempt.wait_ms! > 0) return attempt.wait_ms!;
       await ctx.store.transaction((tx) =>
         tx.execute(sql`
-          UPDATE workflow_steps SET state = 'ready', started_at = compute_now(), deadline_at = ${deadlineSql(step)}
-          WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state = 'scheduled'`),
+          UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.start.to}, started_at = compute_now(), deadline_at = ${deadlineSql(step)}
+          WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("start")}`),
       );
       return undefined;
     case "not_ready":
@@ -124,7 +151,7 @@ async function beginAttempt(ctx: EngineContext, wf: WorkflowRow, profile: Profil
   await ctx.store.transaction(async (tx) => {
     const inserted = await tx.execute(sql`
       INSERT INTO workflow_steps (workflow_id, position, attempt, name, step_id, state, input, input_digest, started_at, deadline_at)
-      VALUES (${wf.id}, ${wf.position}, ${attempt}, ${name}, ${step.id}, 'ready', ${JSON.stringify(input)}::jsonb, ${await sha256Hex(canonicalJson(input))},
+      VALUES (${wf.id}, ${wf.position}, ${attempt}, ${name}, ${step.id}, ${ATTEMPT_MOVES.begin.to}, ${JSON.stringify(input)}::jsonb, ${await sha256Hex(canonicalJson(input))},
               compute_now(), ${deadlineSql(step)})
       ON CONFLICT DO NOTHING RETURNING attempt`).then((r) => r.rows.length > 0);
     if (inserted) await ctx.events.publish(tx, { type: "workflow.step.started", subject: `workflows/${wf.id}`, data: { step: name, position: wf.position, attempt } });
@@ -148,9 +175,9 @@ async function runControlPlane(ctx: EngineContext, wf: WorkflowRow, step: StepDe
       const poll = step.pollSeconds ?? DEFAULT_POLL_SECONDS;
       await ctx.store.transaction(async (tx) => {
         await tx.execute(sql`
-          UPDATE workflow_steps SET state = 'not_ready', polls = polls + 1, error = ${JSON.stringify({ code: "NOT_READY", message: err.reason })}::jsonb,
+          UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.notReady.to}, polls = polls + 1, error = ${JSON.stringify({ code: "NOT_READY", message: err.reason })}::jsonb,
                  next_attempt_at = compute_now() + make_interval(secs => ${poll})
-          WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state IN ('ready', 'not_ready')
+          WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("notReady")}
             AND EXISTS (SELECT 1 FROM workflows WHERE id = ${wf.id} AND state = 'running')`);
       });
       await stepCtx.afterCommit();
@@ -190,8 +217,8 @@ async function sendCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefini
         ...(step.deadlineSeconds ? { deadlineSeconds: step.deadlineSeconds } : {}),
       });
       await tx.execute(sql`
-        UPDATE workflow_steps SET state = 'waiting', command_id = ${command.id}::bigint
-        WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state = 'ready'`);
+        UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.send.to}, command_id = ${command.id}::bigint
+        WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("send")}`);
       await ctx.events.publish(tx, { type: "workflow.step.sent", subject: `workflows/${wf.id}`, data: { step: name, kind: step.command.kind, node: target, command: command.id } });
     });
   } catch (err) {
@@ -228,8 +255,8 @@ async function checkCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefin
 async function succeedStep(ctx: EngineContext, wf: WorkflowRow, attempt: AttemptRow, name: string, output: unknown): Promise<void> {
   await ctx.store.transaction(async (tx) => {
     const updated = await tx.execute(sql`
-      UPDATE workflow_steps SET state = 'succeeded', output = ${JSON.stringify(output ?? null)}::jsonb, error = NULL, finished_at = compute_now()
-      WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state NOT IN ('succeeded', 'failed')
+      UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.succeed.to}, output = ${JSON.stringify(output ?? null)}::jsonb, error = NULL, finished_at = compute_now()
+      WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("succeed")}
       RETURNING attempt`);
     if (updated.rows.length === 0) return;
     // A wait for an agent belongs to the step that registered it.
@@ -248,15 +275,15 @@ async function failStep(ctx: EngineContext, wf: WorkflowRow, step: StepDefinitio
   const recorded = { code: error.code, message: error.message, ...(error.details ? { details: error.details } : {}) };
   await ctx.store.transaction(async (tx) => {
     const updated = await tx.execute(sql`
-      UPDATE workflow_steps SET state = 'failed', error = ${JSON.stringify(recorded)}::jsonb, finished_at = compute_now()
-      WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND state NOT IN ('succeeded', 'failed')
+      UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.fail.to}, error = ${JSON.stringify(recorded)}::jsonb, finished_at = compute_now()
+      WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("fail")}
       RETURNING name`);
     const name = (updated.rows[0] as { name: string } | undefined)?.name;
     if (!name) return;
     if (retry) {
       await tx.execute(sql`
         INSERT INTO workflow_steps (workflow_id, position, attempt, name, step_id, state, input, input_digest, next_attempt_at)
-        SELECT workflow_id, position, attempt + 1, name, step_id, 'scheduled', input, input_digest, compute_now() + make_interval(secs => ${backoff})
+        SELECT workflow_id, position, attempt + 1, name, step_id, ${ATTEMPT_MOVES.retry.to}, input, input_digest, compute_now() + make_interval(secs => ${backoff})
         FROM workflow_steps WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt}
         ON CONFLICT DO NOTHING`);
       await ctx.events.publish(tx, { type: "workflow.step.retrying", subject: `workflows/${wf.id}`, data: { step: name, attempt: attempt.attempt, backoffSeconds: backoff, error: recorded.code } });

@@ -4,7 +4,7 @@
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineModule, type Module } from "better-compute";
-import { ComputeError, defineMethod, invalidArgument, notFound, resourceId, schemaIssues, type ModuleContext, type Tx } from "better-compute/core";
+import { ComputeError, defineMethod, invalidArgument, notFound, resourceId, schemaIssues, type ModuleContext, type PlatformContext, type Tx } from "better-compute/core";
 import { findProfile, stepsById, validateProfile } from "./validate.ts";
 
 const WORKFLOWS_SQL = `
@@ -254,7 +254,7 @@ export function provisionModule(): Module {
 }
 
 /** The cron safety net (the module's sweep, run by compute.sweep): running workflows nobody has advanced for a while are woken. */
-export async function wakeStalledWorkflows(ctx: ModuleContext & { afterCommit(): Promise<void> }, staleSeconds = 60): Promise<number> {
+export async function wakeStalledWorkflows(ctx: PlatformContext, staleSeconds = 60): Promise<number> {
   const rows = await ctx.store.db.execute(sql`
     SELECT id FROM workflows WHERE state = 'running' AND updated_at < compute_now() - make_interval(secs => ${staleSeconds}) LIMIT 500`);
   for (const row of rows.rows as { id: string }[]) ctx.wake.workflow(row.id);

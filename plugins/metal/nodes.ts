@@ -1,0 +1,93 @@
+// A machine as the metal module reads and moves it: its row, its API shape, and the moves every
+// method and the reconciler share (start a lifecycle workflow, revoke its ramdisks).
+import { sql } from "drizzle-orm";
+import { z } from "zod";
+import { ComputeError, conflict, notFound, type ModuleContext, type Tx } from "better-compute/core";
+import { startWorkflow } from "better-compute/provision";
+import { METAL_STATES, transition, type MetalEvent, type MetalState } from "./lifecycle.ts";
+import type { Policy } from "./sites.ts";
+import { siteAgentOf as siteAgent, type BmcBinding } from "./steps.ts";
+
+export const metalNode = z.object({
+  id: z.string(),
+  pool: z.string(),
+  site: z.string(),
+  state: z.enum(METAL_STATES),
+  maintenance: z.boolean(),
+  maintenanceReason: z.string().nullable(),
+  role: z.string().nullable(),
+  workflow: z.string().nullable(),
+  productUuid: z.string().nullable(),
+  addresses: z.array(z.string()),
+  bmc: z.object({ driver: z.string(), address: z.string(), username: z.string() }),
+  lastError: z.unknown().nullable(),
+});
+
+export interface NodeRow {
+  id: string;
+  pool_id: string;
+  site_id: string;
+  state: MetalState;
+  maintenance: boolean;
+  maintenance_reason: string | null;
+  role: string | null;
+  workflow_id: string | null;
+  product_uuid: string | null;
+  addresses: string[];
+  bmc: BmcBinding;
+  last_error: unknown;
+  policy: Policy;
+  pool_agent: "bcd" | "none";
+}
+
+export const toNode = (r: NodeRow): z.input<typeof metalNode> => ({
+  id: r.id, pool: r.pool_id, site: r.site_id, state: r.state, maintenance: r.maintenance, maintenanceReason: r.maintenance_reason,
+  role: r.role, workflow: r.workflow_id, productUuid: r.product_uuid, addresses: r.addresses,
+  bmc: { driver: r.bmc.driver, address: r.bmc.address, username: r.bmc.username }, lastError: r.last_error ?? null,
+});
+
+/** What a NodeRow holds, from metal_nodes n joined with its pool p. */
+export const NODE_COLUMNS = sql`n.*, p.policy, p.agent AS pool_agent`;
+
+export async function loadNode(tx: Pick<Tx, "execute">, id: string, lock = false): Promise<NodeRow> {
+  const found = await tx.execute(sql`
+    SELECT ${NODE_COLUMNS} FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id WHERE n.id = ${id} ${lock ? sql`FOR UPDATE OF n` : sql``}`);
+  const row = found.rows[0] as NodeRow | undefined;
+  if (!row) throw notFound(`metal node ${id} does not exist`);
+  return row;
+}
+
+/**
+ * One BMC address drives one machine: enrolling an address a machine that is not retired holds is
+ * a CONFLICT naming that machine. Addresses compare as the BMC reads them (a trailing slash aside).
+ */
+export async function refuseHeldBmc(tx: Pick<Tx, "execute">, address: string): Promise<void> {
+  const found = await tx.execute(sql`
+    SELECT id, state FROM metal_nodes WHERE rtrim(bmc->>'address', '/') = rtrim(${address}, '/') AND state <> 'retired' LIMIT 1`);
+  const holder = found.rows[0] as { id: string; state: MetalState } | undefined;
+  if (holder) throw conflict(`the BMC ${address} is held by metal node ${holder.id} (${holder.state}): retire that machine to enroll its BMC again`, { node: holder.id, state: holder.state });
+}
+
+/** The machine's ramdisks (matched by product UUID at its site) can no longer act for it. */
+export async function revokeRamdisks(ctx: ModuleContext, tx: Tx, node: Pick<NodeRow, "product_uuid" | "site_id">, reason: string): Promise<void> {
+  if (!node.product_uuid) return;
+  await ctx.nodes.revoke(tx, { role: "ramdisk", labels: { "bc.dev/product-uuid": node.product_uuid, "bc.dev/site": node.site_id } }, reason);
+}
+
+/**
+ * Moves the node by event and starts the profile's workflow for it, in the caller's transaction.
+ * Throws when the site has no agent, and CONFLICT (nothing written) when the node is no longer
+ * in a state the event leaves from.
+ */
+export async function runLifecycle(ctx: ModuleContext, tx: Tx, node: NodeRow, event: MetalEvent, profile: string, input: Record<string, unknown> = {}, extra: { role?: string | null; version?: string; createdBy?: string } = {}) {
+  const agent = await siteAgent(tx, node.site_id);
+  if (!agent) throw new ComputeError("FAILED_PRECONDITION", `site ${node.site_id} has no agent: join one with a site token (siteTokens.create)`, { site: node.site_id });
+  const workflowInput = {
+    ...input, machine: node.id, siteAgent: agent, bmc: node.bmc, addresses: node.addresses,
+    ...(node.product_uuid ? { productUuid: node.product_uuid } : {}),
+  };
+  const wf = await startWorkflow(ctx, tx, { profile, ...(extra.version ? { version: extra.version } : {}), target: node.id, input: workflowInput, createdBy: extra.createdBy ?? "system:metal" });
+  const moved = await transition(ctx, tx, node.id, event, { workflowId: wf.id, lastError: null, ...(extra.role !== undefined ? { role: extra.role } : {}) });
+  if (!moved) throw conflict(`metal node ${node.id} is ${node.state}; ${event} needs it to be in another state`, { node: node.id, state: node.state });
+  return wf;
+}

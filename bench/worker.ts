@@ -16,9 +16,10 @@ import { benchSteps } from "./workflow-steps.ts";
 /** The default deployment's modules plus the workflow bench's ten-step profile. */
 const compute = betterCompute({ modules: [provisionModule()], plugins: [benchSteps] });
 
-export { NodeDO } from "../durable-objects/node.ts";
+const entry = deploymentEntry(compute);
+export const NodeDO = entry.NodeDO;
 export { EchoDO } from "./echo-do.ts";
-export const WorkflowDO = deploymentEntry(compute).WorkflowDO;
+export const WorkflowDO = entry.WorkflowDO;
 
 type Env = Record<string, unknown>;
 

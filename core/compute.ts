@@ -1,7 +1,9 @@
 // betterCompute(): the one entry a deployment calls. It checks every registration at once
-// (INVALID_CONFIG naming the offender), resolves the ports and builds the API Worker.
+// (INVALID_CONFIG naming the offender), resolves the ports and composes the Workers' apps: every
+// router is mounted here, on the HTTP shell they share (core/http.ts).
 import type { Hono } from "hono";
-import { createApi, createJoinApp, type AppEnv, type Env } from "./api.ts";
+import { methodRoutes } from "./api.ts";
+import type { Bindings } from "./bindings.ts";
 import { coreModule } from "./core-module.ts";
 import {
   databaseClock,
@@ -11,15 +13,17 @@ import {
   databaseSecrets,
   databaseWork,
   type Clock,
-  type ModuleContext,
+  type PlatformContext,
   type RegisteredView,
   type SecretStore,
 } from "./context.ts";
+import { gatewayRoutes, joinRoutes } from "./agents/join.ts";
 import { agentsModule } from "./agents/module.ts";
 import { wakeObjects } from "./agents/notify.ts";
 import type { Migration, Module } from "./contracts.ts";
 import { hex } from "./encoding.ts";
 import { invalidConfig } from "./errors.ts";
+import { serviceApp, type AppEnv } from "./http.ts";
 import { mintJoinToken } from "./agents/tokens.ts";
 import { builtinIam, mintApiKey, type IamPort, type IamProvider, type Principal } from "./iam.ts";
 import { createLogger } from "./log.ts";
@@ -50,12 +54,6 @@ export interface ComputeOptions extends RegistryInput {
   limits?: { maxBodyBytes?: number };
 }
 
-/** A module's context as the platform holds it: the caller runs afterCommit once its transaction commits. */
-export interface PlatformContext extends ModuleContext {
-  /** Wakes the NodeDOs of commands enqueued in the committed transaction. */
-  afterCommit(): Promise<void>;
-}
-
 export interface Compute {
   readonly registry: Registry;
   readonly iam: IamPort;
@@ -65,20 +63,20 @@ export interface Compute {
   readonly joinApp: Hono<AppEnv>;
   readonly options: Readonly<ComputeOptions>;
   /** The Worker's fetch handler: `export default compute`. */
-  fetch(request: Request, env: object, ctx?: ExecutionContext): Promise<Response>;
+  fetch(request: Request, env: Bindings, ctx?: ExecutionContext): Promise<Response>;
   /** Module migrations in apply order (core migrations live in migrations/core). */
   migrations(): Migration[];
   openapi(): Record<string, unknown>;
   /** A module's ports outside a request (Durable Objects, reconcilers, scripts). */
-  moduleContext(moduleId: string, env: object, store: Store): PlatformContext;
+  moduleContext(moduleId: string, env: Bindings, store: Store): PlatformContext;
   /** Opens the system of record through the deployment's database port. */
-  openStore(env: object): Store;
+  openStore(env: Bindings): Store;
   /** Applies the modules' migrations (core migrations are applied by `npm run migrate`). */
   applyModuleMigrations(store: Store): Promise<MigrationReport>;
   /** Runs every module's reconcilers once; returns how many things they changed (a failing one is logged and skipped). */
-  reconcile(env: object, store: Store): Promise<number>;
+  reconcile(env: Bindings, store: Store): Promise<number>;
   /** The cron handler's work: every module's sweeps, then every reconciler; returns how many things they changed. */
-  sweep(env: object, store: Store): Promise<number>;
+  sweep(env: Bindings, store: Store): Promise<number>;
   /** Mints an API key in its own transaction (npm start, tests, operators' scripts). */
   mintApiKey(store: Store, input: { name: string; roles: string[]; createdBy?: string }): Promise<{ id: string; key: string }>;
 }
@@ -101,7 +99,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     extensions: <T extends { contract: string }>(contract: string) => reg.byContract(contract as never) as unknown as T[],
     commandKind: (kind) => reg.commandKinds.get(kind)?.command,
   };
-  const contextFor = (mod: Module, env: Env, store: Store, principal?: Principal, requestId?: string): PlatformContext => {
+  const contextFor = (mod: Module, env: Bindings, store: Store, principal?: Principal, requestId?: string): PlatformContext => {
     const log = createLogger({ module: mod.id, ...(requestId ? { requestId } : {}) });
     let secrets: SecretStore | undefined;
     const touchedNodes = new Set<string>();
@@ -145,15 +143,24 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
 
   let openapi: Record<string, unknown> | undefined;
   const openapiDoc = () => (openapi ??= openApiDocument(reg, { baseURL: options.baseURL }));
-  const app = createApi({ registry: reg, iam, database, maxBodyBytes, openapi: openapiDoc, moduleContext: contextFor, agentsModule: agents });
-  const joinApp = createJoinApp({ registry: reg, database, moduleContext: contextFor, agentsModule: agents });
+  const modules = reg.modules.map((m) => m.id);
+  const join = joinRoutes({ registry: reg, agentsContext: (env, store) => contextFor(agents, env, store) });
+  // The API Worker's app: /v1/health, /openapi.json, JoinService, the agent gateway, every method.
+  const app = serviceApp({ database, modules });
+  app.get("/openapi.json", (c) => c.json(openapiDoc()));
+  app.route("/", join);
+  app.route("/", gatewayRoutes());
+  app.route("/", methodRoutes({ registry: reg, iam, maxBodyBytes, moduleContext: contextFor }));
+  // The join Worker's app: JoinService and /v1/health alone (the gateway needs the NodeDO binding).
+  const joinApp = serviceApp({ database, modules });
+  joinApp.route("/", join);
 
   /** Runs one kind of pass of every module once, in registration order; a failing pass is logged and skipped, the next run retries it. */
-  const runPasses = async (kind: "sweeps" | "reconcilers", env: object, store: Store) => {
+  const runPasses = async (kind: "sweeps" | "reconcilers", env: Bindings, store: Store) => {
     let changed = 0;
     for (const mod of reg.modules) {
       for (const pass of mod[kind] ?? []) {
-        const ctx = contextFor(mod, env as Env, store);
+        const ctx = contextFor(mod, env, store);
         try {
           changed += await pass.run(ctx);
         } catch (err) {
@@ -172,7 +179,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     app,
     joinApp,
     options,
-    fetch: (request, env, ctx) => Promise.resolve(app.fetch(request, env as Env, ctx)),
+    fetch: (request, env, ctx) => Promise.resolve(app.fetch(request, env, ctx)),
     migrations: () => reg.migrations,
     openapi: openapiDoc,
     openStore: (env) => database.open(env),
@@ -184,12 +191,12 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     moduleContext(moduleId, env, store) {
       const mod = reg.modules.find((m) => m.id === moduleId);
       if (!mod) throw invalidConfig(`no module ${moduleId} is registered`);
-      return contextFor(mod, env as Env, store);
+      return contextFor(mod, env, store);
     },
   };
 }
 
-function deploymentSecret(options: ComputeOptions, env: Env): string {
+function deploymentSecret(options: ComputeOptions, env: Bindings): string {
   const secret = options.secret ?? env.BC_SECRET;
   if (typeof secret !== "string" || secret.length < 32) {
     throw invalidConfig("the deployment secret is missing or shorter than 32 characters: set BC_SECRET (wrangler secret put BC_SECRET)");

@@ -6,6 +6,7 @@ import { base64 as b64, unbase64 as unb64, utf8 } from "./encoding.ts";
 import type { CommandKind } from "./contracts.ts";
 import { MAX_KEY_LENGTH } from "./protocol.ts";
 import { ComputeError, invalidArgument, notFound, schemaIssues } from "./errors.ts";
+import { isSecretRef } from "./schemas.ts";
 import type { Principal } from "./iam.ts";
 import type { Logger } from "./log.ts";
 import type { Store, Tx } from "./store/database.ts";
@@ -156,6 +157,15 @@ export interface MethodContext extends ModuleContext {
   check(action: string, resource?: string): Promise<void>;
 }
 
+/**
+ * A module's context as the platform hands it out outside a method (reconcilers, sweeps, the
+ * Durable Objects, attestors): whoever holds it runs afterCommit once its transaction commits.
+ */
+export interface PlatformContext extends ModuleContext {
+  /** Wakes the Durable Objects named in ctx.wake and of the commands enqueued (ctx.commands). */
+  afterCommit(): Promise<void>;
+}
+
 // ---------------------------------------------------------------- default implementations
 
 export function databaseEvents(moduleId: string, actor: string | undefined, requestId: string | undefined): EventsPort {
@@ -208,7 +218,7 @@ export function databaseCommands(
       }
       if (input.key.length === 0 || input.key.length > MAX_KEY_LENGTH) throw invalidArgument(`an idempotency key is 1 to ${MAX_KEY_LENGTH} characters`);
       const refs = input.secretRefs ?? [];
-      if (refs.some((r) => !/^secret:\/\/[\w-]+$/.test(r))) throw invalidArgument("secretRefs must be secret:// references, never values");
+      if (!refs.every(isSecretRef)) throw invalidArgument("secretRefs must be secret:// references, never values");
 
       const existing = await tx.execute(sql`SELECT id, seq, node_id, kind FROM bc_commands WHERE idempotency_key = ${input.key}`);
       const found = existing.rows[0] as { id: string; seq: string; node_id: string; kind: string } | undefined;
@@ -284,10 +294,11 @@ export function databaseClock(store: Store): Clock {
 export function databaseSecrets(store: Store, deploymentSecret: string): SecretStore {
   const key = deriveKey(deploymentSecret, "bc-secrets-v1");
   const resolveAll: SecretStore["resolveAll"] = async (refs, tx) => {
+    // The ids go into an array literal (pgArray): a reference is checked before it is sliced.
+    if (!refs.every(isSecretRef)) throw invalidArgument("a secret reference is secret://<id>");
     const ids = [...new Set(refs)].map((ref) => ref.slice("secret://".length));
     const values = new Map<SecretRef, string>();
     if (ids.length === 0) return values;
-    if (ids.some((id) => !/^[\w-]+$/.test(id))) throw invalidArgument("a secret reference is secret://<id>");
     const result = await (tx ?? store.db).execute(sql`SELECT id, sealed FROM bc_secrets WHERE id = ANY(${pgArray(ids)}::text[])`);
     const sealed = new Map((result.rows as { id: string; sealed: string }[]).map((r) => [r.id, r.sealed]));
     for (const id of ids) {

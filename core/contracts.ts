@@ -1,7 +1,7 @@
 // The typed contracts a module, plugin or extension is declared with. define* helpers check
 // what can be checked alone (ids, names); the registry checks what needs the whole picture.
 import type { z } from "zod";
-import type { MethodContext, ModuleContext } from "./context.ts";
+import type { MethodContext, ModuleContext, PlatformContext } from "./context.ts";
 import { invalidConfig } from "./errors.ts";
 import type { Tx } from "./store/database.ts";
 
@@ -73,7 +73,7 @@ export interface CommandKind {
  */
 export interface Reconciler {
   id: string;
-  run(ctx: ModuleContext & { afterCommit(): Promise<void> }): Promise<number>;
+  run(ctx: PlatformContext): Promise<number>;
 }
 
 export interface ModuleDefinition {

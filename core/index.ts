@@ -1,5 +1,6 @@
 // better-compute: the root entry. Declare modules and extensions, and compose a deployment.
 export { betterCompute, type Compute, type ComputeOptions, type PkiOptions } from "./compute.ts";
+export type { Bindings } from "./bindings.ts";
 export {
   defineAttestor,
   defineDriver,

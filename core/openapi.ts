@@ -68,7 +68,7 @@ export function jsonSchema(schema: z.ZodType, io: "input" | "output"): unknown {
 }
 
 /**
- * The API refuses keys an object's schema does not declare (core/api.ts); zod's JSON Schema
+ * The API refuses keys an object's schema does not declare (core/http.ts); zod's JSON Schema
  * leaves that open for input, so it is written here. Records and loose objects already say
  * what they take (additionalProperties), and are left as they are.
  */

@@ -1,10 +1,10 @@
 // better-compute/core: methods, ports and errors, for module and plugin authors.
 export { defineMethod, type MethodDefinition } from "./contracts.ts";
-export type { Clock, CommandInput, CommandsPort, EnqueuedCommand, RegisteredView, EventInput, EventsPort, MethodContext, ModuleContext, NodesPort, PkiPort, ProvisionedTokenInput, SecretRef, SecretStore, WorkInput, WorkPort } from "./context.ts";
+export type { Clock, CommandInput, CommandsPort, EnqueuedCommand, RegisteredView, EventInput, EventsPort, MethodContext, ModuleContext, NodesPort, PkiPort, PlatformContext, ProvisionedTokenInput, SecretRef, SecretStore, WorkInput, WorkPort } from "./context.ts";
 export { ComputeError, conflict, driverError, errorStatus, invalidArgument, invalidConfig, isComputeError, notFound, schemaIssues, unsupported, type ErrorCode, type ErrorDetails } from "./errors.ts";
 export type { IamPort, Principal, ResolvedCatalog } from "./iam.ts";
 export type { Logger } from "./log.ts";
 export type { DatabasePort, Db, Store, Tx } from "./store/database.ts";
-export { MAX_ID_LENGTH, resourceId } from "./schemas.ts";
+export { isSecretRef, MAX_ID_LENGTH, resourceId, SECRET_REF } from "./schemas.ts";
 export { sha256Hex } from "./encoding.ts";
 export { canonicalJson } from "./protocol.ts";

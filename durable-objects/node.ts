@@ -2,15 +2,20 @@
 // hibernatable WebSocket, asks for proof of possession of the node key, delivers the node's
 // commands in order and takes each result once. Postgres is the record: every transition is
 // written there with its event before it is acknowledged, and after an eviction the object
-// rebuilds everything it needs from Postgres and the socket's attachment.
+// rebuilds everything it needs from Postgres and the socket's attachment. Like the WorkflowDO it
+// is built over the deployment's compute (nodeObject), so it reads the record through the
+// deployment's database port and resolves secrets through its secret store.
 import { DurableObject } from "cloudflare:workers";
-import { databaseSecrets, type SecretStore } from "../core/context.ts";
+import type { Bindings, WakeableObject } from "../core/bindings.ts";
+import type { Compute } from "../core/compute.ts";
+import type { SecretStore } from "../core/context.ts";
 import { createLogger, type Logger } from "../core/log.ts";
 import { agentFrame, challengeFrame, CloseCode, FrameError, helloMessage, MAX_FRAME_BYTES, PING, PONG, PROTOCOL_VERSION, verifyMessage, type HelloFrame, type ResultFrame, type ServerFrame } from "../core/protocol.ts";
-import { postgres, type Store } from "../core/store/database.ts";
+import type { Store } from "../core/store/database.ts";
 import { base64url } from "../core/encoding.ts";
 import { wakeObjects } from "../core/agents/notify.ts";
 import { expireOverdue, markDelivered, nodeLive, openCommands, recordConnected, recordDisconnected, recordResult, waitingWorkflow, type SessionRef } from "../core/agents/sessions.ts";
+import { setAlarm } from "./alarm.ts";
 
 /** The sweep re-reads Postgres while an agent is connected: a missed poke costs at most this. */
 const SWEEP_MS = 30_000;
@@ -31,212 +36,227 @@ interface Attachment {
   sentSeq: number;
 }
 
-export class NodeDO extends DurableObject {
-  #store: Store | undefined;
-  #secrets: SecretStore | undefined;
-  #delivering: Promise<void> = Promise.resolve();
-  #deliveryQueued = false;
+/** The socket's state. accept() attaches it before the socket can deliver an event, so every socket of this object has one. */
+function attachmentOf(ws: WebSocket): Attachment {
+  return ws.deserializeAttachment() as Attachment;
+}
 
-  constructor(ctx: DurableObjectState, env: object) {
-    super(ctx, env as never);
-    // Heartbeats are answered without waking the object.
-    ctx.setWebSocketAutoResponse(new WebSocketRequestResponsePair(PING, PONG));
-  }
+function updateAttachment(ws: WebSocket, patch: Partial<Attachment>): void {
+  ws.serializeAttachment({ ...attachmentOf(ws), ...patch } satisfies Attachment);
+}
 
-  /** One pool per object, reused across events; rebuilt after an eviction. */
-  private get store(): Store {
-    return (this.#store ??= postgres().open(this.env as object));
-  }
+/** What the object remembers outside its sockets (storage key "session"): the session to record as ended if its socket vanishes. */
+const SESSION_KEY = "session";
 
-  /** Resolves the secret references of commands it delivers (sealed under BC_SECRET). */
-  private get secrets(): SecretStore {
-    return (this.#secrets ??= databaseSecrets(this.store, String((this.env as { BC_SECRET?: unknown }).BC_SECRET ?? "")));
-  }
+/** The deployment's NodeDO class (export it as NodeDO from the Worker's entry: workers/api/entry.ts). */
+export function nodeObject(compute: Compute) {
+  return class NodeDO extends DurableObject<Bindings> implements WakeableObject {
+    #store: Store | undefined;
+    #secrets: SecretStore | undefined;
+    #delivering: Promise<void> = Promise.resolve();
+    #deliveryQueued = false;
 
-  private log(att?: Attachment): Logger {
-    return createLogger({ component: "node-do", ...(att ? { nodeId: att.nodeId, sessionId: att.sessionId } : {}) });
-  }
+    constructor(ctx: DurableObjectState, env: Bindings) {
+      super(ctx, env);
+      // Heartbeats are answered without waking the object.
+      ctx.setWebSocketAutoResponse(new WebSocketRequestResponsePair(PING, PONG));
+    }
 
-  override async fetch(request: Request): Promise<Response> {
-    const path = new URL(request.url).pathname;
-    if (path === "/connect") return this.accept(request);
-    if (path === "/wake") {
+    /** One pool per object, reused across events; rebuilt after an eviction. */
+    private get store(): Store {
+      return (this.#store ??= compute.openStore(this.env));
+    }
+
+    /** Resolves the secret references of commands it delivers, through the deployment's secret store. */
+    private get secrets(): SecretStore {
+      return (this.#secrets ??= compute.moduleContext("agents", this.env, this.store).secrets);
+    }
+
+    private log(att?: Attachment): Logger {
+      return createLogger({ component: "node-do", ...(att ? { nodeId: att.nodeId, sessionId: att.sessionId } : {}) });
+    }
+
+    /** The WebSocket upgrade the gateway forwards (core/agents/join.ts): an upgrade needs fetch, not RPC. */
+    override async fetch(request: Request): Promise<Response> {
+      if (new URL(request.url).pathname === "/connect") return this.accept(request);
+      return new Response("not found", { status: 404 });
+    }
+
+    /** Commands were enqueued or the node revoked (core/agents/notify.ts): deliver, or close a revoked node's socket. */
+    async wake(): Promise<void> {
       await this.deliver();
-      return new Response(null, { status: 204 });
     }
-    return new Response("not found", { status: 404 });
-  }
 
-  private accept(request: Request): Response {
-    const nodeId = request.headers.get("x-bc-node-id");
-    const publicKey = request.headers.get("x-bc-node-key");
-    if (!nodeId || !publicKey || request.headers.get("upgrade")?.toLowerCase() !== "websocket") {
-      return new Response("the gateway must forward an authenticated upgrade", { status: 400 });
-    }
-    // One live connection per node: a newer one (the agent reconnected) replaces the old.
-    for (const old of this.ctx.getWebSockets()) old.close(CloseCode.REPLACED, "replaced by a newer connection");
-
-    const pair = new WebSocketPair();
-    const [client, server] = [pair[0], pair[1]];
-    this.ctx.acceptWebSocket(server);
-    const nonce = base64url(crypto.getRandomValues(new Uint8Array(32)));
-    const att: Attachment = { nodeId, publicKey, sessionId: crypto.randomUUID(), nonce, ready: false, openedAt: Date.now(), sentSeq: 0 };
-    server.serializeAttachment(att);
-    send(server, challengeFrame.parse({ t: "challenge", protocol: PROTOCOL_VERSION, nonce }));
-    this.ctx.waitUntil(this.armSweep(HELLO_TIMEOUT_MS));
-    return new Response(null, { status: 101, webSocket: client });
-  }
-
-  override async webSocketMessage(ws: WebSocket, message: string | ArrayBuffer): Promise<void> {
-    const att = ws.deserializeAttachment() as Attachment;
-    const size = typeof message === "string" ? new TextEncoder().encode(message).byteLength : message.byteLength;
-    if (size > MAX_FRAME_BYTES) return ws.close(CloseCode.FRAME_TOO_LARGE, `frames are limited to ${MAX_FRAME_BYTES} bytes`);
-    if (typeof message !== "string") return ws.close(CloseCode.MALFORMED_FRAME, "frames are JSON text");
-    let json: unknown;
-    try {
-      json = JSON.parse(message);
-    } catch {
-      return ws.close(CloseCode.MALFORMED_FRAME, "the frame is not JSON");
-    }
-    const parsed = agentFrame.safeParse(json);
-    if (!parsed.success) {
-      const t = (json as { t?: unknown } | null)?.t;
-      return ws.close(CloseCode.MALFORMED_FRAME, typeof t === "string" ? `unknown or malformed frame ${t.slice(0, 40)}` : "the frame has no type");
-    }
-    const frame = parsed.data;
-    if (frame.t === "hello") return this.hello(ws, att, frame);
-    if (!att.ready) return ws.close(CloseCode.HELLO_REQUIRED, "say hello first");
-    if (frame.t === "result") return this.result(ws, att, frame);
-    // ack: the agent journaled the command; the result is what changes the record.
-  }
-
-  private async hello(ws: WebSocket, att: Attachment, frame: HelloFrame): Promise<void> {
-    if (att.nonce === null || frame.nonce !== att.nonce) {
-      return ws.close(CloseCode.PROOF_FAILED, "the hello does not answer this socket's challenge");
-    }
-    if (!(await verifyMessage(att.publicKey, helloMessage(att.nodeId, frame.nonce, frame.bootId), frame.signature))) {
-      return ws.close(CloseCode.PROOF_FAILED, "the hello is not signed by the node's key");
-    }
-    let outcome: Awaited<ReturnType<typeof recordConnected>>;
-    try {
-      outcome = await recordConnected(this.store, att, frame);
-    } catch (err) {
-      this.log(att).warn("could not record the connection; the agent will retry", { error: errorText(err) });
-      return ws.close(1011, "the control plane's database is unavailable; retry");
-    }
-    if (!outcome.connected) return ws.close(CloseCode.REVOKED, "the node was revoked");
-    if (outcome.waking.length) await wakeObjects(this.env as object, "workflow", outcome.waking, this.log(att));
-    ws.serializeAttachment({ ...att, nonce: null, ready: true } satisfies Attachment);
-    // Remembered outside the socket: if the runtime restarts, the socket (and its close event)
-    // is gone, and the sweep must still record the disconnection.
-    await this.ctx.storage.put("session", { nodeId: att.nodeId, sessionId: att.sessionId });
-    send(ws, { t: "welcome", nodeId: att.nodeId, sessionId: att.sessionId });
-    await this.armSweep(SWEEP_MS);
-    await this.deliver();
-  }
-
-  private async result(ws: WebSocket, att: Attachment, frame: ResultFrame): Promise<void> {
-    const refuse = (code: string, message: string) => void send(ws, { t: "error", code, message, ref: frame.id });
-    try {
-      const outcome = await recordResult(this.store, att, frame);
-      if ("refused" in outcome) {
-        this.log(att).warn("refused a result", { commandId: frame.id, code: outcome.refused });
-        return refuse(outcome.refused, outcome.message);
+    private accept(request: Request): Response {
+      const nodeId = request.headers.get("x-bc-node-id");
+      const publicKey = request.headers.get("x-bc-node-key");
+      if (!nodeId || !publicKey || request.headers.get("upgrade")?.toLowerCase() !== "websocket") {
+        return new Response("the gateway must forward an authenticated upgrade", { status: 400 });
       }
-      send(ws, { t: "result-ack", id: frame.id });
-      // Whoever waits for this result (a workflow) hears of it now rather than at its next poll.
-      const waiting = waitingWorkflow(outcome);
-      if (waiting) await wakeObjects(this.env as object, "workflow", [waiting], this.log(att));
-    } catch (err) {
-      this.log(att).warn("could not record a result; the agent keeps it and resends", { commandId: frame.id, error: errorText(err) });
-      refuse(FrameError.UNAVAILABLE, "the result could not be recorded now; send it again after reconnecting");
+      // One live connection per node: a newer one (the agent reconnected) replaces the old.
+      for (const old of this.ctx.getWebSockets()) old.close(CloseCode.REPLACED, "replaced by a newer connection");
+
+      const pair = new WebSocketPair();
+      const [client, server] = [pair[0], pair[1]];
+      this.ctx.acceptWebSocket(server);
+      const nonce = base64url(crypto.getRandomValues(new Uint8Array(32)));
+      const att: Attachment = { nodeId, publicKey, sessionId: crypto.randomUUID(), nonce, ready: false, openedAt: Date.now(), sentSeq: 0 };
+      server.serializeAttachment(att);
+      send(server, challengeFrame.parse({ t: "challenge", protocol: PROTOCOL_VERSION, nonce }));
+      this.ctx.waitUntil(this.armSweep(HELLO_TIMEOUT_MS));
+      return new Response(null, { status: 101, webSocket: client });
     }
-  }
 
-  /**
-   * Sends the node's open commands in seq order; one pass at a time per object. Wake-ups while
-   * a pass waits its turn share it: it reads everything open when it starts.
-   */
-  private deliver(): Promise<void> {
-    if (this.#deliveryQueued) return this.#delivering;
-    this.#deliveryQueued = true;
-    const pass = this.#delivering.then(() => {
-      this.#deliveryQueued = false;
-      return this.deliverOnce();
-    });
-    this.#delivering = pass.catch((err) => this.log().warn("delivery pass failed; the sweep retries", { error: errorText(err) }));
-    return this.#delivering;
-  }
-
-  private async deliverOnce(): Promise<void> {
-    const ws = this.ctx.getWebSockets().find((s) => (s.deserializeAttachment() as Attachment).ready);
-    if (!ws) return;
-    const att = ws.deserializeAttachment() as Attachment;
-    if (!(await nodeLive(this.store, att.nodeId))) return ws.close(CloseCode.REVOKED, "the node was revoked");
-    await expireOverdue(this.store, att.nodeId);
-    for (;;) {
-      const frames = await openCommands(this.store, att.nodeId, att.sentSeq, DELIVERY_BATCH, () => this.secrets);
-      if (frames.length === 0) return;
-      for (const frame of frames) {
-        if (!send(ws, frame)) return;
-        att.sentSeq = frame.seq;
+    override async webSocketMessage(ws: WebSocket, message: string | ArrayBuffer): Promise<void> {
+      const att = attachmentOf(ws);
+      const size = typeof message === "string" ? new TextEncoder().encode(message).byteLength : message.byteLength;
+      if (size > MAX_FRAME_BYTES) return ws.close(CloseCode.FRAME_TOO_LARGE, `frames are limited to ${MAX_FRAME_BYTES} bytes`);
+      if (typeof message !== "string") return ws.close(CloseCode.MALFORMED_FRAME, "frames are JSON text");
+      let json: unknown;
+      try {
+        json = JSON.parse(message);
+      } catch {
+        return ws.close(CloseCode.MALFORMED_FRAME, "the frame is not JSON");
       }
-      ws.serializeAttachment(att);
-      await markDelivered(this.store, frames.map((f) => f.id));
-      if (frames.length < DELIVERY_BATCH) return;
+      const parsed = agentFrame.safeParse(json);
+      if (!parsed.success) {
+        const t = (json as { t?: unknown } | null)?.t;
+        return ws.close(CloseCode.MALFORMED_FRAME, typeof t === "string" ? `unknown or malformed frame ${t.slice(0, 40)}` : "the frame has no type");
+      }
+      const frame = parsed.data;
+      if (frame.t === "hello") return this.hello(ws, att, frame);
+      if (!att.ready) return ws.close(CloseCode.HELLO_REQUIRED, "say hello first");
+      if (frame.t === "result") return this.result(ws, att, frame);
+      // ack: the agent journaled the command; the result is what changes the record.
     }
-  }
 
-  override async webSocketClose(ws: WebSocket, code: number, reason: string): Promise<void> {
-    // Complete the closing handshake (a no-op where the runtime already answered it).
-    try {
-      ws.close(code === 1005 || code === 1006 ? 1000 : code, reason);
-    } catch {
-      // already closed
+    private async hello(ws: WebSocket, att: Attachment, frame: HelloFrame): Promise<void> {
+      if (att.nonce === null || frame.nonce !== att.nonce) {
+        return ws.close(CloseCode.PROOF_FAILED, "the hello does not answer this socket's challenge");
+      }
+      if (!(await verifyMessage(att.publicKey, helloMessage(att.nodeId, frame.nonce, frame.bootId), frame.signature))) {
+        return ws.close(CloseCode.PROOF_FAILED, "the hello is not signed by the node's key");
+      }
+      let outcome: Awaited<ReturnType<typeof recordConnected>>;
+      try {
+        outcome = await recordConnected(this.store, att, frame);
+      } catch (err) {
+        this.log(att).warn("could not record the connection; the agent will retry", { error: errorText(err) });
+        return ws.close(1011, "the control plane's database is unavailable; retry");
+      }
+      if (!outcome.connected) return ws.close(CloseCode.REVOKED, "the node was revoked");
+      if (outcome.waking.length) await wakeObjects(this.env, "workflow", outcome.waking, this.log(att));
+      updateAttachment(ws, { nonce: null, ready: true });
+      // Remembered outside the socket: if the runtime restarts, the socket (and its close event)
+      // is gone, and the sweep must still record the disconnection.
+      await this.ctx.storage.put<SessionRef>(SESSION_KEY, { nodeId: att.nodeId, sessionId: att.sessionId });
+      send(ws, { t: "welcome", nodeId: att.nodeId, sessionId: att.sessionId });
+      await this.armSweep(SWEEP_MS);
+      await this.deliver();
     }
-    await this.disconnected(ws, code);
-  }
 
-  override async webSocketError(ws: WebSocket): Promise<void> {
-    await this.disconnected(ws, 1006);
-  }
-
-  private async disconnected(ws: WebSocket, code: number): Promise<void> {
-    const att = ws.deserializeAttachment() as Attachment | null;
-    if (!att?.ready) return;
-    await this.recordDisconnected(att, code);
-  }
-
-  private async recordDisconnected(att: SessionRef, code: number): Promise<void> {
-    try {
-      await recordDisconnected(this.store, att, code);
-      const current = await this.ctx.storage.get<{ sessionId: string }>("session");
-      if (current?.sessionId === att.sessionId) await this.ctx.storage.delete("session");
-    } catch (err) {
-      this.log().warn("could not record the disconnection; the sweep retries", { nodeId: att.nodeId, error: errorText(err) });
+    private async result(ws: WebSocket, att: Attachment, frame: ResultFrame): Promise<void> {
+      const refuse = (code: string, message: string) => void send(ws, { t: "error", code, message, ref: frame.id });
+      try {
+        const outcome = await recordResult(this.store, att, frame);
+        if ("refused" in outcome) {
+          this.log(att).warn("refused a result", { commandId: frame.id, code: outcome.refused });
+          return refuse(outcome.refused, outcome.message);
+        }
+        send(ws, { t: "result-ack", id: frame.id });
+        // Whoever waits for this result (a workflow) hears of it now rather than at its next poll.
+        const waiting = waitingWorkflow(outcome);
+        if (waiting) await wakeObjects(this.env, "workflow", [waiting], this.log(att));
+      } catch (err) {
+        this.log(att).warn("could not record a result; the agent keeps it and resends", { commandId: frame.id, error: errorText(err) });
+        refuse(FrameError.UNAVAILABLE, "the result could not be recorded now; send it again after reconnecting");
+      }
     }
-  }
 
-  /** The one alarm: closes sockets that never said hello, and sweeps for undelivered commands. */
-  override async alarm(): Promise<void> {
-    const sockets = this.ctx.getWebSockets();
-    for (const ws of sockets) {
-      const att = ws.deserializeAttachment() as Attachment;
-      if (!att.ready && Date.now() - att.openedAt >= HELLO_TIMEOUT_MS) ws.close(CloseCode.HELLO_REQUIRED, "no hello in time");
+    /**
+     * Sends the node's open commands in seq order; one pass at a time per object. Wake-ups while
+     * a pass waits its turn share it: it reads everything open when it starts.
+     */
+    private deliver(): Promise<void> {
+      if (this.#deliveryQueued) return this.#delivering;
+      this.#deliveryQueued = true;
+      const pass = this.#delivering.then(() => {
+        this.#deliveryQueued = false;
+        return this.deliverOnce();
+      });
+      this.#delivering = pass.catch((err) => this.log().warn("delivery pass failed; the sweep retries", { error: errorText(err) }));
+      return this.#delivering;
     }
-    await this.deliver();
-    const session = await this.ctx.storage.get<{ nodeId: string; sessionId: string }>("session");
-    const live = this.ctx.getWebSockets().some((ws) => (ws.deserializeAttachment() as Attachment).sessionId === session?.sessionId);
-    // The session's socket vanished without a close event (the runtime restarted): record it.
-    if (session && !live) await this.recordDisconnected(session, 1006);
-    if (this.ctx.getWebSockets().length > 0 || (await this.ctx.storage.get("session"))) await this.armSweep(SWEEP_MS);
-  }
 
-  private async armSweep(inMs: number): Promise<void> {
-    const at = Date.now() + inMs;
-    const current = await this.ctx.storage.getAlarm();
-    if (current === null || current > at) await this.ctx.storage.setAlarm(at);
-  }
+    private async deliverOnce(): Promise<void> {
+      const ws = this.ctx.getWebSockets().find((s) => attachmentOf(s).ready);
+      if (!ws) return;
+      const att = attachmentOf(ws);
+      if (!(await nodeLive(this.store, att.nodeId))) return ws.close(CloseCode.REVOKED, "the node was revoked");
+      await expireOverdue(this.store, att.nodeId);
+      for (;;) {
+        const frames = await openCommands(this.store, att.nodeId, att.sentSeq, DELIVERY_BATCH, () => this.secrets);
+        if (frames.length === 0) return;
+        for (const frame of frames) {
+          if (!send(ws, frame)) return;
+          att.sentSeq = frame.seq;
+        }
+        updateAttachment(ws, { sentSeq: att.sentSeq });
+        await markDelivered(this.store, frames.map((f) => f.id));
+        if (frames.length < DELIVERY_BATCH) return;
+      }
+    }
+
+    override async webSocketClose(ws: WebSocket, code: number, reason: string): Promise<void> {
+      // Complete the closing handshake (a no-op where the runtime already answered it).
+      try {
+        ws.close(code === 1005 || code === 1006 ? 1000 : code, reason);
+      } catch {
+        // already closed
+      }
+      await this.disconnected(ws, code);
+    }
+
+    override async webSocketError(ws: WebSocket): Promise<void> {
+      await this.disconnected(ws, 1006);
+    }
+
+    private async disconnected(ws: WebSocket, code: number): Promise<void> {
+      const att = attachmentOf(ws);
+      if (!att.ready) return;
+      await this.recordDisconnected(att, code);
+    }
+
+    private async recordDisconnected(att: SessionRef, code: number): Promise<void> {
+      try {
+        await recordDisconnected(this.store, att, code);
+        const current = await this.ctx.storage.get<SessionRef>(SESSION_KEY);
+        if (current?.sessionId === att.sessionId) await this.ctx.storage.delete(SESSION_KEY);
+      } catch (err) {
+        this.log().warn("could not record the disconnection; the sweep retries", { nodeId: att.nodeId, error: errorText(err) });
+      }
+    }
+
+    /** The one alarm: closes sockets that never said hello, and sweeps for undelivered commands. */
+    override async alarm(): Promise<void> {
+      const sockets = this.ctx.getWebSockets();
+      for (const ws of sockets) {
+        const att = attachmentOf(ws);
+        if (!att.ready && Date.now() - att.openedAt >= HELLO_TIMEOUT_MS) ws.close(CloseCode.HELLO_REQUIRED, "no hello in time");
+      }
+      await this.deliver();
+      const session = await this.ctx.storage.get<SessionRef>(SESSION_KEY);
+      const live = this.ctx.getWebSockets().some((ws) => attachmentOf(ws).sessionId === session?.sessionId);
+      // The session's socket vanished without a close event (the runtime restarted): record it.
+      if (session && !live) await this.recordDisconnected(session, 1006);
+      if (this.ctx.getWebSockets().length > 0 || (await this.ctx.storage.get(SESSION_KEY))) await this.armSweep(SWEEP_MS);
+    }
+
+    /** Wakes the object within inMs: a sooner alarm (a hello timeout, the sweep) stays. */
+    private armSweep(inMs: number): Promise<void> {
+      return setAlarm(this.ctx.storage, Date.now() + inMs, { keepSooner: true });
+    }
+  };
 }
 
 function send(ws: WebSocket, frame: ServerFrame): boolean {

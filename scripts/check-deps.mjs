@@ -34,7 +34,7 @@ export function walk(root, dir, ext) {
 }
 
 /** Blank out comments (keeping newlines) so commented-out imports don't count. */
-function stripComments(src) {
+export function stripComments(src) {
   let out = '';
   for (let i = 0; i < src.length; i++) {
     const c = src[i];

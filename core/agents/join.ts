@@ -7,14 +7,15 @@
 import { sql } from "drizzle-orm";
 import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import type { AttestorDefinition, Module } from "../contracts.ts";
-import type { PlatformContext } from "../compute.ts";
+import type { Bindings } from "../bindings.ts";
+import type { AttestorDefinition } from "../contracts.ts";
+import type { PlatformContext } from "../context.ts";
 import { hex } from "../encoding.ts";
 import { ComputeError, invalidArgument } from "../errors.ts";
 import { CONNECT_PATH, JOIN_PATH, joinMessage, joinRequest, RENEW_PATH, renewMessage, renewRequest, verifyMessage, type JoinResponse } from "../protocol.ts";
 import type { Registry } from "../registry.ts";
 import type { Store } from "../store/database.ts";
-import { readInput, type AppEnv, type Env } from "../api.ts";
+import { readInput, type AppEnv } from "../http.ts";
 import { databaseSeconds, issueCredential, verifyCredential } from "./credentials.ts";
 import { nodeNamespace } from "./notify.ts";
 
@@ -23,8 +24,8 @@ const RENEW_CLOCK_SKEW_SECONDS = 300;
 
 export interface JoinDeps {
   registry: Registry;
-  agentsModule: Module;
-  moduleContext: (mod: Module, env: Env, store: Store) => PlatformContext;
+  /** The agents module's context: attestors verify with it, and its secret store keeps the credential signing key. */
+  agentsContext: (env: Bindings, store: Store) => PlatformContext;
 }
 
 /** JoinService: join and renew. */
@@ -43,7 +44,7 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
       throw new ComputeError("UNAUTHENTICATED", "the join request's signature does not verify with its public key");
     }
     const attestor = findAttestor(deps.registry, request.attestor);
-    const ctx = deps.moduleContext(deps.agentsModule, c.env ?? {}, c.var.store);
+    const ctx = deps.agentsContext(c.env ?? {}, c.var.store);
     const attested = await attestor.verify(ctx, request.evidence, { role: request.role, publicKey: request.publicKey, hostname: request.hostname });
     if (attested.role !== request.role) throw new ComputeError("PERMISSION_DENIED", `the attestor vouched for role ${attested.role}, not ${request.role}`);
 
@@ -76,7 +77,7 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
     if (!(await verifyMessage(node.publicKey, renewMessage(node.nodeId, request.timestamp), request.signature))) {
       throw new ComputeError("UNAUTHENTICATED", "the renewal is not signed by the node's key");
     }
-    const ctx = deps.moduleContext(deps.agentsModule, c.env ?? {}, c.var.store);
+    const ctx = deps.agentsContext(c.env ?? {}, c.var.store);
     const issued = await issueCredential(c.var.store, ctx.secrets, node);
     return c.json({ nodeId: node.nodeId, role: node.role, ...issued } satisfies JoinResponse);
   });

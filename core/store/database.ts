@@ -5,6 +5,7 @@ import { neonConfig, Pool } from "@neondatabase/serverless";
 import type { ExtractTablesWithRelations } from "drizzle-orm";
 import { drizzle, type NeonDatabase } from "drizzle-orm/neon-serverless";
 import type { NeonTransaction } from "drizzle-orm/neon-serverless";
+import type { Bindings } from "../bindings.ts";
 import { ComputeError, invalidConfig } from "../errors.ts";
 
 export type Db = NeonDatabase<Record<string, never>>;
@@ -20,7 +21,7 @@ export interface Store {
 
 /** The database port: how the platform opens a Store from the Worker's environment. */
 export interface DatabasePort {
-  open(env: object): Store;
+  open(env: Bindings): Store;
 }
 
 export interface PostgresOptions {
@@ -35,9 +36,9 @@ export interface PostgresOptions {
 export function postgres(options: PostgresOptions = {}): DatabasePort {
   return {
     open(env) {
-      const url = options.url ?? stringVar(env, "DATABASE_URL");
+      const url = options.url ?? nonEmpty(env.DATABASE_URL);
       if (!url) throw invalidConfig("no database configured: set DATABASE_URL or pass database: postgres({ url })");
-      const wsProxy = options.wsProxy ?? stringVar(env, "BC_DB_WS_PROXY");
+      const wsProxy = options.wsProxy ?? nonEmpty(env.BC_DB_WS_PROXY);
       if (wsProxy) useBridge(wsProxy);
       return openStore(url, options.maxConnections ?? 4);
     },
@@ -65,8 +66,8 @@ function openStore(connectionString: string, max: number): Store {
   };
 }
 
-function stringVar(env: object, name: string): string | undefined {
-  const value = (env as Record<string, unknown>)[name];
+/** A variable that is set: an empty or non-string value (a misconfigured binding) counts as unset. */
+function nonEmpty(value: unknown): string | undefined {
   return typeof value === "string" && value !== "" ? value : undefined;
 }
 

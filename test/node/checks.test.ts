@@ -1,6 +1,7 @@
-// The CI check scripts (scripts/check-deps.mjs, scripts/check-sql-now.mjs): each
-// planted violation is reported with its file and specifier, a clean tree passes,
-// and the CLI exits 1 on a planted tree and 0 on the real repository.
+// The CI check scripts (scripts/check-deps.mjs, scripts/check-sql-now.mjs,
+// scripts/check-cycles.mjs): each planted violation is reported with its file and
+// specifier, a clean tree passes, and the CLI exits 1 on a planted tree and 0 on the
+// real repository.
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -11,13 +12,16 @@ import { afterAll, describe, expect, it } from 'vitest';
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const depsScript = path.join(repoRoot, 'scripts/check-deps.mjs');
 const sqlScript = path.join(repoRoot, 'scripts/check-sql-now.mjs');
+const cyclesScript = path.join(repoRoot, 'scripts/check-cycles.mjs');
 
 type Result<V> = { violations: V[]; filesChecked: number };
 type DepsViolation = { file: string; line: number; importer: string; specifier: string; rule: string };
 type SqlViolation = { file: string; line: number; match: string; text: string };
+type CycleEdge = { file: string; line: number; specifier: string };
 // Loaded by URL: the scripts are plain .mjs without type declarations.
 const { checkDeps } = (await import(pathToFileURL(depsScript).href)) as { checkDeps(root: string): Result<DepsViolation> };
 const { checkSqlNow } = (await import(pathToFileURL(sqlScript).href)) as { checkSqlNow(root: string): Result<SqlViolation> };
+const { checkCycles } = (await import(pathToFileURL(cyclesScript).href)) as { checkCycles(root: string): { cycles: CycleEdge[][]; filesChecked: number } };
 
 const temps: string[] = [];
 afterAll(() => temps.forEach((d) => rmSync(d, { recursive: true, force: true })));
@@ -164,6 +168,51 @@ describe('check-sql-now', () => {
     expect(bad.code).toBe(1);
     expect(bad.out).toContain('workers/api/q.ts:2: now()');
     const ok = cli(sqlScript, repoRoot);
+    expect(ok.out).toMatch(/OK, \d+ files checked/);
+    expect(ok.code).toBe(0);
+  });
+});
+
+// Value imports that form no cycle, and cycles that exist only in types (erased at run time).
+const acyclic = {
+  'core/index.ts': "export * from './public.ts';\nexport { table } from './db/table.ts';\n",
+  'core/public.ts': "import { z } from 'zod';\nimport { table } from './db/table.ts';\nexport const schema = z.string();\n",
+  'core/db/table.ts': "import type { Schema } from '../public.ts';\nexport const table = 'x';\n",
+  // context ↔ contracts: each names the other's types only (three ways of saying so).
+  'core/context.ts': "import { type Contract, type Kind } from './contracts.ts';\nexport type { Module } from './contracts.ts';\nexport const port = 1;\n",
+  'core/contracts.ts': "import type { Port } from './context.ts';\nimport {\n  type Other,\n} from './context.ts';\nexport const contract = 1;\n",
+  'plugins/metal/index.ts': "import { schema } from 'better-compute/core';\nimport type { X } from '../../core/testing-only.ts';\nexport const metal = schema;\n",
+  // Imports quoted in strings and comments, and dynamic imports, are no edges.
+  'core/docs.ts': "// import { metal } from '../plugins/metal/index.ts';\nexport const example = \"import { schema } from './docs.ts';\";\nexport const later = () => import('./docs.ts');\n",
+};
+
+describe('check-cycles', () => {
+  it('passes a tree whose only cycles are in types', () => {
+    const result = checkCycles(tree(acyclic));
+    expect(result.cycles).toEqual([]);
+    expect(result.filesChecked).toBe(Object.keys(acyclic).length);
+  });
+
+  // [planted files, the cycle as "file:line" edges from its first file (by name)]
+  const planted: [string, Record<string, string>, string[]][] = [
+    ['two files importing each other', { 'core/api.ts': "import { readInput } from './agents/join.ts';\nexport const api = 1;\n", 'core/agents/join.ts': "import { api } from '../api.ts';\nexport const readInput = 1;\n" }, ['core/agents/join.ts:1', 'core/api.ts:1']],
+    ['a re-export closing a loop of three', { 'core/a.ts': "import { b } from './b.ts';\n", 'core/b.ts': "export * from './c.ts';\nexport const b = 1;\n", 'core/c.ts': "\nexport { a } from './a.ts';\n" }, ['core/a.ts:1', 'core/b.ts:1', 'core/c.ts:2']],
+    ['a mixed clause (a value and a type)', { 'core/x.ts': "import { y, type Y } from './y.ts';\n", 'core/y.ts': "import x from './x.ts';\n" }, ['core/x.ts:1', 'core/y.ts:1']],
+    ['a side-effect import', { 'core/x.ts': "import './y.ts';\n", 'core/y.ts': "import * as x from './x.ts';\n" }, ['core/x.ts:1', 'core/y.ts:1']],
+    ['the package exports map', { 'plugins/metal/index.ts': "import { schema } from 'better-compute/core';\nexport const metal = schema;\n", 'core/public.ts': "import { metal } from '../plugins/metal/index.ts';\nexport const schema = metal;\n" }, ['core/public.ts:1', 'plugins/metal/index.ts:1']],
+    ['a file importing itself', { 'core/self.ts': "export const a = 1;\nimport { a as b } from './self.ts';\n" }, ['core/self.ts:2']],
+  ];
+
+  it.each(planted)('reports %s', (_what, files, edges) => {
+    const { cycles } = checkCycles(tree({ ...acyclic, ...files }));
+    expect(cycles.map((cycle) => cycle.map((e) => `${e.file}:${e.line}`))).toEqual([edges]);
+  });
+
+  it('CLI: exit 1 naming the cycle on a planted tree, 0 on the repository', () => {
+    const bad = cli(cyclesScript, tree({ ...acyclic, 'core/db/table.ts': "import { schema } from '../public.ts';\nexport const table = schema;\n" }));
+    expect(bad.code).toBe(1);
+    expect(bad.out).toContain('import cycle: core/db/table.ts:1 imports ../public.ts → core/public.ts:2 imports ./db/table.ts → back to core/db/table.ts');
+    const ok = cli(cyclesScript, repoRoot);
     expect(ok.out).toMatch(/OK, \d+ files checked/);
     expect(ok.code).toBe(0);
   });

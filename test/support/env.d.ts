@@ -13,7 +13,7 @@ declare namespace Cloudflare {
 }
 declare namespace Cloudflare {
   interface Env {
-    NODE: DurableObjectNamespace<import("../../durable-objects/node.ts").NodeDO>;
-    WORKFLOW: DurableObjectNamespace;
+    NODE: DurableObjectNamespace<InstanceType<typeof import("./worker.ts").NodeDO>>;
+    WORKFLOW: DurableObjectNamespace<import("./worker.ts").WorkflowDO>;
   }
 }

@@ -21,6 +21,6 @@ const explode = defineMethod({
 const acmeFailing = definePlugin({ id: "acme-failing", iam: { actions: { "acme.explode": "Fail on purpose" } }, api: [explode] });
 
 const entry = deploymentEntry(betterCompute({ modules: [provisionModule(), metalModule()], plugins: [acmeFailing] }));
-export { NodeDO } from "../../durable-objects/node.ts";
+export const NodeDO = entry.NodeDO;
 export const WorkflowDO = entry.WorkflowDO;
 export default entry.handler;

@@ -7,6 +7,6 @@ import { deploymentEntry } from "../../workers/api/entry.ts";
 import { acmeTalos } from "../extensions/acme-talos/plugin.ts";
 
 const entry = deploymentEntry(betterCompute({ modules: [provisionModule(), metalModule()], plugins: [acmeTalos] }));
-export { NodeDO } from "../../durable-objects/node.ts";
+export const NodeDO = entry.NodeDO;
 export const WorkflowDO = entry.WorkflowDO;
 export default entry.handler;

@@ -8,17 +8,21 @@ import { acmeProvision } from "../extensions/acme-provision/plugin.ts";
 import { chaos, chaosDatabase } from "./chaos.ts";
 import { chaosSteps } from "./chaos-steps.ts";
 
-/** The test deployment; its database port injects faults only while a chaos test arms it. */
-export const testCompute = betterCompute({ database: chaosDatabase(postgres()), modules: [provisionModule()], plugins: [acmeProvision, chaosSteps] });
+const registrations = { modules: [provisionModule()], plugins: [acmeProvision, chaosSteps] };
 
-export { NodeDO } from "../../durable-objects/node.ts";
+/** The test deployment; its database port injects faults only while a chaos test arms it. */
+export const testCompute = betterCompute({ database: chaosDatabase(postgres()), ...registrations });
 const entry = deploymentEntry(testCompute);
+
+// The chaos switch stops the Worker's request and the WorkflowDO, never an agent's session: the
+// NodeDO is the same deployment's, without the fault-injecting port (its transactions are not counted).
+export const NodeDO = deploymentEntry(betterCompute(registrations)).NodeDO;
 
 /** The deployment's WorkflowDO, telling the chaos switch which object is running. */
 export class WorkflowDO extends entry.WorkflowDO {
-  override fetch(request: Request) {
+  override wake() {
     chaos.running(() => this.ctx.abort("chaos: the object died here") as never);
-    return super.fetch(request);
+    return super.wake();
   }
   override alarm() {
     chaos.running(() => this.ctx.abort("chaos: the object died here") as never);

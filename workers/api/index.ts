@@ -4,7 +4,7 @@
 import { compute } from "../../better-compute.config.ts";
 import { deploymentEntry } from "./entry.ts";
 
-export { NodeDO } from "../../durable-objects/node.ts";
 const entry = deploymentEntry(compute);
+export const NodeDO = entry.NodeDO;
 export const WorkflowDO = entry.WorkflowDO;
 export default entry.handler;

@@ -3,7 +3,8 @@
 // too. Deploy it apart with `npx wrangler deploy -c workers/join/wrangler.toml`. The agent
 // gateway (/agent/v1/connect) stays with the API Worker: it hands sockets to the NodeDO.
 import { compute } from "../../better-compute.config.ts";
+import type { Bindings } from "../../core/bindings.ts";
 
 export default {
   fetch: (request, env, ctx) => compute.joinApp.fetch(request, env, ctx),
-} satisfies ExportedHandler<object>;
+} satisfies ExportedHandler<Bindings>;

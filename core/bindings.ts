@@ -1,0 +1,21 @@
+// The Worker's bindings, typed once: what wrangler.toml and `wrangler secret put` give the
+// deployment. Every entry is optional: Node scripts and tests pass only what they use, and the
+// code that needs one says so when it is missing (INVALID_CONFIG, UNAVAILABLE).
+
+/** What both Durable Objects answer over RPC: the NodeDO delivers its open commands, the WorkflowDO advances. */
+export interface WakeableObject extends Rpc.DurableObjectBranded {
+  wake(): Promise<void>;
+}
+
+export type Bindings = {
+  /** Neon's pooled connection string (the default database port). */
+  DATABASE_URL?: string;
+  /** 32+ characters: seals stored secrets (AES-GCM under an HKDF-derived key) and signs node credentials. */
+  BC_SECRET?: string;
+  /** Locally only: host:port of the WebSocket-to-TCP bridge to Postgres. */
+  BC_DB_WS_PROXY?: string;
+  /** One NodeDO per agent (idFromName(nodeId)). */
+  NODE?: DurableObjectNamespace<WakeableObject>;
+  /** One WorkflowDO per workflow (idFromName(workflowId)). */
+  WORKFLOW?: DurableObjectNamespace<WakeableObject>;
+};

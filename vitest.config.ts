@@ -1,7 +1,12 @@
 // Two projects: `workers` runs in workerd (miniflare) against Postgres through the same
 // driver as production; `node` runs agent-side code, scripts, and the metal simulations
 // (createMetalSim serves simulated BMCs over HTTP, which workerd cannot).
-const NODE_SUITES = ["test/node/**/*.test.ts", "test/extensions/ubuntu-autoinstall.test.ts", "test/extensions/talos.test.ts", "test/metal/**/*.test.ts"];
+const NODE_SUITES = [
+  "test/node/**/*.test.ts",
+  "test/extensions/ubuntu-autoinstall.test.ts",
+  "test/extensions/talos.test.ts",
+  "test/metal/**/*.test.ts",
+];
 import { cloudflareTest } from "@cloudflare/vitest-plugin";
 import { defineConfig } from "vitest/config";
 

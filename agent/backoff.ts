@@ -27,7 +27,13 @@ export const timerDelay = (ms: number) => Math.min(Math.max(ms, 0), MAX_TIMER_MS
 /** Resolves true if p settled within ms, false otherwise. */
 export async function withTimeout(p: Promise<unknown>, ms: number): Promise<boolean> {
   let timer: ReturnType<typeof setTimeout> | undefined;
-  const settled = await Promise.race([p.then(() => true, () => true), new Promise<false>((r) => (timer = setTimeout(() => r(false), ms)))]);
+  const settled = await Promise.race([
+    p.then(
+      () => true,
+      () => true,
+    ),
+    new Promise<false>((r) => (timer = setTimeout(() => r(false), ms))),
+  ]);
   clearTimeout(timer);
   return settled;
 }

@@ -41,10 +41,22 @@ function stderrLogger(quiet: boolean): AgentLogger {
 }
 
 /** The built-in command handlers. */
-export function builtinHandlers(info: { bootId: () => string; role: () => Role | undefined; version: string }): Record<string, CommandHandler> {
+export function builtinHandlers(info: {
+  bootId: () => string;
+  role: () => Role | undefined;
+  version: string;
+}): Record<string, CommandHandler> {
   return {
     "agent.ping": () => ({ pong: true, bootId: info.bootId() }),
-    "agent.info": () => ({ hostname: osHostname(), version: info.version, role: info.role() ?? null, bootId: info.bootId(), node: process.version, platform: process.platform, arch: process.arch }),
+    "agent.info": () => ({
+      hostname: osHostname(),
+      version: info.version,
+      role: info.role() ?? null,
+      bootId: info.bootId(),
+      node: process.version,
+      platform: process.platform,
+      arch: process.arch,
+    }),
   };
 }
 
@@ -153,17 +165,27 @@ export async function main(argv: string[]): Promise<number> {
       ...(p.heartbeatMs !== undefined ? { heartbeatMs: p.heartbeatMs } : {}),
     });
     const c = client;
-    for (const [kind, h] of Object.entries(builtinHandlers({ bootId: () => c.bootId, role: () => c.identity?.role, version: AGENT_VERSION }))) c.handle(kind, h);
+    for (const [kind, h] of Object.entries(
+      builtinHandlers({ bootId: () => c.bootId, role: () => c.identity?.role, version: AGENT_VERSION }),
+    ))
+      c.handle(kind, h);
 
     if (join) {
-      const identity = await client.join({ baseUrl: join.url, attestor: "join-token", evidence: { token: join.token }, role: join.role, hostname: p.hostname ?? osHostname() });
+      const identity = await client.join({
+        baseUrl: join.url,
+        attestor: "join-token",
+        evidence: { token: join.token },
+        role: join.role,
+        hostname: p.hostname ?? osHostname(),
+      });
       process.stdout.write(`joined as ${identity.nodeId} (${identity.role}); credential valid until ${identity.expiresAt}\n`);
       if (p.command === "join") return 0;
     }
 
     // The role's own command kinds. A ramdisk's disk access is not built for real hardware yet:
     // its kinds answer UNSUPPORTED (the simulated ramdisk is in better-compute/testing/metal).
-    if ((await state.loadIdentity())?.role === "site") for (const [kind, h] of Object.entries({ ...siteHandlers({ log }), ...httpProxyHandlers() })) c.handle(kind, h);
+    if ((await state.loadIdentity())?.role === "site")
+      for (const [kind, h] of Object.entries({ ...siteHandlers({ log }), ...httpProxyHandlers() })) c.handle(kind, h);
 
     let signals = 0;
     const onSignal = (sig: NodeJS.Signals) => {

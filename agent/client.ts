@@ -21,7 +21,16 @@ import { Session, type SessionFrame, type SessionOptions } from "./session.ts";
 import type { AgentIdentity, AgentStateStore, Role } from "./state.ts";
 
 // What code outside agent/ imported from this file before it was split.
-export { AgentError, errorFromResponse, inLane, type AgentLogger, type AgentTransport, type CommandContext, type CommandHandler, type FetchLike } from "./contracts.ts";
+export {
+  AgentError,
+  errorFromResponse,
+  inLane,
+  type AgentLogger,
+  type AgentTransport,
+  type CommandContext,
+  type CommandHandler,
+  type FetchLike,
+} from "./contracts.ts";
 export type { BackoffOptions } from "./backoff.ts";
 export { isRevocation, localExpiry, trimBase } from "./credentials.ts";
 export { redactingLogger, type AgentCounters, type AgentEvents } from "./events.ts";
@@ -73,7 +82,13 @@ export class AgentClient {
     this.version = opts.version ?? AGENT_VERSION;
     for (const [kind, handler] of Object.entries(opts.handlers ?? {})) this.#handlers.set(kind, handler);
 
-    const plumbing: Plumbing = { log, now: opts.now ?? Date.now, random: opts.random ?? Math.random, counters: this.counters, emit: (event, payload) => this.#events.emit(event, payload) };
+    const plumbing: Plumbing = {
+      log,
+      now: opts.now ?? Date.now,
+      random: opts.random ?? Math.random,
+      counters: this.counters,
+      emit: (event, payload) => this.#events.emit(event, payload),
+    };
     const stopping = () => this.#stopping;
     const fail = (error: AgentError) => this.#fail(error);
     const send = (frame: AgentFrame) => this.#session.send(frame);
@@ -138,7 +153,13 @@ export class AgentClient {
    * save the identity it answers. The evidence (a join token...) is sent once and never stored
    * or logged. A refusal throws an AgentError with the server's code and message.
    */
-  join(opts: { baseUrl?: string; attestor: string; evidence: Record<string, unknown>; role: Role; hostname?: string }): Promise<AgentIdentity> {
+  join(opts: {
+    baseUrl?: string;
+    attestor: string;
+    evidence: Record<string, unknown>;
+    role: Role;
+    hostname?: string;
+  }): Promise<AgentIdentity> {
     return this.#credentials.join(opts);
   }
 

@@ -3,7 +3,18 @@
 // expires on this agent's clock and retried with backoff when renewal fails.
 import { z } from "zod";
 import { unbase64url } from "../core/encoding.ts";
-import { JOIN_PATH, RENEW_PATH, generateNodeKey, importNodeKey, joinMessage, joinResponse, renewMessage, signMessage, type JoinRequest, type NodeKeyPair } from "../core/protocol.ts";
+import {
+  JOIN_PATH,
+  RENEW_PATH,
+  generateNodeKey,
+  importNodeKey,
+  joinMessage,
+  joinResponse,
+  renewMessage,
+  signMessage,
+  type JoinRequest,
+  type NodeKeyPair,
+} from "../core/protocol.ts";
 import { jitterBackoff, timerDelay, type BackoffOptions } from "./backoff.ts";
 import { AgentError, asAgentError, errorFromResponse, type AgentTransport } from "./contracts.ts";
 import type { Plumbing } from "./events.ts";
@@ -50,7 +61,13 @@ export class Credentials {
   }
 
   /** See AgentClient.join. */
-  async join(opts: { baseUrl?: string; attestor: string; evidence: Record<string, unknown>; role: Role; hostname?: string }): Promise<AgentIdentity> {
+  async join(opts: {
+    baseUrl?: string;
+    attestor: string;
+    evidence: Record<string, unknown>;
+    role: Role;
+    hostname?: string;
+  }): Promise<AgentIdentity> {
     const baseUrl = opts.baseUrl ?? this.#opts.baseUrl;
     if (!baseUrl) throw new AgentError("INVALID_ARGUMENT", "join needs the control plane URL");
     const key = await this.#loadOrCreateKey();
@@ -87,8 +104,14 @@ export class Credentials {
     if (!res.ok) throw await errorFromResponse(res, "renew");
     const parsed = renewResponse.safeParse(await res.json().catch(() => undefined));
     if (!parsed.success) throw new AgentError("BAD_RESPONSE", "the renew response has no credential");
-    if (parsed.data.nodeId !== undefined && parsed.data.nodeId !== identity.nodeId) throw new AgentError("BAD_RESPONSE", "the renewed credential is for another node");
-    const renewed: AgentIdentity = { ...identity, credential: parsed.data.credential, expiresAt: parsed.data.expiresAt, obtainedAt: new Date(this.#deps.now()).toISOString() };
+    if (parsed.data.nodeId !== undefined && parsed.data.nodeId !== identity.nodeId)
+      throw new AgentError("BAD_RESPONSE", "the renewed credential is for another node");
+    const renewed: AgentIdentity = {
+      ...identity,
+      credential: parsed.data.credential,
+      expiresAt: parsed.data.expiresAt,
+      obtainedAt: new Date(this.#deps.now()).toISOString(),
+    };
     await state.saveIdentity(renewed);
     this.#identity = renewed;
     counters.renewals++;
@@ -144,10 +167,17 @@ export class Credentials {
     } catch (e) {
       const error = asAgentError(e, "UNAVAILABLE");
       if (stopping()) return;
-      if (isRevocation(error)) return fail(new AgentError("REVOKED", `the control plane revoked this node: ${error.message}`, error.status));
+      if (isRevocation(error))
+        return fail(new AgentError("REVOKED", `the control plane revoked this node: ${error.message}`, error.status));
       const left = localExpiry(this.#identity!, this.#deps.now()).expires - this.#deps.now();
       if (left <= 0 && (error.status === 401 || error.status === 403)) {
-        return fail(new AgentError("CREDENTIAL_EXPIRED", `the node's credential expired and renewal was refused (${error.code}); join again`, error.status));
+        return fail(
+          new AgentError(
+            "CREDENTIAL_EXPIRED",
+            `the node's credential expired and renewal was refused (${error.code}); join again`,
+            error.status,
+          ),
+        );
       }
       const retryMs = Math.max(1, jitterBackoff(attempt, this.#opts.backoff, random));
       log.warn("credential renewal failed; retrying", { code: error.code, status: error.status, message: error.message, retryMs });
@@ -206,7 +236,8 @@ export function localExpiry(identity: AgentIdentity, now: number): { from: numbe
     const payload = identity.credential.split(".")[1];
     if (payload) {
       const claims = JSON.parse(new TextDecoder().decode(unbase64url(payload))) as { iat?: unknown; exp?: unknown };
-      if (typeof claims.iat === "number" && typeof claims.exp === "number" && claims.exp > claims.iat) lifetime = (claims.exp - claims.iat) * 1000;
+      if (typeof claims.iat === "number" && typeof claims.exp === "number" && claims.exp > claims.iat)
+        lifetime = (claims.exp - claims.iat) * 1000;
     }
   } catch {
     // not a JWT: expiresAt it is

@@ -53,7 +53,8 @@ export class Executor {
     if (running) {
       // A redelivery of what this process is running: acknowledge, answer when it finishes.
       this.#deps.send({ t: "ack", id: frame.id });
-      if (running.id !== frame.id) void running.done.then(async (r) => this.#deps.outbox.deliver(await this.#deps.outbox.reissue(r, frame.id)));
+      if (running.id !== frame.id)
+        void running.done.then(async (r) => this.#deps.outbox.deliver(await this.#deps.outbox.reissue(r, frame.id)));
       return;
     }
     if (this.#queue.some((q) => q.frame.id === frame.id)) return; // already waiting its turn
@@ -91,7 +92,7 @@ export class Executor {
   /** Starts the first waiting command of every idle lane, up to the concurrency limit. */
   #startReady(): void {
     const limit = Math.max(1, this.#opts.maxConcurrentCommands ?? 32);
-    for (let i = 0; i < this.#queue.length && this.#lanes.size < limit; ) {
+    for (let i = 0; i < this.#queue.length && this.#lanes.size < limit;) {
       const item = this.#queue[i]!;
       if (this.#deps.stopping()) {
         this.#queue.splice(i, 1);
@@ -104,7 +105,12 @@ export class Executor {
       this.#queue.splice(i, 1);
       const run = this.#process(item.frame)
         .catch((e: unknown) => {
-          this.#deps.log.error("command processing failed", { id: item.frame.id, key: item.frame.key, kind: item.frame.kind, message: (e as Error).message });
+          this.#deps.log.error("command processing failed", {
+            id: item.frame.id,
+            key: item.frame.key,
+            kind: item.frame.kind,
+            message: (e as Error).message,
+          });
         })
         .finally(() => {
           this.#lanes.delete(item.lane);
@@ -129,11 +135,17 @@ export class Executor {
     if (rec?.state === "started") {
       counters.interrupted++;
       log.warn("a command was interrupted by a restart; not running it again", { id, key, kind });
-      await this.#finish(frame, { ok: false, error: { code: "INTERRUPTED", message: `the agent stopped while running ${kind} (key ${key}); it is not run again` } });
+      await this.#finish(frame, {
+        ok: false,
+        error: { code: "INTERRUPTED", message: `the agent stopped while running ${kind} (key ${key}); it is not run again` },
+      });
       return;
     }
     if (deadlineOf(frame) <= this.#deps.now()) {
-      await this.#finish(frame, { ok: false, error: { code: "DEADLINE_EXCEEDED", message: `the deadline ${frame.deadline} passed before the agent could start ${kind}` } });
+      await this.#finish(frame, {
+        ok: false,
+        error: { code: "DEADLINE_EXCEEDED", message: `the deadline ${frame.deadline} passed before the agent could start ${kind}` },
+      });
       return;
     }
 
@@ -161,14 +173,29 @@ export class Executor {
     const deadline = deadlineOf(frame);
     if (deadline !== Infinity) {
       const ms = deadline - this.#deps.now();
-      timer = setTimeout(() => controller.abort(new AgentError("DEADLINE_EXCEEDED", `the deadline ${frame.deadline} passed`)), timerDelay(ms));
-    } else if (frame.deadline !== null) this.#deps.log.warn("ignoring a deadline that is not a date", { id: frame.id, deadline: frame.deadline });
-    const ctx: CommandContext = { id: frame.id, key: frame.key, kind: frame.kind, seq: frame.seq, attested: frame.attested, deadline: frame.deadline, signal: controller.signal, secrets: frame.secrets ?? {} };
+      timer = setTimeout(
+        () => controller.abort(new AgentError("DEADLINE_EXCEEDED", `the deadline ${frame.deadline} passed`)),
+        timerDelay(ms),
+      );
+    } else if (frame.deadline !== null)
+      this.#deps.log.warn("ignoring a deadline that is not a date", { id: frame.id, deadline: frame.deadline });
+    const ctx: CommandContext = {
+      id: frame.id,
+      key: frame.key,
+      kind: frame.kind,
+      seq: frame.seq,
+      attested: frame.attested,
+      deadline: frame.deadline,
+      signal: controller.signal,
+      secrets: frame.secrets ?? {},
+    };
     try {
       return { ok: true, output: await handler(frame.body, ctx) };
     } catch (e) {
       const reason: unknown = controller.signal.reason;
-      const err = (controller.signal.aborted && reason instanceof AgentError && (e === reason || (e as Error)?.name === "AbortError") ? reason : e) as {
+      const err = (
+        controller.signal.aborted && reason instanceof AgentError && (e === reason || (e as Error)?.name === "AbortError") ? reason : e
+      ) as {
         code?: unknown;
         message?: unknown;
         permanent?: unknown;

@@ -153,7 +153,10 @@ export class FakeNodeServer {
   }
 
   /** Queue a command for a node; it is sent now if the node is connected and `deliver` is on. */
-  enqueue(nodeId: string, cmd: { kind: string; key?: string; body?: Record<string, unknown>; attested?: boolean; deadline?: string | null; id?: string }): FakeCommand {
+  enqueue(
+    nodeId: string,
+    cmd: { kind: string; key?: string; body?: Record<string, unknown>; attested?: boolean; deadline?: string | null; id?: string },
+  ): FakeCommand {
     const node = this.node(nodeId);
     const command: FakeCommand = {
       t: "command",
@@ -243,7 +246,11 @@ export class FakeNodeServer {
     }
     if (req.method === "POST" && req.url === RENEW_PATH) {
       const r = await this.#renew(req.headers.authorization, raw);
-      this.renewals.push({ ...(r.nodeId ? { nodeId: r.nodeId } : {}), status: r.status, ...(r.body.code ? { code: r.body.code as string } : {}) });
+      this.renewals.push({
+        ...(r.nodeId ? { nodeId: r.nodeId } : {}),
+        status: r.status,
+        ...(r.body.code ? { code: r.body.code as string } : {}),
+      });
       return reply(r.status, r.body);
     }
     reply(404, { code: "NOT_FOUND", message: `no route ${req.method} ${req.url}` });
@@ -276,18 +283,29 @@ export class FakeNodeServer {
     return { status: 200, body: { nodeId: node.nodeId, role: node.role, credential: node.credential, expiresAt: node.expiresAt } };
   }
 
-  async #renew(authorization: string | undefined, raw: unknown): Promise<{ status: number; nodeId?: string; body: Record<string, unknown> }> {
+  async #renew(
+    authorization: string | undefined,
+    raw: unknown,
+  ): Promise<{ status: number; nodeId?: string; body: Record<string, unknown> }> {
     const node = this.#bearer(authorization);
     if (!node) return { status: 401, body: { code: "UNAUTHENTICATED", message: "the credential is invalid or expired" } };
-    if (node.revoked) return { status: 403, nodeId: node.nodeId, body: { code: "PERMISSION_DENIED", message: "the node's credentials were revoked" } };
+    if (node.revoked)
+      return { status: 403, nodeId: node.nodeId, body: { code: "PERMISSION_DENIED", message: "the node's credentials were revoked" } };
     const parsed = renewRequest.safeParse(raw);
     if (!parsed.success) return { status: 400, nodeId: node.nodeId, body: { code: "INVALID_ARGUMENT", message: "not a renew request" } };
     const { timestamp, signature } = parsed.data;
-    if (Math.abs(Date.parse(timestamp) - Date.now()) > 300_000 || !(await verifyMessage(node.publicKey, renewMessage(node.nodeId, timestamp), signature))) {
+    if (
+      Math.abs(Date.parse(timestamp) - Date.now()) > 300_000 ||
+      !(await verifyMessage(node.publicKey, renewMessage(node.nodeId, timestamp), signature))
+    ) {
       return { status: 401, nodeId: node.nodeId, body: { code: "UNAUTHENTICATED", message: "the renew signature does not verify" } };
     }
     this.#issue(node);
-    return { status: 200, nodeId: node.nodeId, body: { nodeId: node.nodeId, role: node.role, credential: node.credential, expiresAt: node.expiresAt } };
+    return {
+      status: 200,
+      nodeId: node.nodeId,
+      body: { nodeId: node.nodeId, role: node.role, credential: node.credential, expiresAt: node.expiresAt },
+    };
   }
 
   #issue(node: FakeNode): void {
@@ -324,7 +342,9 @@ export class FakeNodeServer {
     const refuse = (status: number, code: string, message: string) => {
       attempt.status = status;
       const body = JSON.stringify({ code, message });
-      socket.end(`HTTP/1.1 ${status} ${status === 401 ? "Unauthorized" : status === 403 ? "Forbidden" : status === 404 ? "Not Found" : "Refused"}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+      socket.end(
+        `HTTP/1.1 ${status} ${status === 401 ? "Unauthorized" : status === 403 ? "Forbidden" : status === 404 ? "Not Found" : "Refused"}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+      );
     };
     if (req.url !== CONNECT_PATH) return refuse(404, "NOT_FOUND", "no such path");
     if (this.refuse) return refuse(this.refuse.status, this.refuse.code, this.refuse.message);
@@ -374,7 +394,8 @@ export class FakeNodeServer {
       if (frame.t === "hello") return; // a second hello is ignored
       const cmd = this.commands.get(frame.id);
       if (!cmd) return this.#send(ws, { t: "error", code: FrameError.UNKNOWN_COMMAND, message: "no such command", ref: frame.id });
-      if (cmd.nodeId !== node.nodeId) return this.#send(ws, { t: "error", code: FrameError.NOT_YOUR_COMMAND, message: "another node's command", ref: frame.id });
+      if (cmd.nodeId !== node.nodeId)
+        return this.#send(ws, { t: "error", code: FrameError.NOT_YOUR_COMMAND, message: "another node's command", ref: frame.id });
       if (frame.t === "ack") {
         cmd.acks++;
         return;
@@ -383,8 +404,16 @@ export class FakeNodeServer {
     });
   }
 
-  async #onHello(ws: WebSocket, node: FakeNode, conn: FakeConnection, nonce: string, frame: HelloFrame, close: (code: number, reason: string) => void): Promise<void> {
-    const verified = frame.nonce === nonce && (await verifyMessage(node.publicKey, helloMessage(node.nodeId, frame.nonce, frame.bootId), frame.signature));
+  async #onHello(
+    ws: WebSocket,
+    node: FakeNode,
+    conn: FakeConnection,
+    nonce: string,
+    frame: HelloFrame,
+    close: (code: number, reason: string) => void,
+  ): Promise<void> {
+    const verified =
+      frame.nonce === nonce && (await verifyMessage(node.publicKey, helloMessage(node.nodeId, frame.nonce, frame.bootId), frame.signature));
     this.hellos.push({ nodeId: node.nodeId, frame, verified });
     if (!verified) return close(CloseCode.PROOF_FAILED, "proof of possession failed");
     conn.nodeId = node.nodeId;
@@ -404,9 +433,12 @@ export class FakeNodeServer {
     }
     const verified =
       frame.key === cmd.key &&
-      (frame.signature !== undefined ? await verifyMessage(node.publicKey, await resultMessage(node.nodeId, frame), frame.signature) : !cmd.attested);
+      (frame.signature !== undefined
+        ? await verifyMessage(node.publicKey, await resultMessage(node.nodeId, frame), frame.signature)
+        : !cmd.attested);
     cmd.results.push({ frame, verified });
-    if (!verified) return this.#send(ws, { t: "error", code: FrameError.BAD_SIGNATURE, message: "the result signature does not verify", ref: frame.id });
+    if (!verified)
+      return this.#send(ws, { t: "error", code: FrameError.BAD_SIGNATURE, message: "the result signature does not verify", ref: frame.id });
     cmd.result ??= frame;
     if (this.ackResults) this.#send(ws, { t: "result-ack", id: frame.id });
   }

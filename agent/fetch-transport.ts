@@ -43,7 +43,13 @@ type CloseLike = { code: number; reason: string };
 
 const decoder = new TextDecoder();
 const asText = (data: unknown): string =>
-  typeof data === "string" ? data : data instanceof ArrayBuffer ? decoder.decode(data) : ArrayBuffer.isView(data) ? decoder.decode(data) : String(data);
+  typeof data === "string"
+    ? data
+    : data instanceof ArrayBuffer
+      ? decoder.decode(data)
+      : ArrayBuffer.isView(data)
+        ? decoder.decode(data)
+        : String(data);
 
 function wrap(ws: EventSocket, abandoned: Set<RawSocket>): BufferedSocket {
   const raw: RawSocket = { send: (t) => ws.send(t), close: (c, r) => ws.close(c, r) };
@@ -79,7 +85,11 @@ export function fetchTransport(source?: FetchSource): PortableTransport {
       }
       const ws = (res as Response & { webSocket?: (EventSocket & { accept(): void }) | null }).webSocket;
       if (res.status !== 101) throw await errorFromResponse(res, "the connection");
-      if (!ws) throw new AgentError("UNSUPPORTED", "this fetch cannot open WebSockets (no response.webSocket); outside workerd use nodeTransport or webSocketTransport");
+      if (!ws)
+        throw new AgentError(
+          "UNSUPPORTED",
+          "this fetch cannot open WebSockets (no response.webSocket); outside workerd use nodeTransport or webSocketTransport",
+        );
       ws.accept();
       return wrap(ws, abandoned);
     },
@@ -92,7 +102,8 @@ export function webSocketTransport(source?: FetchSource): PortableTransport {
   return {
     fetch: toFetch(source),
     openSocket(url: string, headers: Record<string, string>): Promise<SocketLike> {
-      const Ctor = (globalThis as unknown as { WebSocket?: new (url: string, init: { headers: Record<string, string> }) => EventSocket }).WebSocket;
+      const Ctor = (globalThis as unknown as { WebSocket?: new (url: string, init: { headers: Record<string, string> }) => EventSocket })
+        .WebSocket;
       if (!Ctor) return Promise.reject(new AgentError("UNSUPPORTED", "this runtime has no global WebSocket"));
       return new Promise((resolve, reject) => {
         const ws = new Ctor(url, { headers });

@@ -64,7 +64,14 @@ export class FileState implements AgentStateStore {
   }
 
   async journalDone(entry: JournalStart & { result: ResultFrame }): Promise<void> {
-    await this.#append({ key: entry.key, id: entry.id, kind: entry.kind, state: "done", at: new Date().toISOString(), result: entry.result });
+    await this.#append({
+      key: entry.key,
+      id: entry.id,
+      kind: entry.kind,
+      state: "done",
+      at: new Date().toISOString(),
+      result: entry.result,
+    });
   }
 
   async entries(): Promise<JournalRecord[]> {
@@ -117,12 +124,14 @@ export class FileState implements AgentStateStore {
   async #append(rec: JournalRecord): Promise<void> {
     await this.#load();
     const line = `${JSON.stringify(rec)}\n`;
-    const write = this.#appending.catch(() => {}).then(async () => {
-      const fh = this.#fh;
-      if (!fh) throw new Error("the journal is closed");
-      await fh.write(line);
-      await fh.sync();
-    });
+    const write = this.#appending
+      .catch(() => {})
+      .then(async () => {
+        const fh = this.#fh;
+        if (!fh) throw new Error("the journal is closed");
+        await fh.write(line);
+        await fh.sync();
+      });
     this.#appending = write;
     await write;
     this.#journal.set(rec.key, rec);

@@ -32,7 +32,9 @@ function openWs(url: string, headers: Record<string, string>, handshakeTimeout: 
       opened = true;
       resolve(sock);
     });
-    ws.on("message", (data) => sock.receive(Array.isArray(data) ? Buffer.concat(data).toString("utf8") : Buffer.from(data as ArrayBuffer).toString("utf8")));
+    ws.on("message", (data) =>
+      sock.receive(Array.isArray(data) ? Buffer.concat(data).toString("utf8") : Buffer.from(data as ArrayBuffer).toString("utf8")),
+    );
     // A refused upgrade: the server's {code, message} and status, never the body itself.
     ws.on("unexpected-response", (req, res) => {
       const chunks: Buffer[] = [];

@@ -48,16 +48,32 @@ export class Outbox {
         const json = outcome.output === undefined ? undefined : JSON.stringify(outcome.output);
         body = json === undefined ? { ok: true } : { ok: true, output: JSON.parse(json) as unknown };
       } catch (e) {
-        body = { ok: false, error: { code: "RESULT_NOT_JSON", message: `the handler's output cannot be sent as JSON: ${(e as Error).message}` } };
+        body = {
+          ok: false,
+          error: { code: "RESULT_NOT_JSON", message: `the handler's output cannot be sent as JSON: ${(e as Error).message}` },
+        };
       }
     }
     const frame: ResultFrame = body.ok
       ? { t: "result", id, key, ok: true, ...(body.output !== undefined ? { output: body.output } : {}) }
-      : { t: "result", id, key, ok: false, error: { code: body.error.code.slice(0, MAX_ERROR_CODE), message: body.error.message.slice(0, MAX_ERROR_MESSAGE), ...(body.error.permanent ? { permanent: true } : {}) } };
+      : {
+          t: "result",
+          id,
+          key,
+          ok: false,
+          error: {
+            code: body.error.code.slice(0, MAX_ERROR_CODE),
+            message: body.error.message.slice(0, MAX_ERROR_MESSAGE),
+            ...(body.error.permanent ? { permanent: true } : {}),
+          },
+        };
     frame.signature = await this.#sign(frame);
     const bytes = utf8(JSON.stringify(frame)).length;
     if (bytes > MAX_FRAME_BYTES) {
-      return this.build(id, key, { ok: false, error: { code: "RESULT_TOO_LARGE", message: `the result frame would be ${bytes} bytes; the limit is ${MAX_FRAME_BYTES}` } });
+      return this.build(id, key, {
+        ok: false,
+        error: { code: "RESULT_TOO_LARGE", message: `the result frame would be ${bytes} bytes; the limit is ${MAX_FRAME_BYTES}` },
+      });
     }
     return frame;
   }
@@ -96,11 +112,14 @@ export class Outbox {
     if (!this.#unacked.has(id)) return;
     const attempt = (this.#retries.get(id) ?? 0) + 1;
     this.#retries.set(id, attempt);
-    const timer = setTimeout(() => {
-      this.#retryTimers.delete(timer);
-      const result = this.#unacked.get(id);
-      if (result && this.#deps.send(result)) this.#deps.counters.resultsResent++;
-    }, jitterBackoff(attempt, this.#opts.backoff, this.#deps.random));
+    const timer = setTimeout(
+      () => {
+        this.#retryTimers.delete(timer);
+        const result = this.#unacked.get(id);
+        if (result && this.#deps.send(result)) this.#deps.counters.resultsResent++;
+      },
+      jitterBackoff(attempt, this.#opts.backoff, this.#deps.random),
+    );
     this.#retryTimers.add(timer);
   }
 

@@ -3,7 +3,20 @@
 // partysocket keeps ReconnectingWebSocket). It proves the node's key in the hello, keeps the
 // welcomed socket alive with heartbeats, and hands every later frame to its owner; `send` goes
 // out on the welcomed socket.
-import { CONNECT_PATH, CloseCode, MAX_FRAME_BYTES, PING, PONG, PROTOCOL_VERSION, helloFrame, helloMessage, serverFrame, type AgentFrame, type HelloFrame, type ServerFrame } from "../core/protocol.ts";
+import {
+  CONNECT_PATH,
+  CloseCode,
+  MAX_FRAME_BYTES,
+  PING,
+  PONG,
+  PROTOCOL_VERSION,
+  helloFrame,
+  helloMessage,
+  serverFrame,
+  type AgentFrame,
+  type HelloFrame,
+  type ServerFrame,
+} from "../core/protocol.ts";
 import { utf8 } from "../core/encoding.ts";
 import { jitterBackoff, withTimeout, type BackoffOptions } from "./backoff.ts";
 import { AgentError, asAgentError, type AgentTransport } from "./contracts.ts";
@@ -147,7 +160,15 @@ export class Session {
     }
     let ended!: () => void;
     const openedAt = this.#deps.now();
-    const c: Connection = { sock, welcomed: false, helloSent: false, openedAt, welcomedAt: 0, lastSeen: openedAt, ended: new Promise((r) => (ended = r)) };
+    const c: Connection = {
+      sock,
+      welcomed: false,
+      helloSent: false,
+      openedAt,
+      welcomedAt: 0,
+      lastSeen: openedAt,
+      ended: new Promise((r) => (ended = r)),
+    };
     this.#current = c;
     let healthy = false;
     const handshakeTimeoutMs = this.#opts.handshakeTimeoutMs ?? 15_000;
@@ -167,7 +188,8 @@ export class Session {
           counters.disconnects++;
           log.info("disconnected", { code, reason, welcomed: c.welcomed });
           emit("disconnected", { code, reason, welcomed: c.welcomed });
-          if (code === CloseCode.REVOKED) fail(new AgentError("REVOKED", `the control plane revoked this node${reason ? `: ${reason}` : ""}`));
+          if (code === CloseCode.REVOKED)
+            fail(new AgentError("REVOKED", `the control plane revoked this node${reason ? `: ${reason}` : ""}`));
           else if (code === CloseCode.REPLACED) log.warn("another connection of this node replaced this one", {});
           ended();
           resolve();
@@ -235,7 +257,9 @@ export class Session {
     const valid = helloFrame.safeParse(hello);
     if (!valid.success) {
       const issue = valid.error.issues[0];
-      return this.#deps.fail(new AgentError("INVALID_CONFIG", `the hello is not valid: ${issue?.path.join(".") || "frame"}: ${issue?.message ?? "invalid"}`));
+      return this.#deps.fail(
+        new AgentError("INVALID_CONFIG", `the hello is not valid: ${issue?.path.join(".") || "frame"}: ${issue?.message ?? "invalid"}`),
+      );
     }
     this.#send(c, hello);
   }

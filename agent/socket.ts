@@ -47,7 +47,10 @@ export class BufferedSocket implements SocketLike {
   #closed = false;
   #abandoned = false;
 
-  constructor(private readonly raw: RawSocket, private readonly onAbandon?: (raw: RawSocket) => void) {}
+  constructor(
+    private readonly raw: RawSocket,
+    private readonly onAbandon?: (raw: RawSocket) => void,
+  ) {}
 
   get isClosed(): boolean {
     return this.#closed;

@@ -28,8 +28,7 @@ export interface JournalStart {
 }
 
 export type JournalRecord =
-  | (JournalStart & { state: "started"; at: string })
-  | (JournalStart & { state: "done"; at: string; result: ResultFrame });
+  (JournalStart & { state: "started"; at: string }) | (JournalStart & { state: "done"; at: string; result: ResultFrame });
 
 export interface AgentStateStore {
   /** The node's Ed25519 private key as a JWK (has `x`, the public half), or null before the first join. */

@@ -6,7 +6,15 @@
 //   const d = new FakeDaemon({ baseUrl: "http://bc.test", fetch: exports.default, role: "node",
 //                              handlers: { "agent.ping": () => ({ pong: true }) } });
 //   await d.join(token);  await d.connect();  ...  d.executed;  d.kill();  await d.stop();
-import { AgentClient, AgentError, type AgentEvents, type AgentLogger, type AgentTransport, type BackoffOptions, type CommandHandler } from "./client.ts";
+import {
+  AgentClient,
+  AgentError,
+  type AgentEvents,
+  type AgentLogger,
+  type AgentTransport,
+  type BackoffOptions,
+  type CommandHandler,
+} from "./client.ts";
 import { fetchTransport, webSocketTransport, type FetchSource, type PortableTransport } from "./fetch-transport.ts";
 import { MemoryState, type AgentIdentity, type AgentStateStore, type Role } from "./state.ts";
 import type { ResultFrame } from "../core/protocol.ts";
@@ -99,7 +107,12 @@ export class FakeDaemon {
   /** Join with a join token (attestor "join-token", evidence { token }). */
   join(token: string, opts: { hostname?: string } = {}): Promise<AgentIdentity> {
     const hostname = opts.hostname ?? this.#hostname;
-    return this.client.join({ attestor: "join-token", evidence: { token }, role: this.role, ...(hostname !== undefined ? { hostname } : {}) });
+    return this.client.join({
+      attestor: "join-token",
+      evidence: { token },
+      role: this.role,
+      ...(hostname !== undefined ? { hostname } : {}),
+    });
   }
 
   /** Start serving; resolves at the first welcome, rejects if the connection is refused for good. */
@@ -116,13 +129,20 @@ export class FakeDaemon {
   /** Resolves at the next welcome (after kill(), a reconnect). */
   reconnected(timeoutMs = 10_000): Promise<{ nodeId: string; sessionId: string }> {
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => (off(), reject(new AgentError("DEADLINE_EXCEEDED", `no reconnect within ${timeoutMs} ms`))), timeoutMs);
+      const timer = setTimeout(
+        () => (off(), reject(new AgentError("DEADLINE_EXCEEDED", `no reconnect within ${timeoutMs} ms`))),
+        timeoutMs,
+      );
       const off = this.client.on("connected", (c) => (clearTimeout(timer), off(), resolve(c)));
     });
   }
 
   /** Resolves with the first event of this kind (after now) that matches. */
-  next<E extends keyof AgentEvents>(event: E, match: (payload: AgentEvents[E]) => boolean = () => true, timeoutMs = 10_000): Promise<AgentEvents[E]> {
+  next<E extends keyof AgentEvents>(
+    event: E,
+    match: (payload: AgentEvents[E]) => boolean = () => true,
+    timeoutMs = 10_000,
+  ): Promise<AgentEvents[E]> {
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => (off(), reject(new AgentError("DEADLINE_EXCEEDED", `no ${event} within ${timeoutMs} ms`))), timeoutMs);
       const off = this.client.on(event, (p) => {

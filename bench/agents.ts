@@ -33,7 +33,11 @@ class Agent {
   lastPong = 0;
   pongs = 0;
 
-  constructor(stack: BenchStack, readonly index: number, heartbeatMs: number) {
+  constructor(
+    stack: BenchStack,
+    readonly index: number,
+    heartbeatMs: number,
+  ) {
     this.daemon = new FakeDaemon({
       baseUrl: stack.url,
       transport: countingPongs(nodeTransport(), () => {
@@ -87,7 +91,9 @@ export const agentsSection: BenchSection = {
         await sleep(1000);
         const base = { workerd: descendantsRss("workerd"), fds: descendantsFds("workerd"), ...benchMemory() };
         if (base.workerd.processes === 0) ctx.log("note: no workerd process found under this one (no /proc?); memory figures are n/a");
-        ctx.log(`baseline: workerd RSS ${mib(base.workerd.bytes).toFixed(0)} MiB (${base.workerd.processes} process${base.workerd.processes === 1 ? "" : "es"}), this process RSS ${mib(base.rss).toFixed(0)} MiB, JS heap ${mib(base.heap).toFixed(0)} MiB; workerd file descriptors ${fdLine(base.fds)}`);
+        ctx.log(
+          `baseline: workerd RSS ${mib(base.workerd.bytes).toFixed(0)} MiB (${base.workerd.processes} process${base.workerd.processes === 1 ? "" : "es"}), this process RSS ${mib(base.rss).toFixed(0)} MiB, JS heap ${mib(base.heap).toFixed(0)} MiB; workerd file descriptors ${fdLine(base.fds)}`,
+        );
 
         const steps: Step[] = [];
         let stopped = "";
@@ -96,7 +102,10 @@ export const agentsSection: BenchSection = {
           // Ramp: new agents join and connect, RAMP_CONCURRENCY at a time.
           const rampStarted = performance.now();
           const rampCpu = cpuSnapshot();
-          const batch = Array.from({ length: target - agents.length }, (_, i) => new Agent(stack, agents.length + i, heartbeatSeconds * 1000));
+          const batch = Array.from(
+            { length: target - agents.length },
+            (_, i) => new Agent(stack, agents.length + i, heartbeatSeconds * 1000),
+          );
           agents.push(...batch);
           const problems: string[] = [];
           try {
@@ -112,7 +121,9 @@ export const agentsSection: BenchSection = {
           const holdStarted = performance.now();
           const holdCpu = cpuSnapshot();
           if (!problems.length) await sleep(holdSeconds * 1000);
-          const holdCpuLine = problems.length ? "skipped" : cpuLine(cpuShares(holdCpu, cpuSnapshot(), (performance.now() - holdStarted) / 1000));
+          const holdCpuLine = problems.length
+            ? "skipped"
+            : cpuLine(cpuShares(holdCpu, cpuSnapshot(), (performance.now() - holdStarted) / 1000));
           const after = totals(agents);
           const notConnected = agents.filter((a) => !a.daemon.connected).length;
           const silent = agents.filter((a) => a.lastPong < holdStarted).length;
@@ -127,7 +138,9 @@ export const agentsSection: BenchSection = {
             connectedInDb = await connectedNodes(stack, agents);
             if (connectedInDb !== target) problems.push(`nodes.list says ${connectedInDb} connected`);
           } catch (err) {
-            problems.push(`nodes.list failed: ${err instanceof Error ? `${err.message}${err.cause ? ` (${String(err.cause)})` : ""}` : String(err)}`);
+            problems.push(
+              `nodes.list failed: ${err instanceof Error ? `${err.message}${err.cause ? ` (${String(err.cause)})` : ""}` : String(err)}`,
+            );
           }
           const fds = descendantsFds("workerd");
 
@@ -174,7 +187,24 @@ export const agentsSection: BenchSection = {
             kib((s.heap - base.heap) / s.agents),
           ];
         });
-        ctx.table(["agents", "held", "ramp s", "joins/s", "pongs/pings", "connected (db)", "workerd MiB", "KiB/agent", "marginal KiB/agent", "max fds", "bench RSS MiB", "bench heap MiB", "heap KiB/agent"], rows);
+        ctx.table(
+          [
+            "agents",
+            "held",
+            "ramp s",
+            "joins/s",
+            "pongs/pings",
+            "connected (db)",
+            "workerd MiB",
+            "KiB/agent",
+            "marginal KiB/agent",
+            "max fds",
+            "bench RSS MiB",
+            "bench heap MiB",
+            "heap KiB/agent",
+          ],
+          rows,
+        );
         const good = steps.filter((s) => !s.problems.length);
         const best = good[good.length - 1];
         ctx.log(
@@ -189,9 +219,15 @@ export const agentsSection: BenchSection = {
           );
         }
         ctx.log(`workerd file descriptors at ${steps[steps.length - 1]?.agents} agents: ${fdLine(lastFds)}`);
-        ctx.log("columns: ramp s = time to join and connect that step's new agents; pongs/pings = heartbeats answered/sent during the hold;");
-        ctx.log("  KiB/agent = (workerd RSS − baseline) ÷ agents; marginal = ΔRSS ÷ Δagents from the previous step; max fds = the most open in one workerd process;");
-        ctx.log(`  bench RSS/heap = this process (the agents${stack.embedded ? ", PGlite and the bridge" : " and the bridge"}), heap after a full GC; heap KiB/agent = (heap − baseline) ÷ agents.`);
+        ctx.log(
+          "columns: ramp s = time to join and connect that step's new agents; pongs/pings = heartbeats answered/sent during the hold;",
+        );
+        ctx.log(
+          "  KiB/agent = (workerd RSS − baseline) ÷ agents; marginal = ΔRSS ÷ Δagents from the previous step; max fds = the most open in one workerd process;",
+        );
+        ctx.log(
+          `  bench RSS/heap = this process (the agents${stack.embedded ? ", PGlite and the bridge" : " and the bridge"}), heap after a full GC; heap KiB/agent = (heap − baseline) ÷ agents.`,
+        );
 
         // ---- everyone leaves cleanly, and Postgres records it
         const leaving = performance.now();
@@ -202,11 +238,14 @@ export const agentsSection: BenchSection = {
           left = await connectedNodes(stack, agents);
           if (left) await sleep(250);
         }
-        ctx.log(`${agents.length} agents stopped (close 1000); recorded disconnected within ${seconds(leaving)} s${left ? `, except ${left} still connected after ${DISCONNECT_TIMEOUT_MS / 1000} s` : ""}`);
+        ctx.log(
+          `${agents.length} agents stopped (close 1000); recorded disconnected within ${seconds(leaving)} s${left ? `, except ${left} still connected after ${DISCONNECT_TIMEOUT_MS / 1000} s` : ""}`,
+        );
         if (!best) throw new Error(`not even the first step (${steps[0]?.agents}) held: ${steps[0]?.problems.join("; ")}`);
         // After a step that broke (a crashed or restarted workerd never runs webSocketClose) stale
         // rows are part of the finding; when everything held, they are a bug.
-        if (left && !stopped) throw new Error(`${left} nodes were still recorded connected ${DISCONNECT_TIMEOUT_MS / 1000} s after their agents stopped`);
+        if (left && !stopped)
+          throw new Error(`${left} nodes were still recorded connected ${DISCONNECT_TIMEOUT_MS / 1000} s after their agents stopped`);
       } catch (err) {
         const tail = stack.wranglerTail();
         if (tail.length) ctx.log(`last wrangler output:\n    ${tail.join("\n    ")}`);
@@ -250,7 +289,10 @@ async function connectedNodes(stack: BenchStack, agents: Agent[]): Promise<numbe
 }
 
 function fdLine(fds: FdCount): string {
-  const kinds = Object.entries(fds.kinds).sort((a, b) => b[1] - a[1]).map(([k, v]) => `${v} ${k}`).join(", ");
+  const kinds = Object.entries(fds.kinds)
+    .sort((a, b) => b[1] - a[1])
+    .map(([k, v]) => `${v} ${k}`)
+    .join(", ");
   return `${fds.open} open (${kinds}); the busiest process ${fds.busiest} of its limit ${fds.limit}`;
 }
 

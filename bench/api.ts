@@ -37,7 +37,16 @@ export const apiSection: BenchSection = {
 
       ctx.table(
         ["target", "requests", "errors", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms"],
-        [apiResult, bareResult, floorResult].map((r) => [r.label, String(r.requests), String(r.errors), r.rps.toFixed(0), ms(r.p50), ms(r.p90), ms(r.p99), ms(r.max)]),
+        [apiResult, bareResult, floorResult].map((r) => [
+          r.label,
+          String(r.requests),
+          String(r.errors),
+          r.rps.toFixed(0),
+          ms(r.p50),
+          ms(r.p90),
+          ms(r.p99),
+          ms(r.max),
+        ]),
       );
       ctx.log(
         `ratio API / bare: req/s ${(apiResult.rps / bareResult.rps).toFixed(2)}×, p50 ${(apiResult.p50 / bareResult.p50).toFixed(2)}×, p99 ${(apiResult.p99 / bareResult.p99).toFixed(2)}×` +
@@ -49,7 +58,9 @@ export const apiSection: BenchSection = {
       const failed = results.filter((r) => r.errors > 0 || r.requests === 0);
       if (failed.length) {
         for (const r of failed) {
-          ctx.log(`ERROR ${r.label}: ${r.errors} of ${r.requests} requests failed${r.errorSamples.length ? `; e.g.\n    ${r.errorSamples.join("\n    ")}` : ""}`);
+          ctx.log(
+            `ERROR ${r.label}: ${r.errors} of ${r.requests} requests failed${r.errorSamples.length ? `; e.g.\n    ${r.errorSamples.join("\n    ")}` : ""}`,
+          );
         }
         const tail = stack.wranglerTail();
         if (tail.length) ctx.log(`last wrangler output:\n    ${tail.join("\n    ")}`);

@@ -21,7 +21,8 @@ import type { BenchContext, BenchSection } from "./run.ts";
 import { callApi, ms, withStack, type BenchStack } from "./stack.ts";
 
 /** What the EchoDO (bench/echo-do.ts) inserts into, one row per message. */
-const ECHO_TABLE_DDL = "CREATE TABLE IF NOT EXISTS bench_echo (id bigserial PRIMARY KEY, body text NOT NULL, at timestamptz NOT NULL DEFAULT compute_now())";
+const ECHO_TABLE_DDL =
+  "CREATE TABLE IF NOT EXISTS bench_echo (id bigserial PRIMARY KEY, body text NOT NULL, at timestamptz NOT NULL DEFAULT compute_now())";
 
 /** How long one round trip may take before the section gives up (the NodeDO's sweep is 30 s). */
 const ROUND_TRIP_TIMEOUT_MS = 15_000;
@@ -47,7 +48,12 @@ export const commandsSection: BenchSection = {
       const n = ctx.commands;
       const warmup = Math.min(50, Math.max(5, Math.ceil(n / 20)));
       const db = await openNodeStore(stack.databaseUrl);
-      const daemon = new FakeDaemon({ baseUrl: stack.url, transport: nodeTransport(), role: "node", handlers: { "agent.ping": () => ({ pong: true }) } });
+      const daemon = new FakeDaemon({
+        baseUrl: stack.url,
+        transport: nodeTransport(),
+        role: "node",
+        handlers: { "agent.ping": () => ({ pong: true }) },
+      });
       try {
         await db.db.execute(sql.raw(ECHO_TABLE_DDL));
         const { token } = await callApi<{ token: string }>(stack, "joinTokens.create", { role: "node" });
@@ -71,7 +77,11 @@ export const commandsSection: BenchSection = {
             await new Promise<void>((resolve, reject) => {
               const timer = setTimeout(() => {
                 waiting.delete(id);
-                reject(new Error(`command ${id}: no result-ack within ${ROUND_TRIP_TIMEOUT_MS} ms (delivered: ${at.command.has(id)}, result sent: ${at.result.has(id)})`));
+                reject(
+                  new Error(
+                    `command ${id}: no result-ack within ${ROUND_TRIP_TIMEOUT_MS} ms (delivered: ${at.command.has(id)}, result sent: ${at.result.has(id)})`,
+                  ),
+                );
               }, ROUND_TRIP_TIMEOUT_MS);
               waiting.set(id, () => {
                 clearTimeout(timer);
@@ -106,15 +116,26 @@ export const commandsSection: BenchSection = {
         const totals = sorted(commands.samples.map((s) => s.total));
         const echoSorted = sorted(echoes.samples);
         const row = (label: string, values: Float64Array, elapsed: number) => [
-          label, String(values.length), ms(percentile(values, 0.5)), ms(percentile(values, 0.9)), ms(percentile(values, 0.99)), ms(values[values.length - 1]!), (values.length / elapsed).toFixed(0),
+          label,
+          String(values.length),
+          ms(percentile(values, 0.5)),
+          ms(percentile(values, 0.9)),
+          ms(percentile(values, 0.99)),
+          ms(values[values.length - 1]!),
+          (values.length / elapsed).toFixed(0),
         ];
         ctx.table(
           ["path", "round trips", "p50 ms", "p90 ms", "p99 ms", "max ms", "per s"],
-          [row("command (commands.create → result-ack)", totals, commands.seconds), row("bare (DO ws echo + 1 INSERT)", echoSorted, echoes.seconds)],
+          [
+            row("command (commands.create → result-ack)", totals, commands.seconds),
+            row("bare (DO ws echo + 1 INSERT)", echoSorted, echoes.seconds),
+          ],
         );
         const p50 = percentile(totals, 0.5) / percentile(echoSorted, 0.5);
         const p99 = percentile(totals, 0.99) / percentile(echoSorted, 0.99);
-        ctx.log(`ratio command / bare: p50 ${p50.toFixed(1)}×, p99 ${p99.toFixed(1)}× (p50 ${ms(percentile(totals, 0.5) - percentile(echoSorted, 0.5))} ms over the bare path)`);
+        ctx.log(
+          `ratio command / bare: p50 ${p50.toFixed(1)}×, p99 ${p99.toFixed(1)}× (p50 ${ms(percentile(totals, 0.5) - percentile(echoSorted, 0.5))} ms over the bare path)`,
+        );
         ctx.log("where a command's time goes (p50 and p99 of each consecutive segment; per command they add up to its total):");
         const segments: [string, (s: CommandSample) => number][] = [
           ["t0 → the API answers commands.create (new pool, auth, IAM, enqueue transaction)", (s) => s.http],
@@ -132,14 +153,23 @@ export const commandsSection: BenchSection = {
         ctx.log(`  bare:     ${cpuLine(echoes.cpu)}`);
 
         // ---- every command was recorded succeeded, every echo was inserted
-        const states = (await db.db.execute(sql`SELECT state, count(*)::int AS n FROM bc_commands WHERE node_id = ${nodeId} GROUP BY state ORDER BY state`)).rows as { state: string; n: number }[];
+        const states = (
+          await db.db.execute(
+            sql`SELECT state, count(*)::int AS n FROM bc_commands WHERE node_id = ${nodeId} GROUP BY state ORDER BY state`,
+          )
+        ).rows as { state: string; n: number }[];
         const inserted = Number(((await db.db.execute(sql`SELECT count(*)::int AS n FROM bench_echo`)).rows[0] as { n: number }).n);
         const succeeded = states.find((s) => s.state === "succeeded")?.n ?? 0;
-        ctx.log(`recorded: ${states.map((s) => `${s.n} ${s.state}`).join(", ")} of ${warmup + n} commands (${warmup} warm-up); ${inserted} echo rows of ${warmup + n}`);
-        if (succeeded !== warmup + n || states.length !== 1) throw new Error(`expected all ${warmup + n} commands succeeded, found ${JSON.stringify(states)}`);
+        ctx.log(
+          `recorded: ${states.map((s) => `${s.n} ${s.state}`).join(", ")} of ${warmup + n} commands (${warmup} warm-up); ${inserted} echo rows of ${warmup + n}`,
+        );
+        if (succeeded !== warmup + n || states.length !== 1)
+          throw new Error(`expected all ${warmup + n} commands succeeded, found ${JSON.stringify(states)}`);
         if (inserted !== warmup + n) throw new Error(`expected ${warmup + n} bench_echo rows, found ${inserted}`);
         if (daemon.serverErrors.length || daemon.disconnects.length) {
-          throw new Error(`the agent saw ${daemon.serverErrors.length} error frames and ${daemon.disconnects.length} disconnects: ${JSON.stringify([...daemon.serverErrors, ...daemon.disconnects].slice(0, 3))}`);
+          throw new Error(
+            `the agent saw ${daemon.serverErrors.length} error frames and ${daemon.disconnects.length} disconnects: ${JSON.stringify([...daemon.serverErrors, ...daemon.disconnects].slice(0, 3))}`,
+          );
         }
       } catch (err) {
         reportTail(ctx, stack);

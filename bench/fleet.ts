@@ -28,7 +28,11 @@ export const fleetSection: BenchSection = {
         const ids = sim.machines.map((_, i) => `m-${String(i).padStart(4, "0")}`);
         const phases: [string, () => Promise<void>, string][] = [
           ["enroll → ready", () => each(ids, (id, i) => sim.enroll(sim.machines[i]!, { id })), "ready"],
-          ["ready → deployed", () => each(ids, (id) => sim.call("metal.deploy", { node: id, profile: "metal.deploy.image-stream", input: { image } })), "deployed"],
+          [
+            "ready → deployed",
+            () => each(ids, (id) => sim.call("metal.deploy", { node: id, profile: "metal.deploy.image-stream", input: { image } })),
+            "deployed",
+          ],
           ["deployed → ready", () => each(ids, (id) => sim.call("metal.undeploy", { node: id })), "ready"],
         ];
         for (const [name, start, target] of phases) {
@@ -41,16 +45,32 @@ export const fleetSection: BenchSection = {
           const transitions = after.transitions - before.transitions;
           const steps = after.steps - before.steps;
           const trips = after.roundTrips - before.roundTrips - (after.observerTrips - before.observerTrips);
-          rows.push([String(size), name, seconds.toFixed(1), String(transitions), (transitions / seconds).toFixed(1), (steps / seconds).toFixed(1), (trips / transitions).toFixed(0), (trips / steps).toFixed(1)]);
+          rows.push([
+            String(size),
+            name,
+            seconds.toFixed(1),
+            String(transitions),
+            (transitions / seconds).toFixed(1),
+            (steps / seconds).toFixed(1),
+            (trips / transitions).toFixed(0),
+            (trips / steps).toFixed(1),
+          ]);
         }
       } finally {
         await sim.stop();
         await served.stop();
       }
     }
-    ctx.table(["machines", "phase", "wall s", "transitions", "transitions/s", "steps/s", "round trips/transition", "round trips/step"], rows);
-    ctx.log("a transition is one change of a machine's lifecycle state (metal_transitions); each phase is two per machine, and each rides on a workflow of 5 to 10 steps");
-    ctx.log("round trips count everything the phase did (API requests, joins, sessions, the engine, the reconciler), the bench's own polling subtracted");
+    ctx.table(
+      ["machines", "phase", "wall s", "transitions", "transitions/s", "steps/s", "round trips/transition", "round trips/step"],
+      rows,
+    );
+    ctx.log(
+      "a transition is one change of a machine's lifecycle state (metal_transitions); each phase is two per machine, and each rides on a workflow of 5 to 10 steps",
+    );
+    ctx.log(
+      "round trips count everything the phase did (API requests, joins, sessions, the engine, the reconciler), the bench's own polling subtracted",
+    );
   },
 };
 
@@ -90,9 +110,12 @@ async function allIn(sim: MetalSim, size: number, state: string, ctx: BenchConte
         SELECT state, count(*)::int AS n, round(avg(extract(epoch FROM delivered_at - created_at))::numeric, 1)::float8 AS wait_s,
                round(avg(extract(epoch FROM completed_at - delivered_at))::numeric, 1)::float8 AS run_s
         FROM bc_commands GROUP BY state`);
-      throw new Error(`${counts.failed} machine(s) failed: ${JSON.stringify(counts)}; ${failed.rows.map((r) => JSON.stringify(r)).join("; ")}; commands: ${JSON.stringify(commands.rows)}`);
+      throw new Error(
+        `${counts.failed} machine(s) failed: ${JSON.stringify(counts)}; ${failed.rows.map((r) => JSON.stringify(r)).join("; ")}; commands: ${JSON.stringify(commands.rows)}`,
+      );
     }
-    if (performance.now() - started > ctx.fleet.timeoutSeconds * 1000) throw new Error(`not all ${size} machines reached ${state} in ${ctx.fleet.timeoutSeconds} s: ${JSON.stringify(counts)}`);
+    if (performance.now() - started > ctx.fleet.timeoutSeconds * 1000)
+      throw new Error(`not all ${size} machines reached ${state} in ${ctx.fleet.timeoutSeconds} s: ${JSON.stringify(counts)}`);
     await new Promise((r) => setTimeout(r, POLL_MS));
   }
 }

@@ -58,7 +58,9 @@ export function runLoad(target: LoadTarget, options: LoadOptions): Promise<LoadR
       }
     });
     worker.once("error", reject);
-    worker.once("exit", (code) => (result ? resolve(result) : reject(new Error(`the load generator exited with ${code} before reporting`))));
+    worker.once("exit", (code) =>
+      result ? resolve(result) : reject(new Error(`the load generator exited with ${code} before reporting`)),
+    );
   });
 }
 
@@ -169,7 +171,7 @@ export function cpuSnapshot(root = process.pid): CpuSnapshot {
     }
   }
   const include = new Set([root]);
-  for (let grew = true; grew; ) {
+  for (let grew = true; grew;) {
     grew = false;
     for (const [pid, s] of stats) {
       if (!include.has(pid) && include.has(s.ppid)) {

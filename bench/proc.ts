@@ -34,7 +34,7 @@ export function processTree(root = process.pid): ProcessInfo[] {
     }
   }
   const include = new Set([root]);
-  for (let grew = true; grew; ) {
+  for (let grew = true; grew;) {
     grew = false;
     for (const [pid, p] of all) {
       if (!include.has(pid) && include.has(p.ppid)) {
@@ -82,7 +82,13 @@ export function descendantsFds(name: string): FdCount {
         } catch {
           // closed meanwhile
         }
-        const kind = target.startsWith("socket:") ? "socket" : target.startsWith("anon_inode:") ? target.slice(11).replace(/[[\]]/g, "") : target.startsWith("pipe:") ? "pipe" : "file";
+        const kind = target.startsWith("socket:")
+          ? "socket"
+          : target.startsWith("anon_inode:")
+            ? target.slice(11).replace(/[[\]]/g, "")
+            : target.startsWith("pipe:")
+              ? "pipe"
+              : "file";
         kinds[kind] = (kinds[kind] ?? 0) + 1;
       }
       const soft = /^Max open files\s+(\d+|unlimited)/m.exec(fs.readFileSync(`/proc/${p.pid}/limits`, "utf8"))?.[1];

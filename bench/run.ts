@@ -53,9 +53,13 @@ export interface BenchSection {
 
 /** Sections in the order they run; later issues append theirs. */
 const allSections: BenchSection[] = [apiSection, commandsSection, agentsSection, workflowsSection, fleetSection];
-const only = (process.env.BENCH_ONLY ?? "").split(",").map((s) => s.trim()).filter(Boolean);
+const only = (process.env.BENCH_ONLY ?? "")
+  .split(",")
+  .map((s) => s.trim())
+  .filter(Boolean);
 for (const id of only) {
-  if (!allSections.some((s) => s.id === id)) throw new Error(`BENCH_ONLY: no section ${JSON.stringify(id)} (sections: ${allSections.map((s) => s.id).join(", ")})`);
+  if (!allSections.some((s) => s.id === id))
+    throw new Error(`BENCH_ONLY: no section ${JSON.stringify(id)} (sections: ${allSections.map((s) => s.id).join(", ")})`);
 }
 const sections = only.length ? allSections.filter((s) => only.includes(s.id)) : allSections;
 
@@ -88,7 +92,9 @@ console.log(`  node ${process.version} on ${os.platform()} ${os.arch()} (${os.re
 console.log(`  ${os.availableParallelism()} CPUs: ${models}; ${(os.totalmem() / 2 ** 30).toFixed(1)} GiB RAM`);
 console.log(`  database: ${ctx.databaseUrl ? `DATABASE_URL host ${databaseHost(ctx.databaseUrl)}` : "PGlite (embedded, in this process)"}`);
 console.log(`  sections: ${sections.map((s) => s.id).join(", ")}${only.length ? " (BENCH_ONLY)" : ""}`);
-console.log(`  api: ${ctx.concurrency} concurrent clients (BENCH_CONCURRENCY), ${ctx.warmupSeconds} s warm-up (BENCH_WARMUP) + ${ctx.seconds} s measured (BENCH_SECONDS) per target`);
+console.log(
+  `  api: ${ctx.concurrency} concurrent clients (BENCH_CONCURRENCY), ${ctx.warmupSeconds} s warm-up (BENCH_WARMUP) + ${ctx.seconds} s measured (BENCH_SECONDS) per target`,
+);
 console.log(`  fleet: ${ctx.fleet.sizes.join(", ")} simulated machines (BENCH_FLEET)`);
 console.log(`  commands: ${ctx.commands} sequential round trips per path (BENCH_COMMANDS)`);
 console.log(
@@ -129,7 +135,8 @@ function positiveNumber(name: string, fallback: number, allowZero = false): numb
   const raw = process.env[name];
   if (raw === undefined || raw === "") return fallback;
   const value = Number(raw);
-  if (!Number.isFinite(value) || value < 0 || (!allowZero && value === 0)) throw new Error(`${name} must be a ${allowZero ? "non-negative" : "positive"} number, got ${JSON.stringify(raw)}`);
+  if (!Number.isFinite(value) || value < 0 || (!allowZero && value === 0))
+    throw new Error(`${name} must be a ${allowZero ? "non-negative" : "positive"} number, got ${JSON.stringify(raw)}`);
   return value;
 }
 
@@ -140,5 +147,8 @@ function positiveInt(name: string, fallback: number): number {
 }
 
 function intList(name: string, fallback: string): number[] {
-  return (process.env[name] ?? fallback).split(",").map((n) => Number(n.trim())).filter((n) => Number.isInteger(n) && n > 0);
+  return (process.env[name] ?? fallback)
+    .split(",")
+    .map((n) => Number(n.trim()))
+    .filter((n) => Number.isInteger(n) && n > 0);
 }

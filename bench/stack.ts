@@ -30,7 +30,15 @@ function frozenConfig(): Promise<string> {
     const source = path.join(here, "wrangler.toml");
     await promisify(execFile)(
       process.execPath,
-      [path.join(repoRoot, "node_modules", "wrangler", "bin", "wrangler.js"), "deploy", "--dry-run", "--outdir", path.join(dir, "bundle"), "--config", source],
+      [
+        path.join(repoRoot, "node_modules", "wrangler", "bin", "wrangler.js"),
+        "deploy",
+        "--dry-run",
+        "--outdir",
+        path.join(dir, "bundle"),
+        "--config",
+        source,
+      ],
       { cwd: repoRoot, env: { ...process.env, WRANGLER_SEND_METRICS: "false", CI: "true" }, maxBuffer: 16 * 2 ** 20 },
     );
     const main = path.join(dir, "bundle", "worker.js");
@@ -63,7 +71,8 @@ export async function withStack<T>(ctx: BenchContext, name: string, fn: (stack: 
     const first = !bundled;
     const bundling = performance.now();
     const wranglerConfig = await frozenConfig();
-    if (first) ctx.log(`Worker bundled in ${((performance.now() - bundling) / 1000).toFixed(1)} s (once per run; every section serves this bundle)`);
+    if (first)
+      ctx.log(`Worker bundled in ${((performance.now() - bundling) / 1000).toFixed(1)} s (once per run; every section serves this bundle)`);
     const started = performance.now();
     stack = await startStack({
       dataDir,
@@ -74,7 +83,9 @@ export async function withStack<T>(ctx: BenchContext, name: string, fn: (stack: 
         if (lines.length > 20) lines.shift();
       },
     });
-    ctx.log(`stack up in ${((performance.now() - started) / 1000).toFixed(1)} s (${stack.embedded ? "PGlite" : "DATABASE_URL"} → WebSocket bridge → wrangler dev at ${stack.url})`);
+    ctx.log(
+      `stack up in ${((performance.now() - started) / 1000).toFixed(1)} s (${stack.embedded ? "PGlite" : "DATABASE_URL"} → WebSocket bridge → wrangler dev at ${stack.url})`,
+    );
     return await fn({ ...stack, wranglerTail: () => [...lines] });
   } finally {
     process.off("SIGINT", interrupted);

@@ -4,7 +4,12 @@ import { z } from "zod";
 import { definePlugin } from "better-compute";
 import { defineProfile, defineStep } from "better-compute/provision";
 
-const noop = defineStep({ id: "bench.noop", runsOn: "control-plane", input: z.object({}), run: async (ctx) => ({ step: ctx.step.position }) });
+const noop = defineStep({
+  id: "bench.noop",
+  runsOn: "control-plane",
+  input: z.object({}),
+  run: async (ctx) => ({ step: ctx.step.position }),
+});
 
 export const benchSteps = definePlugin({
   id: "bench-steps",

@@ -13,7 +13,9 @@ export const workflowsSection: BenchSection = {
   id: "workflows",
   title: "Workflow throughput: ten control-plane steps, 1, 10 and 100 running at once",
   async run(ctx: BenchContext) {
-    ctx.log("a batch of N workflows is started at once (workflows.start, 20 requests in flight); figures run from the first start to the last finish");
+    ctx.log(
+      "a batch of N workflows is started at once (workflows.start, 20 requests in flight); figures run from the first start to the last finish",
+    );
     await withStack(ctx, "workflows", async (stack) => {
       const observer = await openNodeStore(stack.databaseUrl);
       try {
@@ -34,10 +36,19 @@ export const workflowsSection: BenchSection = {
             observerTrips += m.polls;
           }
           const perStep = stack.databaseStats ? ((roundTrips - observerTrips) / (completed * STEPS)).toFixed(1) : "-";
-          rows.push([String(size), String(completed), ms(elapsed / runs), (completed / (elapsed / 1000)).toFixed(1), ((completed * STEPS) / (elapsed / 1000)).toFixed(0), perStep]);
+          rows.push([
+            String(size),
+            String(completed),
+            ms(elapsed / runs),
+            (completed / (elapsed / 1000)).toFixed(1),
+            ((completed * STEPS) / (elapsed / 1000)).toFixed(0),
+            perStep,
+          ]);
         }
         ctx.table(["running at once", "workflows", "batch ms", "workflows/s", "steps/s", "round trips/step"], rows);
-        ctx.log("round trips/step: every Postgres round trip of the batch (workflows.start requests and the WorkflowDOs) per step, the bench's own polling subtracted");
+        ctx.log(
+          "round trips/step: every Postgres round trip of the batch (workflows.start requests and the WorkflowDOs) per step, the bench's own polling subtracted",
+        );
         if (!stack.databaseStats) ctx.log("(round trips are counted by the embedded PGlite only; unset DATABASE_URL to see them)");
       } finally {
         await observer.close();
@@ -46,8 +57,10 @@ export const workflowsSection: BenchSection = {
       async function batch(size: number): Promise<{ elapsedMs: number; roundTrips: number; polls: number }> {
         const started = performance.now();
         const tripsAtStart = stack.databaseStats?.roundTrips ?? 0;
-        const ids = await mapLimit(Array.from({ length: size }, (_, i) => i), 20, async (i) =>
-          (await callApi<{ id: string }>(stack, "workflows.start", { profile: "bench.tenSteps", target: `bench-${i}` })).id,
+        const ids = await mapLimit(
+          Array.from({ length: size }, (_, i) => i),
+          20,
+          async (i) => (await callApi<{ id: string }>(stack, "workflows.start", { profile: "bench.tenSteps", target: `bench-${i}` })).id,
         );
         let polls = 0;
         for (;;) {

@@ -28,7 +28,9 @@ export function methodRoutes(deps: MethodDeps): Hono<AppEnv> {
     bodyLimit({
       maxSize: deps.maxBodyBytes,
       onError: () => {
-        throw new ComputeError("PAYLOAD_TOO_LARGE", `the request body is larger than ${deps.maxBodyBytes} bytes`, { maxBytes: deps.maxBodyBytes });
+        throw new ComputeError("PAYLOAD_TOO_LARGE", `the request body is larger than ${deps.maxBodyBytes} bytes`, {
+          maxBytes: deps.maxBodyBytes,
+        });
       },
     }),
   );
@@ -47,7 +49,10 @@ async function invoke(c: Context<AppEnv>, deps: MethodDeps, mod: Module, method:
   const input = await readInput(c, method.input);
   const resource = method.resource?.(input) ?? "*";
   if (!(await deps.iam.authorize(principal, method.action, resource))) {
-    throw new ComputeError("PERMISSION_DENIED", `${principal.id} may not ${method.action} on ${resource}`, { action: method.action, resource });
+    throw new ComputeError("PERMISSION_DENIED", `${principal.id} may not ${method.action} on ${resource}`, {
+      action: method.action,
+      resource,
+    });
   }
 
   let inTransaction = false;
@@ -60,7 +65,10 @@ async function invoke(c: Context<AppEnv>, deps: MethodDeps, mod: Module, method:
       // Rule 2: IAM is decided before a transaction opens, never awaited inside one.
       if (inTransaction) throw new ComputeError("INTERNAL", `ctx.check(${action}) was called inside ${method.name}'s transaction`);
       if (!(await deps.iam.authorize(principal, action, checkResource))) {
-        throw new ComputeError("PERMISSION_DENIED", `${principal.id} may not ${action} on ${checkResource}`, { action, resource: checkResource });
+        throw new ComputeError("PERMISSION_DENIED", `${principal.id} may not ${action} on ${checkResource}`, {
+          action,
+          resource: checkResource,
+        });
       }
     },
   });
@@ -71,7 +79,9 @@ async function invoke(c: Context<AppEnv>, deps: MethodDeps, mod: Module, method:
     try {
       const result = await method.handler(ctx, input, tx);
       if (!method.readOnly) {
-        await tx.insert(audit).values({ actor: principal.id, action: method.action, resource, method: method.name, requestId: c.var.requestId });
+        await tx
+          .insert(audit)
+          .values({ actor: principal.id, action: method.action, resource, method: method.name, requestId: c.var.requestId });
       }
       return result;
     } finally {

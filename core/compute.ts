@@ -165,7 +165,10 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
           changed += await pass.run(ctx);
         } catch (err) {
           const what = kind === "sweeps" ? "sweep" : "reconciler";
-          ctx.log.warn(`a ${what} pass failed; the next pass retries`, { [what]: pass.id, error: err instanceof Error ? err.message : String(err) });
+          ctx.log.warn(`a ${what} pass failed; the next pass retries`, {
+            [what]: pass.id,
+            error: err instanceof Error ? err.message : String(err),
+          });
         }
         await ctx.afterCommit();
       }

@@ -116,7 +116,11 @@ export interface NodesPort {
    * neither renew nor reconnect. Select one node by id, or every live node of a role whose labels
    * include all of `labels` (e.g. the installed system of a machine being wiped). Returns the ids.
    */
-  revoke(tx: Tx, which: { nodeId: string } | { role: "node" | "site" | "ramdisk"; labels: Record<string, string> }, reason: string): Promise<string[]>;
+  revoke(
+    tx: Tx,
+    which: { nodeId: string } | { role: "node" | "site" | "ramdisk"; labels: Record<string, string> },
+    reason: string,
+  ): Promise<string[]>;
   /**
    * Wakes the workflow when an agent of the role whose labels include all of `labels` connects
    * (its hello), instead of at its step's next poll. One wait per workflow: a later call replaces it.
@@ -212,11 +216,15 @@ export function databaseCommands(
       if (declared.input) {
         const parsed = declared.input.safeParse(body);
         if (!parsed.success) {
-          throw invalidArgument(`the body of ${input.kind} does not match its schema`, { kind: input.kind, issues: schemaIssues(parsed.error) });
+          throw invalidArgument(`the body of ${input.kind} does not match its schema`, {
+            kind: input.kind,
+            issues: schemaIssues(parsed.error),
+          });
         }
         body = parsed.data as Record<string, unknown>;
       }
-      if (input.key.length === 0 || input.key.length > MAX_KEY_LENGTH) throw invalidArgument(`an idempotency key is 1 to ${MAX_KEY_LENGTH} characters`);
+      if (input.key.length === 0 || input.key.length > MAX_KEY_LENGTH)
+        throw invalidArgument(`an idempotency key is 1 to ${MAX_KEY_LENGTH} characters`);
       const refs = input.secretRefs ?? [];
       if (!refs.every(isSecretRef)) throw invalidArgument("secretRefs must be secret:// references, never values");
 
@@ -254,10 +262,10 @@ export function databaseNodes(events: EventsPort, wake: WakePort): NodesPort {
   return {
     async revoke(tx, which, reason) {
       const selected =
-        "nodeId" in which
-          ? sql`id = ${which.nodeId}`
-          : sql`role = ${which.role} AND labels @> ${JSON.stringify(which.labels)}::jsonb`;
-      const rows = await tx.execute(sql`UPDATE bc_nodes SET revoked_at = compute_now() WHERE ${selected} AND revoked_at IS NULL RETURNING id`);
+        "nodeId" in which ? sql`id = ${which.nodeId}` : sql`role = ${which.role} AND labels @> ${JSON.stringify(which.labels)}::jsonb`;
+      const rows = await tx.execute(
+        sql`UPDATE bc_nodes SET revoked_at = compute_now() WHERE ${selected} AND revoked_at IS NULL RETURNING id`,
+      );
       const ids = (rows.rows as { id: string }[]).map((r) => r.id);
       for (const id of ids) {
         await events.publish(tx, { type: "node.revoked", subject: `nodes/${id}`, data: { reason } });
@@ -335,4 +343,3 @@ async function deriveKey(secret: string, purpose: string): Promise<CryptoKey> {
     ["encrypt", "decrypt"],
   );
 }
-

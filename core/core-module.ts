@@ -20,7 +20,9 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
       modules: z.array(z.object({ id: z.string(), version: z.string(), kind: z.enum(["module", "plugin"]), methods: z.array(z.string()) })),
     }),
     handler: async () => ({
-      modules: deps.registry().modules.map((m) => ({ id: m.id, version: m.version, kind: m.contract, methods: (m.api ?? []).map((x) => x.name) })),
+      modules: deps
+        .registry()
+        .modules.map((m) => ({ id: m.id, version: m.version, kind: m.contract, methods: (m.api ?? []).map((x) => x.name) })),
     }),
   });
 
@@ -34,7 +36,14 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     handler: async (ctx) => ({ principal: ctx.principal.id, roles: ctx.principal.roles }),
   });
 
-  const apiKey = z.object({ id: z.string(), name: z.string(), roles: z.array(z.string()), createdBy: z.string(), createdAt: z.string(), revoked: z.boolean() });
+  const apiKey = z.object({
+    id: z.string(),
+    name: z.string(),
+    roles: z.array(z.string()),
+    createdBy: z.string(),
+    createdAt: z.string(),
+    revoked: z.boolean(),
+  });
 
   const keysCreate = defineMethod({
     name: "iam.apiKeys.create",
@@ -45,7 +54,11 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     output: z.object({ id: z.string(), key: z.string(), roles: z.array(z.string()) }),
     handler: async (ctx, input, tx) => {
       const { id, key } = await mintApiKey(tx, { ...input, createdBy: ctx.principal.id }, deps.iam().roles());
-      await ctx.events.publish(tx, { type: "iam.apiKey.created", subject: `apiKeys/${id}`, data: { id, name: input.name, roles: input.roles } });
+      await ctx.events.publish(tx, {
+        type: "iam.apiKey.created",
+        subject: `apiKeys/${id}`,
+        data: { id, name: input.name, roles: input.roles },
+      });
       return { id, key, roles: input.roles };
     },
   });
@@ -59,7 +72,14 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     handler: async (_ctx, _input, tx) => {
       const rows = await tx.select().from(apiKeys).orderBy(desc(apiKeys.createdAt));
       return {
-        keys: rows.map((r) => ({ id: r.id, name: r.name, roles: r.roles, createdBy: r.createdBy, createdAt: r.createdAt.toISOString(), revoked: r.revokedAt !== null })),
+        keys: rows.map((r) => ({
+          id: r.id,
+          name: r.name,
+          roles: r.roles,
+          createdBy: r.createdBy,
+          createdAt: r.createdAt.toISOString(),
+          revoked: r.revokedAt !== null,
+        })),
       };
     },
   });
@@ -89,11 +109,25 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     description: "The registered drivers: what they drive, where they run, and the JSON schema of a binding (manifest)",
     input: z.object({}),
     output: z.object({
-      drivers: z.array(z.object({ id: z.string(), version: z.string(), kinds: z.array(z.string()), runsOn: z.string(), secretFields: z.array(z.string()), manifest: z.unknown().nullable() })),
+      drivers: z.array(
+        z.object({
+          id: z.string(),
+          version: z.string(),
+          kinds: z.array(z.string()),
+          runsOn: z.string(),
+          secretFields: z.array(z.string()),
+          manifest: z.unknown().nullable(),
+        }),
+      ),
     }),
     handler: async (ctx) => ({
       drivers: ctx.registered.extensions<DriverDefinition>("driver").map((d) => ({
-        id: d.id, version: d.version, kinds: d.kinds, runsOn: d.runsOn, secretFields: d.secretFields ?? [], manifest: d.manifest ? jsonSchema(d.manifest, "input") : null,
+        id: d.id,
+        version: d.version,
+        kinds: d.kinds,
+        runsOn: d.runsOn,
+        secretFields: d.secretFields ?? [],
+        manifest: d.manifest ? jsonSchema(d.manifest, "input") : null,
       })),
     }),
   });
@@ -107,9 +141,16 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
       /** Exactly this subject, e.g. metal/nodes/m-1. */
       subject: resourceId.optional(),
       /** Exactly this type, or every type under a prefix: metal.node.* */
-      type: z.string().max(128).regex(/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?$/, "a dotted event type, or a prefix ending in .* (metal.node.*)").optional(),
+      type: z
+        .string()
+        .max(128)
+        .regex(/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?$/, "a dotted event type, or a prefix ending in .* (metal.node.*)")
+        .optional(),
       /** The next of the previous page: events after this one, in the listing's order. */
-      after: z.string().regex(/^\d{1,18}$/, "an event id (digits) from a previous page").optional(),
+      after: z
+        .string()
+        .regex(/^\d{1,18}$/, "an event id (digits) from a previous page")
+        .optional(),
       order: z.enum(["asc", "desc"]).default("asc"),
       limit: z.number().int().min(1).max(500).default(100),
     }),
@@ -126,8 +167,15 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
           AND (${input.after ?? null}::bigint IS NULL OR ${newestFirst ? sql`id < ${input.after ?? null}::bigint` : sql`id > ${input.after ?? null}::bigint`})
         ORDER BY id ${newestFirst ? sql`DESC` : sql`ASC`} LIMIT ${input.limit}`);
       const events = (rows.rows as Record<string, any>[]).map((r) => ({
-        id: String(r.id), eventId: r.event_id, type: r.type, module: r.module, subject: r.subject, data: r.data,
-        actor: r.actor, requestId: r.request_id, occurredAt: new Date(r.occurred_at).toISOString(),
+        id: String(r.id),
+        eventId: r.event_id,
+        type: r.type,
+        module: r.module,
+        subject: r.subject,
+        data: r.data,
+        actor: r.actor,
+        requestId: r.request_id,
+        occurredAt: new Date(r.occurred_at).toISOString(),
       }));
       return { events, next: events.length === input.limit ? events.at(-1)!.id : null };
     },

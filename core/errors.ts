@@ -80,7 +80,11 @@ export function clip(value: string, max = MAX_QUOTED): string {
 export function errorBody(error: ComputeError, longInputs: readonly string[], requestId: string) {
   // The longest first: a shorter input may be part of a longer one.
   const inputs = [...longInputs].sort((a, b) => b.length - a.length);
-  const scrub = (text: string, max: number) => clip(inputs.reduce((out, input) => (out.includes(input) ? out.split(input).join(clip(input)) : out), text), max);
+  const scrub = (text: string, max: number) =>
+    clip(
+      inputs.reduce((out, input) => (out.includes(input) ? out.split(input).join(clip(input)) : out), text),
+      max,
+    );
   const scrubValue = (value: unknown, depth: number): unknown => {
     if (typeof value === "string") return scrub(value, MAX_MESSAGE);
     if (value === null || typeof value !== "object" || depth > 8) return value;
@@ -94,15 +98,9 @@ export function errorBody(error: ComputeError, longInputs: readonly string[], re
 }
 
 /** Shorthands, so call sites read as the failure they report. */
-export const invalidArgument = (message: string, details?: ErrorDetails) =>
-  new ComputeError("INVALID_ARGUMENT", message, details);
-export const invalidConfig = (message: string, details?: ErrorDetails) =>
-  new ComputeError("INVALID_CONFIG", message, details);
-export const notFound = (message: string, details?: ErrorDetails) =>
-  new ComputeError("NOT_FOUND", message, details);
-export const conflict = (message: string, details?: ErrorDetails) =>
-  new ComputeError("CONFLICT", message, details);
-export const unsupported = (message: string, details?: ErrorDetails) =>
-  new ComputeError("UNSUPPORTED", message, details);
-export const driverError = (message: string, details?: ErrorDetails) =>
-  new ComputeError("DRIVER_ERROR", message, details);
+export const invalidArgument = (message: string, details?: ErrorDetails) => new ComputeError("INVALID_ARGUMENT", message, details);
+export const invalidConfig = (message: string, details?: ErrorDetails) => new ComputeError("INVALID_CONFIG", message, details);
+export const notFound = (message: string, details?: ErrorDetails) => new ComputeError("NOT_FOUND", message, details);
+export const conflict = (message: string, details?: ErrorDetails) => new ComputeError("CONFLICT", message, details);
+export const unsupported = (message: string, details?: ErrorDetails) => new ComputeError("UNSUPPORTED", message, details);
+export const driverError = (message: string, details?: ErrorDetails) => new ComputeError("DRIVER_ERROR", message, details);

@@ -77,9 +77,12 @@ export async function readInput<T extends z.ZodType>(c: Context<AppEnv>, schema:
   c.set("longInputs", strings.long);
   if (strings.controlAt.length > 0) {
     const paths = strings.controlAt.map(issuePath);
-    throw invalidArgument(`the request body has control characters (NUL, ESC, ...; only tab, CR and LF are allowed) at ${paths.map(shown).join(", ")}`, {
-      issues: paths.map((path) => ({ path, message: "control characters are not allowed", code: "control_character" })),
-    });
+    throw invalidArgument(
+      `the request body has control characters (NUL, ESC, ...; only tab, CR and LF are allowed) at ${paths.map(shown).join(", ")}`,
+      {
+        issues: paths.map((path) => ({ path, message: "control characters are not allowed", code: "control_character" })),
+      },
+    );
   }
   return parseInput(schema, body);
 }
@@ -88,7 +91,8 @@ export async function readJson(request: Request): Promise<unknown> {
   const text = await request.text();
   if (text.trim() === "") return {};
   // Before parsing: a deep body costs the parser and every walk after it.
-  if (nestsDeeperThan(text, MAX_BODY_DEPTH)) throw invalidArgument(`the request body nests deeper than ${MAX_BODY_DEPTH} levels`, { maxDepth: MAX_BODY_DEPTH });
+  if (nestsDeeperThan(text, MAX_BODY_DEPTH))
+    throw invalidArgument(`the request body nests deeper than ${MAX_BODY_DEPTH} levels`, { maxDepth: MAX_BODY_DEPTH });
   try {
     return JSON.parse(text);
   } catch {
@@ -101,7 +105,10 @@ export function parseInput<T extends z.ZodType>(schema: T, body: unknown): z.out
   const parsed = schema.safeParse(body);
   if (!parsed.success) {
     const issues = schemaIssues(parsed.error);
-    throw invalidArgument(`the request body does not match the method's input: ${issues.map((i) => `${shown(i.path)}: ${i.message}`).join("; ")}`, { issues });
+    throw invalidArgument(
+      `the request body does not match the method's input: ${issues.map((i) => `${shown(i.path)}: ${i.message}`).join("; ")}`,
+      { issues },
+    );
   }
   const unknown = unknownKeys(body, parsed.data, [], []).map(issuePath);
   if (unknown.length > 0) {
@@ -126,7 +133,8 @@ function nestsDeeperThan(text: string, max: number): boolean {
   for (let i = 0; i < text.length; i++) {
     const ch = text.charCodeAt(i);
     if (inString) {
-      if (ch === 0x5c) i++; // a backslash escapes the next character
+      if (ch === 0x5c)
+        i++; // a backslash escapes the next character
       else if (ch === 0x22) inString = false;
     } else if (ch === 0x22) inString = true;
     else if (ch === 0x7b || ch === 0x5b) {
@@ -166,7 +174,8 @@ function inspectStrings(body: unknown): { controlAt: string[][]; long: string[] 
 function unknownKeys(input: unknown, output: unknown, path: string[], found: string[][]): string[][] {
   if (input === output || found.length >= MAX_REPORTED) return found;
   if (Array.isArray(input)) {
-    if (Array.isArray(output) && output.length === input.length) input.forEach((item, i) => unknownKeys(item, output[i], [...path, String(i)], found));
+    if (Array.isArray(output) && output.length === input.length)
+      input.forEach((item, i) => unknownKeys(item, output[i], [...path, String(i)], found));
     return found;
   }
   if (!isPlainObject(input) || !isPlainObject(output)) return found;

@@ -92,7 +92,9 @@ export async function mintApiKey(
   if (unknown.length > 0) throw invalidArgument(`unknown role(s): ${unknown.join(", ")}`, { unknownRoles: unknown, knownRoles });
   const id = hex(crypto.getRandomValues(new Uint8Array(8)));
   const secret = base64url(crypto.getRandomValues(new Uint8Array(32)));
-  await tx.insert(apiKeys).values({ id, name: input.name, roles: input.roles, createdBy: input.createdBy, secretSha256: await sha256Hex(secret) });
+  await tx
+    .insert(apiKeys)
+    .values({ id, name: input.name, roles: input.roles, createdBy: input.createdBy, secretSha256: await sha256Hex(secret) });
   return { id, key: `${KEY_PREFIX}${id}_${secret}` };
 }
 

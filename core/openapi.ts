@@ -38,7 +38,9 @@ export function openApiDocument(registry: Registry, info: { baseURL?: string }):
         requestBody: { required: hasRequired(input), content: { "application/json": { schema: input } } },
         responses: {
           "200": { description: "OK", content: { "application/json": { schema: jsonSchema(method.output, "output") } } },
-          "400": errorResponse("INVALID_ARGUMENT: malformed JSON, a body that breaks the schema or the input rules (unknown keys, nesting, control characters)"),
+          "400": errorResponse(
+            "INVALID_ARGUMENT: malformed JSON, a body that breaks the schema or the input rules (unknown keys, nesting, control characters)",
+          ),
           "401": errorResponse("UNAUTHENTICATED"),
           "403": errorResponse("PERMISSION_DENIED"),
           "413": errorResponse("PAYLOAD_TOO_LARGE"),

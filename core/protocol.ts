@@ -58,7 +58,10 @@ export const helloFrame = z.object({
   version: z.string().max(64),
   bootId: z.string().max(128),
   labels: labels.default({}),
-  drivers: z.array(z.object({ id: z.string().max(128), version: z.string().max(64) })).max(256).default([]),
+  drivers: z
+    .array(z.object({ id: z.string().max(128), version: z.string().max(64) }))
+    .max(256)
+    .default([]),
 });
 
 /** Idempotency keys longer than this are refused at enqueue: the agent could not answer them. */
@@ -110,7 +113,8 @@ export type CommandFrame = z.infer<typeof commandFrame>;
 // ---------------------------------------------------------------- signatures (Ed25519, WebCrypto)
 
 /** What a hello signs: the nonce this socket was issued, bound to the node and its boot. */
-export const helloMessage = (nodeId: string, nonce: string, bootId: string) => `bc-hello/v${PROTOCOL_VERSION}\n${nodeId}\n${nonce}\n${bootId}`;
+export const helloMessage = (nodeId: string, nonce: string, bootId: string) =>
+  `bc-hello/v${PROTOCOL_VERSION}\n${nodeId}\n${nonce}\n${bootId}`;
 
 /** What a result signs: the command, its key, and a digest of exactly what the agent reports. */
 export async function resultMessage(nodeId: string, frame: Pick<ResultFrame, "id" | "key" | "ok" | "output" | "error">): Promise<string> {
@@ -137,7 +141,11 @@ export interface NodeKeyPair {
 export async function generateNodeKey(): Promise<NodeKeyPair & { privateJwk: JsonWebKey }> {
   const pair = (await crypto.subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"])) as CryptoKeyPair;
   const raw = new Uint8Array((await crypto.subtle.exportKey("raw", pair.publicKey)) as ArrayBuffer);
-  return { publicKey: base64url(raw), privateKey: pair.privateKey, privateJwk: (await crypto.subtle.exportKey("jwk", pair.privateKey)) as JsonWebKey };
+  return {
+    publicKey: base64url(raw),
+    privateKey: pair.privateKey,
+    privateJwk: (await crypto.subtle.exportKey("jwk", pair.privateKey)) as JsonWebKey,
+  };
 }
 
 export async function importNodeKey(privateJwk: JsonWebKey): Promise<NodeKeyPair> {

@@ -1,7 +1,38 @@
 // better-compute/core: methods, ports and errors, for module and plugin authors.
 export { defineMethod, type MethodDefinition } from "./contracts.ts";
-export type { Clock, CommandInput, CommandsPort, EnqueuedCommand, RegisteredView, EventInput, EventsPort, MethodContext, ModuleContext, NodesPort, PkiPort, PlatformContext, ProvisionedTokenInput, SecretRef, SecretStore, WorkInput, WorkPort } from "./context.ts";
-export { ComputeError, conflict, driverError, errorStatus, invalidArgument, invalidConfig, isComputeError, notFound, schemaIssues, unsupported, type ErrorCode, type ErrorDetails } from "./errors.ts";
+export type {
+  Clock,
+  CommandInput,
+  CommandsPort,
+  EnqueuedCommand,
+  RegisteredView,
+  EventInput,
+  EventsPort,
+  MethodContext,
+  ModuleContext,
+  NodesPort,
+  PkiPort,
+  PlatformContext,
+  ProvisionedTokenInput,
+  SecretRef,
+  SecretStore,
+  WorkInput,
+  WorkPort,
+} from "./context.ts";
+export {
+  ComputeError,
+  conflict,
+  driverError,
+  errorStatus,
+  invalidArgument,
+  invalidConfig,
+  isComputeError,
+  notFound,
+  schemaIssues,
+  unsupported,
+  type ErrorCode,
+  type ErrorDetails,
+} from "./errors.ts";
 export type { IamPort, Principal, ResolvedCatalog } from "./iam.ts";
 export type { Logger } from "./log.ts";
 export type { DatabasePort, Db, Store, Tx } from "./store/database.ts";

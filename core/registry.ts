@@ -1,6 +1,14 @@
 // The registry: everything a deployment registers, checked once when betterCompute() runs.
 // It refuses what it cannot check, with INVALID_CONFIG naming the offender.
-import type { CommandKind, Extension, MethodDefinition, Migration, Module, SchedulerPluginDefinition, SinkDefinition } from "./contracts.ts";
+import type {
+  CommandKind,
+  Extension,
+  MethodDefinition,
+  Migration,
+  Module,
+  SchedulerPluginDefinition,
+  SinkDefinition,
+} from "./contracts.ts";
 import { invalidConfig } from "./errors.ts";
 import type { ResolvedCatalog } from "./iam.ts";
 
@@ -71,12 +79,15 @@ export function buildRegistry(builtins: Module[], input: RegistryInput): Registr
     // One version of a module per deployment: its routes and tables have one owner.
     const registered = moduleVersions.get(mod.id);
     if (registered !== undefined) {
-      throw invalidConfig(`duplicate registration module:${mod.id}@${mod.version} (${mod.id}@${registered} is already registered)`, { duplicate: `module:${mod.id}@${mod.version}` });
+      throw invalidConfig(`duplicate registration module:${mod.id}@${mod.version} (${mod.id}@${registered} is already registered)`, {
+        duplicate: `module:${mod.id}@${mod.version}`,
+      });
     }
     moduleVersions.set(mod.id, mod.version);
     for (const [action, description] of Object.entries(mod.iam?.actions ?? {})) {
       const owner = actions.get(action);
-      if (owner) throw invalidConfig(`IAM action ${action} is declared by both ${owner.module} and ${mod.id}`, { duplicate: `action:${action}` });
+      if (owner)
+        throw invalidConfig(`IAM action ${action} is declared by both ${owner.module} and ${mod.id}`, { duplicate: `action:${action}` });
       actions.set(action, { module: mod.id, description, readOnly: true });
     }
     for (const [role, patterns] of Object.entries(mod.iam?.roles ?? {})) {
@@ -85,7 +96,10 @@ export function buildRegistry(builtins: Module[], input: RegistryInput): Registr
     const own = [...(mod.migrations ?? [])].sort((a, b) => a.name.localeCompare(b.name));
     for (const m of own) {
       if (!m.name.startsWith(`${mod.id}/`)) {
-        throw invalidConfig(`migration ${m.name} of module ${mod.id} is named for another module (expected "${mod.id}/...")`, { migration: m.name, module: mod.id });
+        throw invalidConfig(`migration ${m.name} of module ${mod.id} is named for another module (expected "${mod.id}/...")`, {
+          migration: m.name,
+          module: mod.id,
+        });
       }
       claim(`migration:${m.name}`, `module ${mod.id}`);
       migrations.push(m);
@@ -94,7 +108,9 @@ export function buildRegistry(builtins: Module[], input: RegistryInput): Registr
     for (const profile of mod.profiles ?? []) addExtension(profile, `module ${mod.id} (profiles)`, "profile");
     for (const command of mod.commands ?? []) {
       if (!/^[a-z][a-zA-Z0-9]*(\.[a-z][a-zA-Z0-9]*)+$/.test(command.kind)) {
-        throw invalidConfig(`command kind ${JSON.stringify(command.kind)} of module ${mod.id} is not a dotted name`, { command: command.kind });
+        throw invalidConfig(`command kind ${JSON.stringify(command.kind)} of module ${mod.id} is not a dotted name`, {
+          command: command.kind,
+        });
       }
       claim(`command:${command.kind}`, `module ${mod.id}`);
       commandKinds.set(command.kind, { command, module: mod });
@@ -107,7 +123,10 @@ export function buildRegistry(builtins: Module[], input: RegistryInput): Registr
       claim(`method:${method.name}`, `module ${mod.id}`);
       const action = actions.get(method.action);
       if (!action) {
-        throw invalidConfig(`method ${method.name} of module ${mod.id} uses action ${method.action}, which no module's IAM catalog declares`, { method: method.name, action: method.action });
+        throw invalidConfig(
+          `method ${method.name} of module ${mod.id} uses action ${method.action}, which no module's IAM catalog declares`,
+          { method: method.name, action: method.action },
+        );
       }
       // An action is read-only (granted to viewer) only if every method using it is.
       action.readOnly &&= method.readOnly === true;

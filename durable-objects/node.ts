@@ -10,11 +10,35 @@ import type { Bindings, WakeableObject } from "../core/bindings.ts";
 import type { Compute } from "../core/compute.ts";
 import type { SecretStore } from "../core/context.ts";
 import { createLogger, type Logger } from "../core/log.ts";
-import { agentFrame, challengeFrame, CloseCode, FrameError, helloMessage, MAX_FRAME_BYTES, PING, PONG, PROTOCOL_VERSION, verifyMessage, type HelloFrame, type ResultFrame, type ServerFrame } from "../core/protocol.ts";
+import {
+  agentFrame,
+  challengeFrame,
+  CloseCode,
+  FrameError,
+  helloMessage,
+  MAX_FRAME_BYTES,
+  PING,
+  PONG,
+  PROTOCOL_VERSION,
+  verifyMessage,
+  type HelloFrame,
+  type ResultFrame,
+  type ServerFrame,
+} from "../core/protocol.ts";
 import type { Store } from "../core/store/database.ts";
 import { base64url } from "../core/encoding.ts";
 import { wakeObjects } from "../core/agents/notify.ts";
-import { expireOverdue, markDelivered, nodeLive, openCommands, recordConnected, recordDisconnected, recordResult, waitingWorkflow, type SessionRef } from "../core/agents/sessions.ts";
+import {
+  expireOverdue,
+  markDelivered,
+  nodeLive,
+  openCommands,
+  recordConnected,
+  recordDisconnected,
+  recordResult,
+  waitingWorkflow,
+  type SessionRef,
+} from "../core/agents/sessions.ts";
 import { setAlarm } from "./alarm.ts";
 
 /** The sweep re-reads Postgres while an agent is connected: a missed poke costs at most this. */
@@ -121,7 +145,10 @@ export function nodeObject(compute: Compute) {
       const parsed = agentFrame.safeParse(json);
       if (!parsed.success) {
         const t = (json as { t?: unknown } | null)?.t;
-        return ws.close(CloseCode.MALFORMED_FRAME, typeof t === "string" ? `unknown or malformed frame ${t.slice(0, 40)}` : "the frame has no type");
+        return ws.close(
+          CloseCode.MALFORMED_FRAME,
+          typeof t === "string" ? `unknown or malformed frame ${t.slice(0, 40)}` : "the frame has no type",
+        );
       }
       const frame = parsed.data;
       if (frame.t === "hello") return this.hello(ws, att, frame);
@@ -202,7 +229,10 @@ export function nodeObject(compute: Compute) {
           att.sentSeq = frame.seq;
         }
         updateAttachment(ws, { sentSeq: att.sentSeq });
-        await markDelivered(this.store, frames.map((f) => f.id));
+        await markDelivered(
+          this.store,
+          frames.map((f) => f.id),
+        );
         if (frames.length < DELIVERY_BATCH) return;
       }
     }

@@ -49,7 +49,10 @@ export function workflowObject(compute: Compute) {
         // The workflow ended: whoever started it (metal's lifecycle) moves on now, not at the next cron.
         if (result.wakeInMs === null && result.state !== "missing") await compute.reconcile(this.env, this.store);
       } catch (err) {
-        this.#log.warn("advancing the workflow failed; retrying", { workflow: workflowId, error: err instanceof Error ? err.message : String(err) });
+        this.#log.warn("advancing the workflow failed; retrying", {
+          workflow: workflowId,
+          error: err instanceof Error ? err.message : String(err),
+        });
         this.#store = undefined;
         next = Date.now() + RETRY_MS;
       }

@@ -105,7 +105,16 @@ if (values.tls) {
   tls = { ...cert, certFile };
 }
 
-const emulator = await startRedfishEmulator({ machines, username, password, host, port, drives, quirks, ...(tls ? { tls: { key: tls.key, cert: tls.cert } } : {}) }).catch((err: Error) => {
+const emulator = await startRedfishEmulator({
+  machines,
+  username,
+  password,
+  host,
+  port,
+  drives,
+  quirks,
+  ...(tls ? { tls: { key: tls.key, cert: tls.cert } } : {}),
+}).catch((err: Error) => {
   if (certDir) rmSync(certDir, { recursive: true, force: true });
   console.error(`bmc-emulator: ${err.message}`);
   process.exit(1);

@@ -8,13 +8,13 @@
 // Plain Node, no deps.
 //
 //   node scripts/check-cycles.mjs [root]     exit 1 and one line per cycle
-import { existsSync, readFileSync, realpathSync, statSync } from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { stripComments, walk } from './check-deps.mjs';
+import { existsSync, readFileSync, realpathSync, statSync } from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { stripComments, walk } from "./check-deps.mjs";
 
 const CODE_EXT = /\.(ts|mts|cts|tsx|js|mjs|cjs)$/;
-const TRY_EXT = ['.ts', '.mts', '.tsx', '.js', '.mjs', '.cjs'];
+const TRY_EXT = [".ts", ".mts", ".tsx", ".js", ".mjs", ".cjs"];
 
 // Static imports and re-exports at the start of a line (so an import quoted inside a string
 // is not one). Group 1: `type ` for a whole-clause type import; group 2: the clause.
@@ -28,7 +28,10 @@ const STATIC_RES = [
 function typeOnlyClause(clause) {
   const braces = /^\{([^}]*)\}$/.exec(clause.trim());
   if (!braces) return false;
-  const names = braces[1].split(',').map((n) => n.trim()).filter(Boolean);
+  const names = braces[1]
+    .split(",")
+    .map((n) => n.trim())
+    .filter(Boolean);
   return names.length > 0 && names.every((n) => /^type\s/.test(n));
 }
 
@@ -40,7 +43,7 @@ export function valueImports(src) {
     for (const m of code.matchAll(re)) {
       if (m[1] || typeOnlyClause(m[2])) continue;
       const at = m.index + m[0].lastIndexOf(m[4]);
-      found.push({ specifier: m[4], line: code.slice(0, at).split('\n').length });
+      found.push({ specifier: m[4], line: code.slice(0, at).split("\n").length });
     }
   }
   return found.sort((a, b) => a.line - b.line);
@@ -64,16 +67,19 @@ function resolveFile(abs) {
 
 /** The target of `sub` ('.' or './x') in a package.json "exports" map, or null. */
 function exportTarget(exportsField, sub) {
-  const pick = (target) => (typeof target === 'string' ? target : target && typeof target === 'object' ? pick(target.import ?? target.default) : null);
+  const pick = (target) =>
+    typeof target === "string" ? target : target && typeof target === "object" ? pick(target.import ?? target.default) : null;
   if (exportsField == null) return null;
-  if (typeof exportsField === 'string' || !Object.keys(exportsField).some((k) => k.startsWith('.'))) return sub === '.' ? pick(exportsField) : null;
+  if (typeof exportsField === "string" || !Object.keys(exportsField).some((k) => k.startsWith(".")))
+    return sub === "." ? pick(exportsField) : null;
   if (sub in exportsField) return pick(exportsField[sub]);
   for (const [key, target] of Object.entries(exportsField)) {
-    const star = key.indexOf('*');
+    const star = key.indexOf("*");
     const to = pick(target);
     if (star < 0 || !to) continue;
     const [pre, post] = [key.slice(0, star), key.slice(star + 1)];
-    if (sub.length >= pre.length + post.length && sub.startsWith(pre) && sub.endsWith(post)) return to.replaceAll('*', sub.slice(pre.length, sub.length - post.length));
+    if (sub.length >= pre.length + post.length && sub.startsWith(pre) && sub.endsWith(post))
+      return to.replaceAll("*", sub.slice(pre.length, sub.length - post.length));
   }
   return null;
 }
@@ -86,21 +92,21 @@ function exportTarget(exportsField, sub) {
 export function checkCycles(root) {
   let pkg = {};
   try {
-    pkg = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8'));
+    pkg = JSON.parse(readFileSync(path.join(root, "package.json"), "utf8"));
   } catch {}
-  const name = pkg.name ?? 'better-compute';
-  const files = walk(root, '', CODE_EXT).filter((f) => !f.endsWith('.d.ts'));
-  const rel = (abs) => path.relative(root, abs).split(path.sep).join('/');
+  const name = pkg.name ?? "better-compute";
+  const files = walk(root, "", CODE_EXT).filter((f) => !f.endsWith(".d.ts"));
+  const rel = (abs) => path.relative(root, abs).split(path.sep).join("/");
 
   /** file → [{ to, line, specifier }] */
   const graph = new Map();
   for (const file of files) {
     const edges = [];
-    for (const { specifier, line } of valueImports(readFileSync(path.join(root, file), 'utf8'))) {
+    for (const { specifier, line } of valueImports(readFileSync(path.join(root, file), "utf8"))) {
       let target = null;
-      if (specifier.startsWith('.')) target = resolveFile(path.resolve(root, path.dirname(file), specifier));
+      if (specifier.startsWith(".")) target = resolveFile(path.resolve(root, path.dirname(file), specifier));
       else if (specifier === name || specifier.startsWith(`${name}/`)) {
-        const to = exportTarget(pkg.exports, specifier === name ? '.' : `.${specifier.slice(name.length)}`);
+        const to = exportTarget(pkg.exports, specifier === name ? "." : `.${specifier.slice(name.length)}`);
         if (to) target = resolveFile(path.resolve(root, to));
       }
       if (target && existsSync(target)) edges.push({ to: rel(target), line, specifier });
@@ -175,13 +181,15 @@ export function checkCycles(root) {
 
 const isMain = process.argv[1] && realpathSync(process.argv[1]) === fileURLToPath(import.meta.url);
 if (isMain) {
-  const root = path.resolve(process.argv[2] ?? path.join(path.dirname(fileURLToPath(import.meta.url)), '..'));
+  const root = path.resolve(process.argv[2] ?? path.join(path.dirname(fileURLToPath(import.meta.url)), ".."));
   const { cycles, filesChecked } = checkCycles(root);
   for (const cycle of cycles) {
-    console.log(`import cycle: ${cycle.map((e) => `${e.file}:${e.line} imports ${e.specifier}`).join(' → ')} → back to ${cycle[0].file}`);
+    console.log(`import cycle: ${cycle.map((e) => `${e.file}:${e.line} imports ${e.specifier}`).join(" → ")} → back to ${cycle[0].file}`);
   }
   if (cycles.length) {
-    console.log(`check-cycles: ${cycles.length} run-time import cycle(s) in ${filesChecked} files checked (an \`import type\` does not count)`);
+    console.log(
+      `check-cycles: ${cycles.length} run-time import cycle(s) in ${filesChecked} files checked (an \`import type\` does not count)`,
+    );
     process.exitCode = 1;
   } else console.log(`check-cycles: OK, ${filesChecked} files checked`);
 }

@@ -4,16 +4,16 @@
 // public entry points listed in package.json "exports". Plain Node, no deps.
 //
 //   node scripts/check-deps.mjs [root]     exit 1 and one line per violation
-import { readFileSync, readdirSync, realpathSync, statSync } from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { readFileSync, readdirSync, realpathSync, statSync } from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
 
-const SKIP_DIRS = new Set(['node_modules', '.data', '.wrangler', '.git']);
+const SKIP_DIRS = new Set(["node_modules", ".data", ".wrangler", ".git"]);
 const CODE_EXT = /\.(ts|mts|cts|tsx|js|mjs|cjs)$/;
 // Everything core must never depend on.
-const NOT_FOR_CORE = ['plugins', 'workers', 'durable-objects', 'agent', 'test', 'examples', 'bench', 'scripts'];
+const NOT_FOR_CORE = ["plugins", "workers", "durable-objects", "agent", "test", "examples", "bench", "scripts"];
 // Directories whose subdirectories are modules in their own right.
-const NESTED_MODULE_DIRS = new Set(['providers', 'attestors']);
+const NESTED_MODULE_DIRS = new Set(["providers", "attestors"]);
 
 /** All files under dir (relative to root, '/'-separated) matching ext. */
 export function walk(root, dir, ext) {
@@ -35,22 +35,22 @@ export function walk(root, dir, ext) {
 
 /** Blank out comments (keeping newlines) so commented-out imports don't count. */
 export function stripComments(src) {
-  let out = '';
+  let out = "";
   for (let i = 0; i < src.length; i++) {
     const c = src[i];
-    if (c === '"' || c === "'" || c === '`') {
+    if (c === '"' || c === "'" || c === "`") {
       // copy a string literal verbatim; plain quotes end at a newline at the latest
       let j = i + 1;
-      while (j < src.length && src[j] !== c && !(c !== '`' && src[j] === '\n')) j += src[j] === '\\' ? 2 : 1;
+      while (j < src.length && src[j] !== c && !(c !== "`" && src[j] === "\n")) j += src[j] === "\\" ? 2 : 1;
       out += src.slice(i, j + 1);
       i = j;
-    } else if (c === '/' && src[i + 1] === '/') {
-      while (i < src.length && src[i] !== '\n') i++;
-      out += '\n';
-    } else if (c === '/' && src[i + 1] === '*') {
-      const end = src.indexOf('*/', i + 2);
+    } else if (c === "/" && src[i + 1] === "/") {
+      while (i < src.length && src[i] !== "\n") i++;
+      out += "\n";
+    } else if (c === "/" && src[i + 1] === "*") {
+      const end = src.indexOf("*/", i + 2);
       const stop = end < 0 ? src.length : end + 2;
-      out += src.slice(i, stop).replace(/[^\n]/g, ' ');
+      out += src.slice(i, stop).replace(/[^\n]/g, " ");
       i = stop - 1;
     } else out += c;
   }
@@ -74,7 +74,7 @@ export function findImports(src) {
   for (const re of IMPORT_RES) {
     for (const m of code.matchAll(re)) {
       const at = m.index + m[0].lastIndexOf(m[2]);
-      found.push({ specifier: m[2], line: code.slice(0, at).split('\n').length });
+      found.push({ specifier: m[2], line: code.slice(0, at).split("\n").length });
     }
   }
   return found.sort((a, b) => a.line - b.line);
@@ -84,11 +84,11 @@ export function findImports(src) {
 function isExported(exportsField, sub) {
   if (exportsField == null) return false;
   // "exports": "./x.ts" or a conditions object both mean: only the root is exported.
-  if (typeof exportsField === 'string' || !Object.keys(exportsField).some((k) => k.startsWith('.'))) return sub === '.';
+  if (typeof exportsField === "string" || !Object.keys(exportsField).some((k) => k.startsWith("."))) return sub === ".";
   if (sub in exportsField) return exportsField[sub] !== null;
   // Subpath patterns: "./providers/*": "./plugins/providers/*/index.ts"
   return Object.entries(exportsField).some(([key, target]) => {
-    const star = key.indexOf('*');
+    const star = key.indexOf("*");
     if (star < 0 || target === null) return false;
     const [pre, post] = [key.slice(0, star), key.slice(star + 1)];
     return sub.length > pre.length + post.length - 1 && sub.startsWith(pre) && sub.endsWith(post);
@@ -97,11 +97,11 @@ function isExported(exportsField, sub) {
 
 /** The module a root-relative file belongs to, if it is under plugins/. */
 function pluginModule(file) {
-  const dirs = file.split('/').slice(0, -1); // directories above the file
-  if (dirs[0] !== 'plugins') return null;
+  const dirs = file.split("/").slice(0, -1); // directories above the file
+  if (dirs[0] !== "plugins") return null;
   // plugins/<m>/…, or plugins/providers/<p>/… and plugins/attestors/<a>/…
   const depth = NESTED_MODULE_DIRS.has(dirs[1]) && dirs.length > 2 ? 3 : 2;
-  return dirs.slice(0, depth).join('/');
+  return dirs.slice(0, depth).join("/");
 }
 
 const under = (rel, dir) => rel === dir || rel.startsWith(`${dir}/`);
@@ -120,47 +120,53 @@ const isDir = (p) => {
 export function checkDeps(root) {
   let pkg = {};
   try {
-    pkg = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8'));
+    pkg = JSON.parse(readFileSync(path.join(root, "package.json"), "utf8"));
   } catch {}
-  const name = pkg.name ?? 'better-compute';
-  const files = walk(root, '', CODE_EXT);
+  const name = pkg.name ?? "better-compute";
+  const files = walk(root, "", CODE_EXT);
   const violations = [];
 
   for (const file of files) {
     const mod = pluginModule(file);
-    const importer = under(file, 'core') ? 'core'
-      : mod ? mod
-      : under(file, 'test/extensions') ? 'test/extensions'
-      : under(file, 'agent') ? 'agent'
-      : file.split('/')[0];
+    const importer = under(file, "core")
+      ? "core"
+      : mod
+        ? mod
+        : under(file, "test/extensions")
+          ? "test/extensions"
+          : under(file, "agent")
+            ? "agent"
+            : file.split("/")[0];
 
-    for (const { specifier, line } of findImports(readFileSync(path.join(root, file), 'utf8'))) {
+    for (const { specifier, line } of findImports(readFileSync(path.join(root, file), "utf8"))) {
       const fail = (rule) => violations.push({ file, line, importer, specifier, rule });
-      const relative = specifier.startsWith('.') || specifier.startsWith('/');
+      const relative = specifier.startsWith(".") || specifier.startsWith("/");
       // Root-relative target of a relative import ('..' prefix = outside the project).
       let target = relative ? path.resolve(root, path.dirname(file), specifier) : null;
-      if (target && isDir(target)) target = path.join(target, 'index'); // './dir' means './dir/index'
-      if (target) target = path.relative(root, target).split(path.sep).join('/');
+      if (target && isDir(target)) target = path.join(target, "index"); // './dir' means './dir/index'
+      if (target) target = path.relative(root, target).split(path.sep).join("/");
 
       if (!relative) {
         // Self-reference by package name: Node resolves it through "exports" only. Checked
         // where the rules send imports through the public entry points.
-        const publicOnly = mod || importer === 'test/extensions' || importer === 'agent';
+        const publicOnly = mod || importer === "test/extensions" || importer === "agent";
         if (publicOnly && (specifier === name || specifier.startsWith(`${name}/`))) {
-          const sub = specifier === name ? '.' : `.${specifier.slice(name.length)}`;
+          const sub = specifier === name ? "." : `.${specifier.slice(name.length)}`;
           if (!isExported(pkg.exports, sub)) fail(`"${sub}" is not a public entry point in package.json exports`);
         }
         continue; // anything else is an npm package or a node: builtin
       }
-      if (importer === 'core') {
+      if (importer === "core") {
         const bad = NOT_FOR_CORE.find((d) => under(target, d));
         if (bad) fail(`core must not import from ${bad}/`);
       } else if (mod) {
-        if (pluginModule(target) !== mod) fail(`a module may import relatively only within ${mod}/; use the public entry points (${name}, ${name}/<subpath>)`);
-      } else if (importer === 'test/extensions') {
-        if (!under(target, 'test/extensions')) fail(`third-party extensions may import only public entry points (${name}...), npm packages and files inside test/extensions/`);
-      } else if (importer === 'agent') {
-        const bad = ['workers', 'durable-objects', 'plugins'].find((d) => under(target, d));
+        if (pluginModule(target) !== mod)
+          fail(`a module may import relatively only within ${mod}/; use the public entry points (${name}, ${name}/<subpath>)`);
+      } else if (importer === "test/extensions") {
+        if (!under(target, "test/extensions"))
+          fail(`third-party extensions may import only public entry points (${name}...), npm packages and files inside test/extensions/`);
+      } else if (importer === "agent") {
+        const bad = ["workers", "durable-objects", "plugins"].find((d) => under(target, d));
         if (bad) fail(`agent must not import ${bad}/ internals; use the public entry points`);
       }
       // workers/ and durable-objects/ are the composition root: no rule.
@@ -171,7 +177,7 @@ export function checkDeps(root) {
 
 const isMain = process.argv[1] && realpathSync(process.argv[1]) === fileURLToPath(import.meta.url);
 if (isMain) {
-  const root = path.resolve(process.argv[2] ?? path.join(path.dirname(fileURLToPath(import.meta.url)), '..'));
+  const root = path.resolve(process.argv[2] ?? path.join(path.dirname(fileURLToPath(import.meta.url)), ".."));
   const { violations, filesChecked } = checkDeps(root);
   for (const v of violations) console.log(`${v.file}:${v.line}: ${v.importer} imports ${v.specifier}: ${v.rule}`);
   if (violations.length) {

@@ -12,7 +12,11 @@ if (!url || !values.role?.length) {
 const { compute } = await import("../better-compute.config.ts");
 const store = await openNodeStore(url);
 try {
-  const { id, key } = await compute.mintApiKey(store, { name: values.name ?? "mint-key", roles: values.role, createdBy: "system:mint-key" });
+  const { id, key } = await compute.mintApiKey(store, {
+    name: values.name ?? "mint-key",
+    roles: values.role,
+    createdBy: "system:mint-key",
+  });
   console.log(`API key ${id} (roles: ${values.role.join(", ")}); shown once:\n${key}`);
 } catch (err) {
   console.error(err instanceof Error ? err.message : String(err));

@@ -44,7 +44,8 @@ const baseDir = process.env.BC_DATA_DIR ? path.resolve(process.env.BC_DATA_DIR) 
 // The simulated machines live only in memory: the dev site starts from empty data, away from npm start's.
 const dataDir = siteMode ? path.join(baseDir, "dev") : baseDir;
 const databaseUrl = siteMode ? undefined : process.env.DATABASE_URL || undefined;
-if (siteMode && process.env.DATABASE_URL) console.log("npm run dev keeps its own embedded PGlite (its machines live only in memory): DATABASE_URL is not used");
+if (siteMode && process.env.DATABASE_URL)
+  console.log("npm run dev keeps its own embedded PGlite (its machines live only in memory): DATABASE_URL is not used");
 console.log(
   siteMode
     ? `Better Compute: starting a simulated site afresh in ${shownPath(dataDir)}…`

@@ -29,7 +29,8 @@ try {
 } catch {
   refuse("BC_TEST_DATABASE_URL is not a URL");
 }
-if (url.protocol !== "postgres:" && url.protocol !== "postgresql:") refuse(`BC_TEST_DATABASE_URL must be a postgres:// URL, not ${url.protocol}//`);
+if (url.protocol !== "postgres:" && url.protocol !== "postgresql:")
+  refuse(`BC_TEST_DATABASE_URL must be a postgres:// URL, not ${url.protocol}//`);
 const host = url.hostname.replace(/^\[(.*)\]$/, "$1");
 // The Worker reaches the database through scripts/local/ws-bridge.ts, which only relays to loopback.
 if (!isLoopbackHost(host)) refuse(`the test bridge only reaches this machine (127.0.0.1, ::1, localhost), not ${url.hostname}`);

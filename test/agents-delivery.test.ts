@@ -10,7 +10,9 @@ import type { CommandFrame } from "../core/protocol.ts";
 import { createTestClient, type TestClient } from "../core/testing.ts";
 import { connectRaw, joinRaw, type RawAgent } from "./support/raw-agent.ts";
 
-const compute = betterCompute({ plugins: [definePlugin({ id: "test-kinds", commands: [{ kind: "test.step", input: z.object({ i: z.number() }) }] })] });
+const compute = betterCompute({
+  plugins: [definePlugin({ id: "test-kinds", commands: [{ kind: "test.step", input: z.object({ i: z.number() }) }] })],
+});
 let client: TestClient;
 beforeAll(async () => {
   client = await createTestClient(compute, env);
@@ -32,7 +34,8 @@ async function online(identity: Awaited<ReturnType<typeof joined>>): Promise<Raw
 
 async function enqueue(nodeId: string, count: number, from = 0) {
   const ids: string[] = [];
-  for (let i = from; i < from + count; i++) ids.push((await client.call("commands.create", { node: nodeId, kind: "test.step", body: { i }, key: `${nodeId}:${i}` })).body.id);
+  for (let i = from; i < from + count; i++)
+    ids.push((await client.call("commands.create", { node: nodeId, kind: "test.step", body: { i }, key: `${nodeId}:${i}` })).body.id);
   return ids;
 }
 
@@ -43,7 +46,11 @@ async function receive(agent: RawAgent, count: number): Promise<CommandFrame[]> 
 }
 
 const states = async (nodeId: string) =>
-  (await client.store.db.execute(sql`SELECT state, count(*)::int AS n FROM bc_commands WHERE node_id = ${nodeId} GROUP BY state ORDER BY state`)).rows;
+  (
+    await client.store.db.execute(
+      sql`SELECT state, count(*)::int AS n FROM bc_commands WHERE node_id = ${nodeId} GROUP BY state ORDER BY state`,
+    )
+  ).rows;
 
 describe("delivery", () => {
   it("delivers 100 commands enqueued while the agent was offline, in order, when it connects", async () => {
@@ -116,12 +123,15 @@ describe("delivery", () => {
     // Sockets are lost with no close event, as when the runtime restarts; simulate by wiping the
     // socket list while the recorded session stays.
     await runInDurableObject(stub, (_instance, state) => {
-      for (const ws of state.getWebSockets()) ws.serializeAttachment({ ...(ws.deserializeAttachment() as object), sessionId: "a-lost-session" });
+      for (const ws of state.getWebSockets())
+        ws.serializeAttachment({ ...(ws.deserializeAttachment() as object), sessionId: "a-lost-session" });
     });
     expect((await client.call("nodes.get", { node: identity.nodeId })).body.state).toBe("connected");
     expect(await runDurableObjectAlarm(stub)).toBe(true);
     expect((await client.call("nodes.get", { node: identity.nodeId })).body.state).toBe("disconnected");
-    const events = await client.store.db.execute(sql`SELECT data->>'code' AS code FROM bc_events WHERE type = 'node.disconnected' AND subject = ${`nodes/${identity.nodeId}`}`);
+    const events = await client.store.db.execute(
+      sql`SELECT data->>'code' AS code FROM bc_events WHERE type = 'node.disconnected' AND subject = ${`nodes/${identity.nodeId}`}`,
+    );
     expect(events.rows).toEqual([{ code: "1006" }]);
   });
 
@@ -130,7 +140,10 @@ describe("delivery", () => {
     const agent = await online(identity);
     expect((await client.call("nodes.revoke", { node: identity.nodeId })).status).toBe(200);
     expect((await agent.closed).code).toBe(4403);
-    const again = await compute.fetch(new Request("http://bc.test/agent/v1/connect", { headers: { upgrade: "websocket", authorization: `Bearer ${identity.credential}` } }), env);
+    const again = await compute.fetch(
+      new Request("http://bc.test/agent/v1/connect", { headers: { upgrade: "websocket", authorization: `Bearer ${identity.credential}` } }),
+      env,
+    );
     expect(again.status).toBe(403);
   });
 });

@@ -12,7 +12,15 @@ import { createTestClient, type TestClient } from "../core/testing.ts";
 import { fetcher } from "./support/raw-agent.ts";
 
 const compute = betterCompute({
-  plugins: [definePlugin({ id: "test-kinds", commands: [{ kind: "test.step", input: z.object({ i: z.number() }) }, { kind: "test.wipe", attested: true, destructive: true }] })],
+  plugins: [
+    definePlugin({
+      id: "test-kinds",
+      commands: [
+        { kind: "test.step", input: z.object({ i: z.number() }) },
+        { kind: "test.wipe", attested: true, destructive: true },
+      ],
+    }),
+  ],
 });
 let client: TestClient;
 const daemons: FakeDaemon[] = [];
@@ -33,7 +41,12 @@ async function daemon(handlers: ConstructorParameters<typeof FakeDaemon>[0]["han
 
 async function enqueue(nodeId: string, kind: string, count: number, from = 0) {
   for (let i = from; i < from + count; i++) {
-    const res = await client.call("commands.create", { node: nodeId, kind, body: kind === "test.step" ? { i } : {}, key: `${nodeId}:${kind}:${i}` });
+    const res = await client.call("commands.create", {
+      node: nodeId,
+      kind,
+      body: kind === "test.step" ? { i } : {},
+      key: `${nodeId}:${kind}:${i}`,
+    });
     expect(res.status).toBe(200);
   }
 }

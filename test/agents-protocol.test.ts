@@ -77,10 +77,19 @@ describe("joining", () => {
     const wrongRole = await joinRaw(compute, env, await siteToken(), "node");
     expect(wrongRole.res.status).toBe(403);
     const other = await generateNodeKey();
-    const res = await compute.fetch(new Request("http://bc.test/join/v1/join", {
-      method: "POST",
-      body: JSON.stringify({ attestor: "join-token", evidence: { token: await siteToken() }, publicKey: other.publicKey, role: "site", signature: "A".repeat(86) }),
-    }), env);
+    const res = await compute.fetch(
+      new Request("http://bc.test/join/v1/join", {
+        method: "POST",
+        body: JSON.stringify({
+          attestor: "join-token",
+          evidence: { token: await siteToken() },
+          publicKey: other.publicKey,
+          role: "site",
+          signature: "A".repeat(86),
+        }),
+      }),
+      env,
+    );
     expect(res.status).toBe(401);
   });
 });
@@ -147,7 +156,9 @@ describe("the agent protocol", () => {
     await a.next("result-ack", (x) => x.id === command.id);
     const recorded = await commandState(command.id);
     expect(recorded).toMatchObject({ state: "succeeded", result: { wiped: true } });
-    const events = await client.store.db.execute(sql`SELECT count(*)::int AS n FROM bc_events WHERE type = 'command.succeeded' AND data->>'commandId' = ${command.id}`);
+    const events = await client.store.db.execute(
+      sql`SELECT count(*)::int AS n FROM bc_events WHERE type = 'command.succeeded' AND data->>'commandId' = ${command.id}`,
+    );
     expect(events.rows).toEqual([{ n: 1 }]);
 
     const echo = await send(b.nodeId, "test.echo", { n: 1 });
@@ -167,7 +178,17 @@ describe("the agent protocol", () => {
     await second.next("challenge");
     // The second socket is answered with the first socket's nonce, signed properly.
     const { helloMessage, signMessage, PROTOCOL_VERSION } = await import("../core/protocol.ts");
-    second.send({ t: "hello", protocol: PROTOCOL_VERSION, nonce: challenge.nonce, role: "site", version: "x", bootId: "b", labels: {}, drivers: [], signature: await signMessage(a.key.privateKey, helloMessage(a.nodeId, challenge.nonce, "b")) });
+    second.send({
+      t: "hello",
+      protocol: PROTOCOL_VERSION,
+      nonce: challenge.nonce,
+      role: "site",
+      version: "x",
+      bootId: "b",
+      labels: {},
+      drivers: [],
+      signature: await signMessage(a.key.privateKey, helloMessage(a.nodeId, challenge.nonce, "b")),
+    });
     expect((await second.closed).code).toBe(CloseCode.PROOF_FAILED);
   });
 
@@ -182,7 +203,9 @@ describe("the agent protocol", () => {
       await misbehave(agent);
       expect((await agent.closed).code).toBe(code);
     }
-    const early = await connectedAgent().then(async (a) => connectRaw(compute, env, { nodeId: a.nodeId, credential: a.credential, key: a.key }));
+    const early = await connectedAgent().then(async (a) =>
+      connectRaw(compute, env, { nodeId: a.nodeId, credential: a.credential, key: a.key }),
+    );
     await early.next("challenge");
     early.send({ t: "ack", id: "1" });
     expect((await early.closed).code).toBe(CloseCode.HELLO_REQUIRED);
@@ -223,16 +246,35 @@ describe("discovery, renewal and connection events", () => {
   it("joins a ramdisk on its site agent's signed assertion, and refuses forged, stale or borrowed ones", async () => {
     const lab = await site();
     const ramdisk = await generateNodeKey();
-    const joined = await joinWith(compute, env, { attestor: "discovery", role: "ramdisk", key: ramdisk, evidence: await vouch(lab, ramdisk.publicKey) });
+    const joined = await joinWith(compute, env, {
+      attestor: "discovery",
+      role: "ramdisk",
+      key: ramdisk,
+      evidence: await vouch(lab, ramdisk.publicKey),
+    });
     expect(joined.res.status).toBe(200);
     const node = (await client.call("nodes.get", { node: joined.body.nodeId })).body;
-    expect(node).toMatchObject({ role: "ramdisk", attestor: "discovery", labels: { "bc.dev/site": "lab", "bc.dev/discovered-by": lab.nodeId, "bc.dev/product-uuid": "4c4c4544-0042" } });
+    expect(node).toMatchObject({
+      role: "ramdisk",
+      attestor: "discovery",
+      labels: { "bc.dev/site": "lab", "bc.dev/discovered-by": lab.nodeId, "bc.dev/product-uuid": "4c4c4544-0042" },
+    });
 
     const impostor = { nodeId: lab.nodeId, key: await generateNodeKey() };
     const other = await generateNodeKey();
     const refusals = [
-      await joinWith(compute, env, { attestor: "discovery", role: "ramdisk", key: other, evidence: await vouch(impostor, other.publicKey) }),
-      await joinWith(compute, env, { attestor: "discovery", role: "ramdisk", key: other, evidence: await vouch(lab, other.publicKey, "2020-01-01T00:00:00Z") }),
+      await joinWith(compute, env, {
+        attestor: "discovery",
+        role: "ramdisk",
+        key: other,
+        evidence: await vouch(impostor, other.publicKey),
+      }),
+      await joinWith(compute, env, {
+        attestor: "discovery",
+        role: "ramdisk",
+        key: other,
+        evidence: await vouch(lab, other.publicKey, "2020-01-01T00:00:00Z"),
+      }),
       await joinWith(compute, env, { attestor: "discovery", role: "ramdisk", key: other, evidence: await vouch(lab, ramdisk.publicKey) }),
       await joinWith(compute, env, { attestor: "discovery", role: "node", key: other, evidence: await vouch(lab, other.publicKey) }),
     ];
@@ -243,11 +285,17 @@ describe("discovery, renewal and connection events", () => {
     const lab = await site();
     const { renewMessage, signMessage } = await import("../core/protocol.ts");
     const renew = async (credential: string, key: CryptoKey) => {
-      const timestamp = new Date(((await client.store.db.execute(sql`SELECT compute_now() AS now`)).rows[0] as { now: string }).now).toISOString();
-      return compute.fetch(new Request("http://bc.test/join/v1/renew", {
-        method: "POST", headers: { authorization: `Bearer ${credential}` },
-        body: JSON.stringify({ timestamp, signature: await signMessage(key, renewMessage(lab.nodeId, timestamp)) }),
-      }), env);
+      const timestamp = new Date(
+        ((await client.store.db.execute(sql`SELECT compute_now() AS now`)).rows[0] as { now: string }).now,
+      ).toISOString();
+      return compute.fetch(
+        new Request("http://bc.test/join/v1/renew", {
+          method: "POST",
+          headers: { authorization: `Bearer ${credential}` },
+          body: JSON.stringify({ timestamp, signature: await signMessage(key, renewMessage(lab.nodeId, timestamp)) }),
+        }),
+        env,
+      );
     };
     const renewed = await renew(lab.credential, lab.key.privateKey);
     expect(renewed.status).toBe(200);
@@ -263,8 +311,13 @@ describe("discovery, renewal and connection events", () => {
     await client.call("nodes.revoke", { node: lab.nodeId });
     expect((await renew(fresh, lab.key.privateKey)).status).toBe(403);
 
-    await expect.poll(async () => (await client.store.db.execute(sql`
-      SELECT type FROM bc_events WHERE subject = ${`nodes/${lab.nodeId}`} ORDER BY id`)).rows.map((r) => (r as { type: string }).type))
+    await expect
+      .poll(async () =>
+        (
+          await client.store.db.execute(sql`
+      SELECT type FROM bc_events WHERE subject = ${`nodes/${lab.nodeId}`} ORDER BY id`)
+        ).rows.map((r) => (r as { type: string }).type),
+      )
       .toEqual(["node.joined", "node.connected", "node.disconnected", "node.revoked"]);
   });
 });

@@ -49,7 +49,8 @@ function sample(schema: JsonSchema): unknown {
     return { entry: sample(typeof schema.additionalProperties === "object" ? schema.additionalProperties : { type: "string" }) };
   }
   if (type === "array") return Array.from({ length: Math.max(1, schema.minItems ?? 1) }, () => sample(schema.items ?? { type: "string" }));
-  if (type === "integer" || type === "number") return schema.minimum ?? (schema.exclusiveMinimum !== undefined ? schema.exclusiveMinimum + 1 : 1);
+  if (type === "integer" || type === "number")
+    return schema.minimum ?? (schema.exclusiveMinimum !== undefined ? schema.exclusiveMinimum + 1 : 1);
   if (type === "boolean") return false;
   return "x";
 }
@@ -59,7 +60,8 @@ function places(value: unknown, schema: JsonSchema, path: Path = []): { path: Pa
   const here = path.length ? [{ path, value, schema }] : [];
   if (Array.isArray(value)) return [...here, ...value.flatMap((item, i) => places(item, schema.items ?? {}, [...path, i]))];
   if (value !== null && typeof value === "object") {
-    const of = (key: string) => schema.properties?.[key] ?? (typeof schema.additionalProperties === "object" ? schema.additionalProperties : {});
+    const of = (key: string) =>
+      schema.properties?.[key] ?? (typeof schema.additionalProperties === "object" ? schema.additionalProperties : {});
     return [...here, ...Object.entries(value).flatMap(([key, item]) => places(item, of(key), [...path, key]))];
   }
   return here;
@@ -79,7 +81,15 @@ function edited(body: unknown, path: Path, replace: (value: unknown) => unknown,
 }
 
 const wrongType = (value: unknown): unknown =>
-  typeof value === "string" ? 12345 : typeof value === "number" ? "12" : typeof value === "boolean" ? "yes" : Array.isArray(value) ? { "0": "x" } : "x";
+  typeof value === "string"
+    ? 12345
+    : typeof value === "number"
+      ? "12"
+      : typeof value === "boolean"
+        ? "yes"
+        : Array.isArray(value)
+          ? { "0": "x" }
+          : "x";
 
 /** 10,000 characters that never repeat a 201-character run, so any echo of 201 is this string's. */
 const LONG = Array.from(crypto.getRandomValues(new Uint8Array(5000)), (b) => b.toString(16).padStart(2, "0")).join("");
@@ -96,18 +106,27 @@ function malformed(schema: JsonSchema): [string, string][] {
     ["an unknown 10,000-character key", json({ ...base, [LONG]: 1 })],
     ...where
       .filter((p) => p.schema.additionalProperties === false)
-      .map((p): [string, string] => [`an unknown key in ${p.path.join(".")}`, json(edited(base, p.path, (v) => ({ ...(v as object), unknownKey: 1 })))]),
+      .map((p): [string, string] => [
+        `an unknown key in ${p.path.join(".")}`,
+        json(edited(base, p.path, (v) => ({ ...(v as object), unknownKey: 1 }))),
+      ]),
     ...["x", 42, null, [], [base]].map((root): [string, string] => [`a body of the wrong type (${json(root)})`, json(root)]),
     ...where.map((p): [string, string] => [`a wrong type at ${p.path.join(".")}`, json(edited(base, p.path, wrongType))]),
     ...where
       .filter((p) => typeof p.value === "string")
       .flatMap((p) => [
-        ...CONTROL_CHARACTERS.map((ch): [string, string] => [`${json(ch)} in ${p.path.join(".")}`, json(edited(base, p.path, (v) => `${v as string}${ch}tail`))]),
+        ...CONTROL_CHARACTERS.map((ch): [string, string] => [
+          `${json(ch)} in ${p.path.join(".")}`,
+          json(edited(base, p.path, (v) => `${v as string}${ch}tail`)),
+        ]),
         [`a 10,000-character ${p.path.join(".")}`, json(edited(base, p.path, () => LONG))] as [string, string],
       ]),
     ...where
       .filter((p) => typeof p.path[p.path.length - 1] === "string")
-      .map((p): [string, string] => [`NUL in the key ${p.path.join(".")}`, json(edited(base, p.path, (v) => v, `${String(p.path[p.path.length - 1])}\u0000`))]),
+      .map((p): [string, string] => [
+        `NUL in the key ${p.path.join(".")}`,
+        json(edited(base, p.path, (v) => v, `${String(p.path[p.path.length - 1])}\u0000`)),
+      ]),
     ["100-deep nesting", `{"nested":${deep(100)}}`],
     ["2,000-deep nesting", `{"nested":${deep(2000)}}`],
     ["a 2,000-deep body of objects", deep(2000, '{"a":', "}").replace(/:}/, ":1}")],
@@ -133,46 +152,66 @@ const postMethods = Object.entries(doc.paths)
 describe("every POST method of /openapi.json refuses malformed input cleanly", () => {
   it("covers the default modules and the third-party plugin", () => {
     const names = postMethods.map((m) => m.path);
-    for (const path of ["/v1/iam.apiKeys.create", "/v1/nodes.get", "/v1/workflows.start", "/v1/metal.enroll", "/v1/racks.create", "/v1/racks.get"]) expect(names).toContain(path);
+    for (const path of [
+      "/v1/iam.apiKeys.create",
+      "/v1/nodes.get",
+      "/v1/workflows.start",
+      "/v1/metal.enroll",
+      "/v1/racks.create",
+      "/v1/racks.get",
+    ])
+      expect(names).toContain(path);
   });
 
-  it.each(postMethods)("$path", async ({ path, requestBody }) => {
-    const schema = requestBody.content["application/json"].schema;
-    const problems: string[] = [];
-    const send = async (what: string, body: string | undefined) => {
-      const headers: Record<string, string> = { authorization: `Bearer ${client.key}` };
-      if (body !== undefined) headers["content-type"] = "application/json";
-      const res = await client.request(path, { method: "POST", headers, body });
-      const text = await res.text();
-      const problem = (why: string) => problems.push(`${what}: ${why} (${res.status} ${text.slice(0, 300)})`);
-      let parsed: { code?: unknown; requestId?: unknown } | undefined;
-      try {
-        parsed = JSON.parse(text);
-      } catch {
-        problem("the answer is not JSON");
-      }
-      if (res.status >= 500) problem("a server error");
-      else if (res.status < 400 && (body !== undefined || requestBody.required)) problem("accepted");
-      else if (res.status >= 400 && (typeof parsed?.code !== "string" || parsed.requestId !== res.headers.get("x-request-id"))) problem("no JSON code and request id");
-      if (body !== undefined && echoes(body, text)) problem("echoes more than 200 characters of the input");
-    };
+  it.each(postMethods)(
+    "$path",
+    async ({ path, requestBody }) => {
+      const schema = requestBody.content["application/json"].schema;
+      const problems: string[] = [];
+      const send = async (what: string, body: string | undefined) => {
+        const headers: Record<string, string> = { authorization: `Bearer ${client.key}` };
+        if (body !== undefined) headers["content-type"] = "application/json";
+        const res = await client.request(path, { method: "POST", headers, body });
+        const text = await res.text();
+        const problem = (why: string) => problems.push(`${what}: ${why} (${res.status} ${text.slice(0, 300)})`);
+        let parsed: { code?: unknown; requestId?: unknown } | undefined;
+        try {
+          parsed = JSON.parse(text);
+        } catch {
+          problem("the answer is not JSON");
+        }
+        if (res.status >= 500) problem("a server error");
+        else if (res.status < 400 && (body !== undefined || requestBody.required)) problem("accepted");
+        else if (res.status >= 400 && (typeof parsed?.code !== "string" || parsed.requestId !== res.headers.get("x-request-id")))
+          problem("no JSON code and request id");
+        if (body !== undefined && echoes(body, text)) problem("echoes more than 200 characters of the input");
+      };
 
-    for (const [what, body] of malformed(schema)) await send(what, body);
-    // No body: refused when the input requires a field, served as {} when it does not.
-    await send("no body", undefined);
-    expect(requestBody.required).toBe((schema.required ?? []).length > 0);
-    expect(problems).toEqual([]);
-  }, 120_000);
+      for (const [what, body] of malformed(schema)) await send(what, body);
+      // No body: refused when the input requires a field, served as {} when it does not.
+      await send("no body", undefined);
+      expect(requestBody.required).toBe((schema.required ?? []).length > 0);
+      expect(problems).toEqual([]);
+    },
+    120_000,
+  );
 });
 
 // ---------------------------------------------------------------- what the sweep relies on, spelled out
 
 describe("the input rules", () => {
   const call = (name: string, body: string) =>
-    client.request(`/v1/${name}`, { method: "POST", headers: { authorization: `Bearer ${client.key}`, "content-type": "application/json" }, body });
+    client.request(`/v1/${name}`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${client.key}`, "content-type": "application/json" },
+      body,
+    });
 
   it("names an unknown key with its path, nested or at the root, and writes nothing", async () => {
-    const res = await call("racks.create", JSON.stringify({ id: "r-strict", site: "lab", slots: 2, position: { row: "a", column: 1, colum: 2 }, color: "red" }));
+    const res = await call(
+      "racks.create",
+      JSON.stringify({ id: "r-strict", site: "lab", slots: 2, position: { row: "a", column: 1, colum: 2 }, color: "red" }),
+    );
     expect(res.status).toBe(400);
     const body = (await res.json()) as any;
     expect(body.code).toBe("INVALID_ARGUMENT");
@@ -182,21 +221,43 @@ describe("the input rules", () => {
   });
 
   it("keeps the keys of records (labels) and serves a body without unknown keys", async () => {
-    const created = await client.call("racks.create", { id: "r-labels", site: "lab", slots: 2, position: { row: "a", column: 1 }, labels: { "acme.dev/aisle": "3" } });
+    const created = await client.call("racks.create", {
+      id: "r-labels",
+      site: "lab",
+      slots: 2,
+      position: { row: "a", column: 1 },
+      labels: { "acme.dev/aisle": "3" },
+    });
     expect(created.status).toBe(200);
     expect((await client.call("racks.get", { id: "r-labels" })).body.labels).toEqual({ "acme.dev/aisle": "3" });
   });
 
   it("refuses NUL in an id with 400 naming the field, where Postgres would have failed the call", async () => {
-    for (const [name, field] of [["nodes.get", "node"], ["workflows.get", "id"], ["racks.get", "id"]] as const) {
+    for (const [name, field] of [
+      ["nodes.get", "node"],
+      ["workflows.get", "id"],
+      ["racks.get", "id"],
+    ] as const) {
       const res = await call(name, JSON.stringify({ [field]: "n-\u0000" }));
       expect(res.status).toBe(400);
-      expect((await res.json()) as any).toMatchObject({ code: "INVALID_ARGUMENT", details: { issues: [{ path: field, code: "control_character" }] } });
+      expect((await res.json()) as any).toMatchObject({
+        code: "INVALID_ARGUMENT",
+        details: { issues: [{ path: field, code: "control_character" }] },
+      });
     }
   });
 
   it("takes tabs and newlines in strings", async () => {
-    const res = await call("racks.create", JSON.stringify({ id: "r-text", site: "lab", slots: 1, position: { row: "a\tb", column: 0 }, labels: { note: "line one\r\nline two" } }));
+    const res = await call(
+      "racks.create",
+      JSON.stringify({
+        id: "r-text",
+        site: "lab",
+        slots: 1,
+        position: { row: "a\tb", column: 0 },
+        labels: { note: "line one\r\nline two" },
+      }),
+    );
     expect(res.status).toBe(200);
   });
 
@@ -206,7 +267,9 @@ describe("the input rules", () => {
     expect(refused.status).toBe(400);
     expect(((await refused.json()) as any).message).toMatch(/nests deeper than 32 levels/);
     // 32 levels pass the depth rule; the key is then unknown.
-    expect(((await (await at(32)).json()) as any).details.issues).toEqual([{ path: "x", message: "unknown key", code: "unrecognized_keys" }]);
+    expect(((await (await at(32)).json()) as any).details.issues).toEqual([
+      { path: "x", message: "unknown key", code: "unrecognized_keys" },
+    ]);
   });
 
   it("never quotes a long input whole, even where a plugin's handler does", async () => {

@@ -58,7 +58,11 @@ describe("the default deployment's API", () => {
   });
 
   it("refuses an unknown, malformed or revoked key with 401", async () => {
-    await expectError(await post("/v1/modules.list", "{}", { authorization: "Bearer bck_0123456789abcdef_" + "x".repeat(43) }), 401, "UNAUTHENTICATED");
+    await expectError(
+      await post("/v1/modules.list", "{}", { authorization: "Bearer bck_0123456789abcdef_" + "x".repeat(43) }),
+      401,
+      "UNAUTHENTICATED",
+    );
     await expectError(await post("/v1/modules.list", "{}", { authorization: "Bearer nonsense" }), 401, "UNAUTHENTICATED");
     await expectError(await post("/v1/modules.list", "{}", { authorization: "Basic abc" }), 401, "UNAUTHENTICATED");
 
@@ -72,12 +76,20 @@ describe("the default deployment's API", () => {
   it("refuses an action the caller's roles lack with 403", async () => {
     const viewer = await client.mintKey(["viewer"]);
     expect((await client.call("modules.list", {}, { key: viewer })).status).toBe(200);
-    const body = await expectError(await post("/v1/iam.apiKeys.create", JSON.stringify({ name: "x", roles: ["admin"] }), { authorization: `Bearer ${viewer}` }), 403, "PERMISSION_DENIED");
+    const body = await expectError(
+      await post("/v1/iam.apiKeys.create", JSON.stringify({ name: "x", roles: ["admin"] }), { authorization: `Bearer ${viewer}` }),
+      403,
+      "PERMISSION_DENIED",
+    );
     expect(body.details).toEqual({ action: "iam.apiKeys.create", resource: "apiKeys/x" });
   });
 
   it("answers malformed JSON with 400 INVALID_ARGUMENT", async () => {
-    await expectError(await post("/v1/iam.apiKeys.create", "{not json", { authorization: `Bearer ${client.key}` }), 400, "INVALID_ARGUMENT");
+    await expectError(
+      await post("/v1/iam.apiKeys.create", "{not json", { authorization: `Bearer ${client.key}` }),
+      400,
+      "INVALID_ARGUMENT",
+    );
   });
 
   it("answers a body that breaks the schema with 400 and the issue paths", async () => {
@@ -88,7 +100,9 @@ describe("the default deployment's API", () => {
 
   it("refuses an unknown role with INVALID_ARGUMENT and creates no key", async () => {
     const before = (await client.call("iam.apiKeys.list")).body.keys.length;
-    const res = await post("/v1/iam.apiKeys.create", JSON.stringify({ name: "x", roles: ["superuser"] }), { authorization: `Bearer ${client.key}` });
+    const res = await post("/v1/iam.apiKeys.create", JSON.stringify({ name: "x", roles: ["superuser"] }), {
+      authorization: `Bearer ${client.key}`,
+    });
     expect((await expectError(res, 400, "INVALID_ARGUMENT")).details.unknownRoles).toEqual(["superuser"]);
     expect((await client.call("iam.apiKeys.list")).body.keys.length).toBe(before);
   });
@@ -177,13 +191,23 @@ describe("server-side errors", () => {
   });
 
   it("logs every 5xx once at error level, with its request id, method and code, never the body", async () => {
-    for (const [how, status, code] of [["crash", 500, "INTERNAL"], ["unavailable", 503, "UNAVAILABLE"]] as const) {
+    for (const [how, status, code] of [
+      ["crash", 500, "INTERNAL"],
+      ["unavailable", 503, "UNAVAILABLE"],
+    ] as const) {
       const res = await failingClient.call("acme.fail", { how, note: "hunter2-in-the-body" });
       expect(res.status).toBe(status);
       expect(res.body).toMatchObject({ code, requestId: res.headers.get("x-request-id") });
       const lines = errors.filter((line) => line.includes(res.body.requestId));
       expect(lines).toHaveLength(1);
-      expect(JSON.parse(lines[0]!)).toMatchObject({ level: "error", message: "request failed", requestId: res.body.requestId, method: "acme.fail", code, status });
+      expect(JSON.parse(lines[0]!)).toMatchObject({
+        level: "error",
+        message: "request failed",
+        requestId: res.body.requestId,
+        method: "acme.fail",
+        code,
+        status,
+      });
       expect(lines[0]).not.toContain("hunter2");
     }
     // What went wrong inside reaches the log, never the caller.

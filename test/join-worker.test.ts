@@ -44,7 +44,11 @@ describe("the join Worker", () => {
     expect((await client.call("nodes.get", { node: identity.nodeId })).body).toMatchObject({ role: "site", attestor: "join-token" });
 
     const timestamp = new Date().toISOString();
-    const renewed = await post(RENEW_PATH, { timestamp, signature: await signMessage(key.privateKey, renewMessage(identity.nodeId, timestamp)) }, { authorization: `Bearer ${identity.credential}` });
+    const renewed = await post(
+      RENEW_PATH,
+      { timestamp, signature: await signMessage(key.privateKey, renewMessage(identity.nodeId, timestamp)) },
+      { authorization: `Bearer ${identity.credential}` },
+    );
     expect(renewed.status).toBe(200);
     expect(await renewed.json()).toMatchObject({ nodeId: identity.nodeId, credential: expect.any(String) });
   });
@@ -56,7 +60,14 @@ describe("the join Worker", () => {
 
     const key = await generateNodeKey();
     const signature = await signMessage(key.privateKey, joinMessage(key.publicKey, "join-token"));
-    const refused = await post(JOIN_PATH, { attestor: "join-token", evidence: { token: "bcj_unused" }, publicKey: key.publicKey, role: "site", signature, labels: { rack: "7" } });
+    const refused = await post(JOIN_PATH, {
+      attestor: "join-token",
+      evidence: { token: "bcj_unused" },
+      publicKey: key.publicKey,
+      role: "site",
+      signature,
+      labels: { rack: "7" },
+    });
     expect(refused.status).toBe(400);
     const body = (await refused.json()) as { code: string; requestId: string; details: { issues: { path: string }[] } };
     expect(body).toMatchObject({ code: "INVALID_ARGUMENT", requestId: refused.headers.get("x-request-id") });

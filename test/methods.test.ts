@@ -32,17 +32,38 @@ describe("joinTokens.list and joinTokens.revoke", () => {
   it("lists tokens newest first with their state, paged, and never the token or its digest", async () => {
     // Ramdisk join tokens: no other suite mints them, so the newest are these.
     const minted = [];
-    for (const n of [1, 2, 3]) minted.push(await ok<{ id: string; token: string }>("joinTokens.create", { role: "ramdisk", labels: { batch: `list-${n}` } }));
+    for (const n of [1, 2, 3])
+      minted.push(await ok<{ id: string; token: string }>("joinTokens.create", { role: "ramdisk", labels: { batch: `list-${n}` } }));
     const [oldest, middle, newest] = minted.map((m) => m.id);
 
-    const first = await ok<{ tokens: Record<string, any>[]; next: string | null }>("joinTokens.list", { role: "ramdisk", state: "active", limit: 2 });
+    const first = await ok<{ tokens: Record<string, any>[]; next: string | null }>("joinTokens.list", {
+      role: "ramdisk",
+      state: "active",
+      limit: 2,
+    });
     expect(first.tokens.map((t) => t.id)).toEqual([newest, middle]);
-    expect(first.tokens[0]).toMatchObject({ attestor: "join-token", role: "ramdisk", labels: { batch: "list-3" }, node: null, state: "active", usedAt: null, usedBy: null, revokedAt: null });
+    expect(first.tokens[0]).toMatchObject({
+      attestor: "join-token",
+      role: "ramdisk",
+      labels: { batch: "list-3" },
+      node: null,
+      state: "active",
+      usedAt: null,
+      usedBy: null,
+      revokedAt: null,
+    });
     expect(first.next).toBe(middle);
-    const second = await ok<{ tokens: { id: string }[] }>("joinTokens.list", { role: "ramdisk", state: "active", limit: 2, after: first.next });
+    const second = await ok<{ tokens: { id: string }[] }>("joinTokens.list", {
+      role: "ramdisk",
+      state: "active",
+      limit: 2,
+      after: first.next,
+    });
     expect(second.tokens[0]!.id).toBe(oldest);
 
-    const digests = await client.store.db.execute(sql`SELECT secret_sha256 FROM bc_join_tokens WHERE id IN (${oldest}, ${middle}, ${newest})`);
+    const digests = await client.store.db.execute(
+      sql`SELECT secret_sha256 FROM bc_join_tokens WHERE id IN (${oldest}, ${middle}, ${newest})`,
+    );
     const shown = JSON.stringify([first, second]);
     // The secret is what follows bcj_<id>_ (it may itself hold underscores).
     for (const m of minted) expect(shown).not.toContain(m.token.slice(`bcj_${m.id}_`.length));
@@ -60,7 +81,9 @@ describe("joinTokens.list and joinTokens.revoke", () => {
     expect(joined.body.code).toBe("PERMISSION_DENIED");
     const { events } = await ok<{ events: { type: string }[] }>("events.list", { subject: `joinTokens/${id}` });
     expect(events.map((e) => e.type)).toEqual(["joinToken.created", "joinToken.revoked"]);
-    expect((await ok<{ tokens: { id: string }[] }>("joinTokens.list", { state: "revoked", limit: 500 })).tokens.map((t) => t.id)).toContain(id);
+    expect((await ok<{ tokens: { id: string }[] }>("joinTokens.list", { state: "revoked", limit: 500 })).tokens.map((t) => t.id)).toContain(
+      id,
+    );
   });
 
   it("a used token is not revoked: the refusal names the node that joined with it; an unknown one is NOT_FOUND", async () => {
@@ -70,8 +93,15 @@ describe("joinTokens.list and joinTokens.revoke", () => {
     const err = await refused("joinTokens.revoke", { id }, "FAILED_PRECONDITION");
     expect(err.details).toEqual({ token: id, node: joined.body.nodeId });
     expect(err.message).toContain("nodes.revoke");
-    const listed = (await ok<{ tokens: Record<string, any>[] }>("joinTokens.list", { role: "site", state: "used", limit: 500 })).tokens.find((t) => t.id === id);
-    expect(listed).toMatchObject({ state: "used", usedBy: joined.body.nodeId, usedAt: expect.any(String), labels: { "bc.dev/site": "used-site" } });
+    const listed = (
+      await ok<{ tokens: Record<string, any>[] }>("joinTokens.list", { role: "site", state: "used", limit: 500 })
+    ).tokens.find((t) => t.id === id);
+    expect(listed).toMatchObject({
+      state: "used",
+      usedBy: joined.body.nodeId,
+      usedAt: expect.any(String),
+      labels: { "bc.dev/site": "used-site" },
+    });
     await refused("joinTokens.revoke", { id: "0000000000000000" }, "NOT_FOUND");
   });
 });
@@ -96,7 +126,13 @@ describe("events.list", () => {
 
     const all = await ok<{ events: Record<string, any>[]; next: string | null }>("events.list", { subject });
     expect(all.events.map((e) => e.type)).toEqual(["metal.site.created", "metal.site.updated", "metal.site.updated"]);
-    expect(all.events[0]).toMatchObject({ module: "metal", subject, actor: expect.any(String), requestId: expect.any(String), occurredAt: expect.any(String) });
+    expect(all.events[0]).toMatchObject({
+      module: "metal",
+      subject,
+      actor: expect.any(String),
+      requestId: expect.any(String),
+      occurredAt: expect.any(String),
+    });
     expect(all.next).toBeNull();
 
     const page1 = await ok<{ events: { id: string }[]; next: string | null }>("events.list", { subject, limit: 2 });
@@ -119,7 +155,14 @@ describe("events.list", () => {
   });
 
   it("refuses a malformed type, cursor or limit", async () => {
-    for (const input of [{ type: "metal.*.node" }, { type: "metal.node%" }, { after: "12abc" }, { limit: 501 }, { limit: 0 }, { subject: "a\u0000b" }]) {
+    for (const input of [
+      { type: "metal.*.node" },
+      { type: "metal.node%" },
+      { after: "12abc" },
+      { limit: 501 },
+      { limit: 0 },
+      { subject: "a\u0000b" },
+    ]) {
       await refused("events.list", input, "INVALID_ARGUMENT");
     }
   });

@@ -46,7 +46,9 @@ afterAll(async () => {
 });
 
 async function latestWorkflow(): Promise<string | undefined> {
-  const rows = await observer.db.execute(sql`SELECT id FROM workflows WHERE target = ${daemon.nodeId!} ORDER BY created_at DESC, id DESC LIMIT 1`);
+  const rows = await observer.db.execute(
+    sql`SELECT id FROM workflows WHERE target = ${daemon.nodeId!} ORDER BY created_at DESC, id DESC LIMIT 1`,
+  );
   return (rows.rows[0] as { id: string } | undefined)?.id;
 }
 

@@ -13,6 +13,16 @@ it("the production driver passes every store conformance case", async () => {
 });
 
 it("reports a failing case instead of throwing", async () => {
-  const report = await runConformance([{ name: "always fails", run: async () => { throw new Error("boom"); } }], () => ({}));
+  const report = await runConformance(
+    [
+      {
+        name: "always fails",
+        run: async () => {
+          throw new Error("boom");
+        },
+      },
+    ],
+    () => ({}),
+  );
   expect(report).toEqual({ passed: [], failed: [{ name: "always fails", error: "Error: boom" }] });
 });

@@ -11,10 +11,30 @@ const ran: string[] = [];
 const acmeJanitor = definePlugin({
   id: "acme-janitor",
   sweeps: [
-    { id: "broken", run: async () => { ran.push("sweep:broken"); throw new Error("the janitor tripped"); } },
-    { id: "expire-leases", run: async (ctx) => { ran.push(`sweep:expire-leases:${ctx.moduleId}`); return 2; } },
+    {
+      id: "broken",
+      run: async () => {
+        ran.push("sweep:broken");
+        throw new Error("the janitor tripped");
+      },
+    },
+    {
+      id: "expire-leases",
+      run: async (ctx) => {
+        ran.push(`sweep:expire-leases:${ctx.moduleId}`);
+        return 2;
+      },
+    },
   ],
-  reconcilers: [{ id: "tidy", run: async () => { ran.push("reconciler:tidy"); return 1; } }],
+  reconcilers: [
+    {
+      id: "tidy",
+      run: async () => {
+        ran.push("reconciler:tidy");
+        return 1;
+      },
+    },
+  ],
 });
 const compute = betterCompute({ plugins: [acmeJanitor] });
 
@@ -33,7 +53,9 @@ describe("the cron sweep", () => {
       expect(await sweep(compute, env)).toBe(3);
       expect(ran).toEqual(["sweep:broken", "sweep:expire-leases:acme-janitor", "reconciler:tidy"]);
       const logged = warnings.mock.calls.map((call) => JSON.parse(String(call[0])));
-      expect(logged).toEqual([expect.objectContaining({ level: "warn", module: "acme-janitor", sweep: "broken", error: "the janitor tripped" })]);
+      expect(logged).toEqual([
+        expect.objectContaining({ level: "warn", module: "acme-janitor", sweep: "broken", error: "the janitor tripped" }),
+      ]);
     } finally {
       warnings.mockRestore();
     }

@@ -13,7 +13,14 @@ import { request as httpsRequest } from "node:https";
 import { connect as netConnect, type Socket } from "node:net";
 import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { AgentError, inLane, type CommandContext, type CommandHandler } from "../contracts.ts";
-import { HTTP_PROXY_KIND, MAX_PROXY_RESPONSE_BYTES, headerProblem, httpProxyBody, type HttpProxyBody, type HttpProxyAnswer } from "better-compute/metal/http-proxy";
+import {
+  HTTP_PROXY_KIND,
+  MAX_PROXY_RESPONSE_BYTES,
+  headerProblem,
+  httpProxyBody,
+  type HttpProxyBody,
+  type HttpProxyAnswer,
+} from "better-compute/metal/http-proxy";
 import { parseBody } from "./site.ts";
 import { spkiSha256 } from "./tls-pin.ts";
 

@@ -102,7 +102,8 @@ export function ramdiskHandlers(options: RamdiskHandlerOptions): Record<string, 
       const listed = await disks.list();
       const device = body.device ?? listed[0]?.device;
       if (device === undefined) throw new AgentError("DRIVER_ERROR", "this machine has no disk to write the image to");
-      if (!listed.some((d) => d.device === device)) throw new AgentError("INVALID_ARGUMENT", `${ctx.kind}: no disk ${device} on this machine`);
+      if (!listed.some((d) => d.device === device))
+        throw new AgentError("INVALID_ARGUMENT", `${ctx.kind}: no disk ${device} on this machine`);
 
       let res: Response;
       try {
@@ -113,7 +114,10 @@ export function ramdiskHandlers(options: RamdiskHandlerOptions): Record<string, 
       }
       if (!res.ok || !res.body) {
         await res.body?.cancel();
-        throw new AgentError("DRIVER_ERROR", `the image ${shownUrl(body.url)} answered ${res.status}${res.statusText ? ` ${res.statusText}` : ""}`);
+        throw new AgentError(
+          "DRIVER_ERROR",
+          `the image ${shownUrl(body.url)} answered ${res.status}${res.statusText ? ` ${res.statusText}` : ""}`,
+        );
       }
       const hash = createHash("sha256");
       const { bytes } = await onDisk(device, ctx.signal, () => disks.write(device, hashed(body.url, res.body!, hash)));

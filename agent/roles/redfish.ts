@@ -154,9 +154,19 @@ const biosResource = z.object({ Attributes: attributes, "@Redfish.Settings": z.o
 const biosSettingsResource = z.object({ Attributes: attributes });
 const storageResource = z.object({ Drives: z.array(link).nullish(), Volumes: link.nullish() });
 const driveResource = z.object({ CapacityBytes: z.number().nullish() });
-const volumeResource = z.object({ Id: text, RAIDType: text, VolumeType: text, Links: z.object({ Drives: z.array(link).nullish() }).nullish() });
+const volumeResource = z.object({
+  Id: text,
+  RAIDType: text,
+  VolumeType: text,
+  Links: z.object({ Drives: z.array(link).nullish() }).nullish(),
+});
 /** Older BMCs state VolumeType only. */
-const VOLUME_TYPE_LEVELS: Record<string, RaidLevel> = { NonRedundant: "RAID0", Mirrored: "RAID1", StripedWithParity: "RAID5", SpannedMirrors: "RAID10" };
+const VOLUME_TYPE_LEVELS: Record<string, RaidLevel> = {
+  NonRedundant: "RAID0",
+  Mirrored: "RAID1",
+  StripedWithParity: "RAID5",
+  SpannedMirrors: "RAID10",
+};
 const ipAddresses = z.array(z.object({ Address: text }).nullable()).nullish();
 const ethernetInterfaceResource = z.object({ IPv4Addresses: ipAddresses, IPv6Addresses: ipAddresses });
 // Shapes only, so a BMC's placeholder ("N/A", "") is not taken for an address.
@@ -252,7 +262,10 @@ export class RedfishClient {
     this.#tls = bmc.tls;
     this.#timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this.#signal = options.signal;
-    this.#powerWait = { timeoutMs: options.powerWait?.timeoutMs ?? DEFAULT_POWER_TIMEOUT_MS, intervalMs: options.powerWait?.intervalMs ?? DEFAULT_POWER_INTERVAL_MS };
+    this.#powerWait = {
+      timeoutMs: options.powerWait?.timeoutMs ?? DEFAULT_POWER_TIMEOUT_MS,
+      intervalMs: options.powerWait?.intervalMs ?? DEFAULT_POWER_INTERVAL_MS,
+    };
   }
 
   /** Identity and state; an optional resource that fails is listed in `unavailable` instead of failing it all. */
@@ -304,7 +317,8 @@ export class RedfishClient {
     const previous = system.PowerState ?? null;
     const resetTarget = system.Actions?.["#ComputerSystem.Reset"]?.target ?? `${this.#systemPath}/Actions/ComputerSystem.Reset`;
     let state = previous;
-    if (state === "PoweringOn" || state === "PoweringOff") state = await this.#waitForPower(state === "PoweringOn" ? "On" : "Off", `${state} was under way`);
+    if (state === "PoweringOn" || state === "PoweringOff")
+      state = await this.#waitForPower(state === "PoweringOn" ? "On" : "Off", `${state} was under way`);
     const reset = async (resetType: string, to: "On" | "Off") => {
       await this.#call("POST", resetTarget, { ResetType: resetType });
       state = await this.#waitForPower(to, `Reset ${resetType}`);
@@ -335,7 +349,10 @@ export class RedfishClient {
     if (got.target !== target) throw this.#fail(`recorded the boot override target ${got.target ?? "(none)"} when asked for ${target}`);
     if (got.enabled === enabled) return got;
     if (once && got.enabled === "Continuous") {
-      return { ...got, warning: `BMC ${this.address} recorded the boot override ${target} as Continuous when asked for Once: the machine boots ${target} every time until its boot device is set again` };
+      return {
+        ...got,
+        warning: `BMC ${this.address} recorded the boot override ${target} as Continuous when asked for Once: the machine boots ${target} every time until its boot device is set again`,
+      };
     }
     throw this.#fail(`recorded the boot override as ${got.enabled ?? "(none)"} when asked for ${enabled}`);
   }
@@ -375,7 +392,8 @@ export class RedfishClient {
     const entries = Object.entries(wanted);
     if (entries.length === 0) throw invalid("no BIOS attributes given");
     for (const [k, v] of entries) {
-      if (!k || !["string", "number", "boolean"].includes(typeof v)) throw invalid(`the BIOS attribute ${JSON.stringify(k)} must be a string, number or boolean`);
+      if (!k || !["string", "number", "boolean"].includes(typeof v))
+        throw invalid(`the BIOS attribute ${JSON.stringify(k)} must be a string, number or boolean`);
     }
     const system = await this.#system();
     const biosPath = system.Bios?.["@odata.id"];
@@ -390,13 +408,17 @@ export class RedfishClient {
     const staged = (await this.#get(settingsPath, biosSettingsResource, "Bios settings")).Attributes ?? {};
     if (!Object.entries(changes).every(([k, v]) => has(staged, k, v))) {
       await this.#call("PATCH", settingsPath, { Attributes: changes }).catch((e: unknown) => {
-        throw notOffered(e) ? this.#unsupported(`does not take BIOS settings: PATCH ${settingsPath} answered ${(e as AgentError).status}`) : e;
+        throw notOffered(e)
+          ? this.#unsupported(`does not take BIOS settings: PATCH ${settingsPath} answered ${(e as AgentError).status}`)
+          : e;
       });
     }
     // Re-read: many BMCs answer with 204. Some list only pending values, others all of them.
     const after = (await this.#get(settingsPath, biosSettingsResource, "Bios settings")).Attributes ?? {};
     const pending = Object.fromEntries(
-      Object.entries(after).filter((e): e is [string, BiosValue] => ["string", "number", "boolean"].includes(typeof e[1]) && !has(current, e[0], e[1])),
+      Object.entries(after).filter(
+        (e): e is [string, BiosValue] => ["string", "number", "boolean"].includes(typeof e[1]) && !has(current, e[0], e[1]),
+      ),
     );
     return { pending, applied: false };
   }
@@ -412,7 +434,8 @@ export class RedfishClient {
     const level = spec?.level;
     if (!RAID_LEVELS.includes(level)) throw invalid(`unknown RAID level ${JSON.stringify(level)}; one of ${RAID_LEVELS.join(", ")}`);
     const asked = spec?.drives ?? "all";
-    if (asked !== "all" && !(Number.isInteger(asked) && asked >= 1)) throw invalid(`drives must be a positive integer or "all", not ${JSON.stringify(asked)}`);
+    if (asked !== "all" && !(Number.isInteger(asked) && asked >= 1))
+      throw invalid(`drives must be a positive integer or "all", not ${JSON.stringify(asked)}`);
     if (asked !== "all") {
       const problem = raidDriveCountProblem(level, asked);
       if (problem) throw invalid(problem);
@@ -424,7 +447,8 @@ export class RedfishClient {
     if (!controller) throw this.#unsupported("has no storage controller with drives and volumes; no RAID to configure");
     const drives = controller.storage.Drives ?? [];
     const count = asked === "all" ? drives.length : asked;
-    if (count > drives.length) throw invalid(`BMC ${this.address} has ${drives.length} drive(s) on ${controller.path}; ${level} over ${count} cannot be made`);
+    if (count > drives.length)
+      throw invalid(`BMC ${this.address} has ${drives.length} drive(s) on ${controller.path}; ${level} over ${count} cannot be made`);
     const problem = raidDriveCountProblem(level, count);
     if (problem) throw invalid(`BMC ${this.address} has ${drives.length} drives on ${controller.path}: ${problem}`);
 
@@ -434,7 +458,14 @@ export class RedfishClient {
     const found = existing.find(fits);
     if (found) return { volume: { id: found.id, level, drives: count } };
     const noCreation = (why: string) => this.#unsupported(`does not offer volume creation: ${why}; no ${level} volume can be made`);
-    if (allow !== undefined && !allow.toUpperCase().split(",").map((m) => m.trim()).includes("POST")) {
+    if (
+      allow !== undefined &&
+      !allow
+        .toUpperCase()
+        .split(",")
+        .map((m) => m.trim())
+        .includes("POST")
+    ) {
       throw noCreation(`its Volumes collection ${volumesPath} allows ${allow.trim() || "nothing"}, not POST`);
     }
 
@@ -444,7 +475,12 @@ export class RedfishClient {
     const capacities = [];
     for (const d of members) capacities.push((await this.#get(d["@odata.id"], driveResource, "Drive")).CapacityBytes);
     const known = capacities.every((c): c is number => typeof c === "number" && c > 0);
-    const body = { Name: `${level} volume`, RAIDType: level, Links: { Drives: members }, ...(known ? { CapacityBytes: raidCapacityBytes(level, capacities) } : {}) };
+    const body = {
+      Name: `${level} volume`,
+      RAIDType: level,
+      Links: { Drives: members },
+      ...(known ? { CapacityBytes: raidCapacityBytes(level, capacities) } : {}),
+    };
     const answer = await this.#call("POST", volumesPath, body).catch((e: unknown) => {
       throw notOffered(e) ? noCreation(`POST ${volumesPath} answered ${(e as AgentError).status}`) : e;
     });
@@ -479,7 +515,14 @@ export class RedfishClient {
         lastError = undefined;
         if (last === target) return last;
       } catch (e) {
-        if (this.#signal?.aborted || !(e instanceof AgentError) || e.code !== "DRIVER_ERROR" || e.permanent || (e.status !== undefined && e.status < 500)) throw e;
+        if (
+          this.#signal?.aborted ||
+          !(e instanceof AgentError) ||
+          e.code !== "DRIVER_ERROR" ||
+          e.permanent ||
+          (e.status !== undefined && e.status < 500)
+        )
+          throw e;
         lastError = e;
       }
       if (Date.now() >= until) {
@@ -527,7 +570,8 @@ export class RedfishClient {
     for (const { "@odata.id": path } of collection.data.Members) {
       const v = await this.#get(path, volumeResource, "Volume");
       const id = v.Id ?? decodeURIComponent(path.replace(/\/$/, "").split("/").pop() ?? path);
-      const level = v.RAIDType ?? (v.VolumeType && Object.hasOwn(VOLUME_TYPE_LEVELS, v.VolumeType) ? VOLUME_TYPE_LEVELS[v.VolumeType]! : null);
+      const level =
+        v.RAIDType ?? (v.VolumeType && Object.hasOwn(VOLUME_TYPE_LEVELS, v.VolumeType) ? VOLUME_TYPE_LEVELS[v.VolumeType]! : null);
       volumes.push({ path, id, level, drives: v.Links?.Drives?.length ?? 0 });
     }
     return { volumes, allow: answer.header("allow") };
@@ -609,7 +653,9 @@ export class RedfishClient {
       // The command's deadline or the agent stopping: report that, not a BMC failure.
       if (this.#signal?.aborted) throw this.#signal.reason;
       if (e instanceof AgentError) throw e; // the certificate refused
-      throw this.#fail(`did not answer ${method} ${path}: ${timeout.aborted ? `no answer within ${this.#timeoutMs} ms` : this.#scrub(fetchFailureReason(e))}`);
+      throw this.#fail(
+        `did not answer ${method} ${path}: ${timeout.aborted ? `no answer within ${this.#timeoutMs} ms` : this.#scrub(fetchFailureReason(e))}`,
+      );
     }
     if (res.status < 200 || res.status > 299) {
       const what = `answered ${res.status}${res.statusText ? ` ${res.statusText}` : ""} to ${method} ${path}`;
@@ -625,7 +671,10 @@ export class RedfishClient {
     }
   }
 
-  async #viaFetch(url: string, request: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal }): Promise<Answer> {
+  async #viaFetch(
+    url: string,
+    request: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal },
+  ): Promise<Answer> {
     const res = await (this.#fetch ?? fetch)(url, request);
     return { status: res.status, statusText: res.statusText, header: (name) => res.headers.get(name) ?? undefined, body: await res.text() };
   }
@@ -635,7 +684,10 @@ export class RedfishClient {
    * binding's pin and/or CA bundle, else the system's CAs. Only then is the request (with its
    * Authorization header) written, so a BMC that is not trusted never sees the credential.
    */
-  #viaHttps(url: string, request: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal }): Promise<Answer> {
+  #viaHttps(
+    url: string,
+    request: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal },
+  ): Promise<Answer> {
     const target = new URL(url);
     const host = target.hostname.replace(/^\[(.*)\]$/, "$1"); // sockets take IPv6 without brackets
     const port = Number(target.port || 443);
@@ -651,7 +703,13 @@ export class RedfishClient {
       const fail = (e: Error) => finish(() => reject(e));
       const onAbort = () => fail(new Error("aborted"));
       // With rejectUnauthorized off the connection completes either way; authorized says whether it verified (chain and name).
-      const socket: TLSSocket = tlsConnect({ host, port, servername: isIP(host) ? undefined : host, ca: this.#tls?.caBundle, rejectUnauthorized: false });
+      const socket: TLSSocket = tlsConnect({
+        host,
+        port,
+        servername: isIP(host) ? undefined : host,
+        ca: this.#tls?.caBundle,
+        rejectUnauthorized: false,
+      });
       if (request.signal.aborted) return onAbort();
       request.signal.addEventListener("abort", onAbort, { once: true });
       socket.once("secureConnect", () => {
@@ -698,7 +756,11 @@ export class RedfishClient {
         // an unreadable certificate: no pin matches it
       }
       if (presented !== pin) {
-        return this.#fail(`presented a certificate whose public key does not match the pin bmc.tls.spkiSha256 ${pin}${presented ? ` (its pin is ${presented})` : ""}; nothing was sent`, undefined, true);
+        return this.#fail(
+          `presented a certificate whose public key does not match the pin bmc.tls.spkiSha256 ${pin}${presented ? ` (its pin is ${presented})` : ""}; nothing was sent`,
+          undefined,
+          true,
+        );
       }
       // The pin names the key: no CA vouches for a self-signed certificate, nor for the name in it.
       if (this.#tls?.caBundle === undefined) return undefined;

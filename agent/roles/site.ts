@@ -69,13 +69,21 @@ export function siteHandlers(options: SiteHandlerOptions = {}): Record<string, C
    * lane: one machine's commands run in order, different machines' side by side.
    */
   const log = options.log ?? silent;
-  const onBmc = <T extends { bmc: BmcBody }>(schema: z.ZodType<T>, op: (client: RedfishClient, body: T) => Promise<unknown>): CommandHandler =>
+  const onBmc = <T extends { bmc: BmcBody }>(
+    schema: z.ZodType<T>,
+    op: (client: RedfishClient, body: T) => Promise<unknown>,
+  ): CommandHandler =>
     inLane(bmcLane, async (raw, ctx) => {
       const started = Date.now();
       let bmcAddress: string | undefined; // the client's: a refused address may hold a credential, so it is not logged
       try {
         const body = parseBody(ctx.kind, schema, raw);
-        const client = new RedfishClient(resolveBmc(body.bmc, ctx), { fetch: options.fetch, timeoutMs: options.timeoutMs, powerWait: options.powerWait, signal: ctx.signal });
+        const client = new RedfishClient(resolveBmc(body.bmc, ctx), {
+          fetch: options.fetch,
+          timeoutMs: options.timeoutMs,
+          powerWait: options.powerWait,
+          signal: ctx.signal,
+        });
         bmcAddress = client.address;
         const output = await op(client, body);
         log.info("bmc operation", { kind: ctx.kind, bmc: bmcAddress, outcome: "ok", durationMs: Date.now() - started });
@@ -86,8 +94,12 @@ export function siteHandlers(options: SiteHandlerOptions = {}): Record<string, C
         // Messages are the client's (scrubbed of the credential) or a schema's (which never echo a value).
         const { code, message, permanent } = (e ?? {}) as { code?: unknown; message?: unknown; permanent?: unknown };
         log.warn("bmc operation failed", {
-          kind: ctx.kind, bmc: bmcAddress, outcome: typeof code === "string" ? code : "ERROR", durationMs: Date.now() - started,
-          error: typeof message === "string" ? message : String(e), ...(permanent === true ? { permanent } : {}),
+          kind: ctx.kind,
+          bmc: bmcAddress,
+          outcome: typeof code === "string" ? code : "ERROR",
+          durationMs: Date.now() - started,
+          error: typeof message === "string" ? message : String(e),
+          ...(permanent === true ? { permanent } : {}),
         });
         throw e;
       }

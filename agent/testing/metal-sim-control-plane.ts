@@ -12,10 +12,28 @@ import { advance, provisionModule, wakeStalledWorkflows } from "better-compute/p
 import { AgentError, type AgentTransport } from "../client.ts";
 import { BufferedSocket } from "../socket.ts";
 import { verifyCredential } from "../../core/agents/credentials.ts";
-import { expireOverdue, markDelivered, openCommands, recordConnected, recordDisconnected, recordResult, waitingWorkflow } from "../../core/agents/sessions.ts";
+import {
+  expireOverdue,
+  markDelivered,
+  openCommands,
+  recordConnected,
+  recordDisconnected,
+  recordResult,
+  waitingWorkflow,
+} from "../../core/agents/sessions.ts";
 import { databaseSecrets } from "../../core/context.ts";
 import { base64url } from "../../core/encoding.ts";
-import { agentFrame, CloseCode, helloMessage, PING, PONG, PROTOCOL_VERSION, verifyMessage, type CommandFrame, type ServerFrame } from "../../core/protocol.ts";
+import {
+  agentFrame,
+  CloseCode,
+  helloMessage,
+  PING,
+  PONG,
+  PROTOCOL_VERSION,
+  verifyMessage,
+  type CommandFrame,
+  type ServerFrame,
+} from "../../core/protocol.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
 import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
 import { startPglite } from "../../scripts/local/pglite-server.ts";
@@ -38,7 +56,11 @@ export interface SimControlPlane {
 const BASE_URL = "https://metal-sim.test";
 const SECRET = "metal-sim-deployment-secret-0123456789abcdef";
 
-export async function inProcessControlPlane(options: { modules?: Module[]; hardwareProfiles?: Record<string, HardwareProfile>; chaos?: ChaosPlan }): Promise<SimControlPlane> {
+export async function inProcessControlPlane(options: {
+  modules?: Module[];
+  hardwareProfiles?: Record<string, HardwareProfile>;
+  chaos?: ChaosPlan;
+}): Promise<SimControlPlane> {
   const cleanup: Array<() => Promise<unknown>> = [];
   const stop = async () => {
     for (const step of cleanup.reverse()) await step().catch(() => {});
@@ -55,14 +77,24 @@ export async function inProcessControlPlane(options: { modules?: Module[]; hardw
     const extra = options.modules ?? [];
     const compute = betterCompute({
       secret: SECRET,
-      modules: [provisionModule(), metalModule({ hardwareProfiles: options.hardwareProfiles }), ...extra.filter((m) => m.contract === "module")],
+      modules: [
+        provisionModule(),
+        metalModule({ hardwareProfiles: options.hardwareProfiles }),
+        ...extra.filter((m) => m.contract === "module"),
+      ],
       plugins: extra.filter((m) => m.contract === "plugin"),
     });
     await applyMigrations(store, [...coreMigrations(), ...compute.migrations()]);
     const adminKey = (await compute.mintApiKey(store, { name: "metal-sim", roles: ["admin"] })).key;
 
     let stopped = false;
-    const workflows = new WorkflowRunner(compute, () => env, store, () => stopped, options.chaos);
+    const workflows = new WorkflowRunner(
+      compute,
+      () => env,
+      store,
+      () => stopped,
+      options.chaos,
+    );
     const gateway = new Gateway(store, SECRET, () => workflows);
     // The Durable Object bindings, as wakeObjects() finds them: a wake-up calls straight in.
     const namespace = (wake: (name: string) => void) => ({
@@ -113,12 +145,23 @@ export async function inProcessControlPlane(options: { modules?: Module[]; hardw
 }
 
 /** POST /v1/<method> as the admin; a refusal throws an Error carrying the API's code and details. */
-export async function callApi<T>(baseUrl: string, adminKey: string, method: string, input: Record<string, unknown> = {}, send: (request: Request) => Promise<Response> = fetch): Promise<T> {
+export async function callApi<T>(
+  baseUrl: string,
+  adminKey: string,
+  method: string,
+  input: Record<string, unknown> = {},
+  send: (request: Request) => Promise<Response> = fetch,
+): Promise<T> {
   const res = await send(
-    new Request(`${baseUrl}/v1/${method}`, { method: "POST", headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" }, body: JSON.stringify(input) }),
+    new Request(`${baseUrl}/v1/${method}`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
+      body: JSON.stringify(input),
+    }),
   );
   const body = (await res.json()) as Record<string, unknown>;
-  if (!res.ok) throw Object.assign(new Error(`${method}: ${String(body.code)}: ${String(body.message)}`), { code: body.code, details: body.details });
+  if (!res.ok)
+    throw Object.assign(new Error(`${method}: ${String(body.code)}: ${String(body.message)}`), { code: body.code, details: body.details });
   return body as T;
 }
 
@@ -250,7 +293,10 @@ export class WorkflowRunner {
     if (this.#reconciling) return void (this.#reconcileAgain = true);
     this.#reconciling = this.compute
       .reconcile(this.env(), this.#process())
-      .then(() => undefined, () => undefined)
+      .then(
+        () => undefined,
+        () => undefined,
+      )
       .finally(() => {
         this.#reconciling = undefined;
         if (this.#reconcileAgain) {
@@ -288,7 +334,11 @@ export class Gateway {
   readonly #sessions = new Map<string, Session>();
   readonly #secrets;
 
-  constructor(private readonly store: NodeStore, secret: string, private readonly workflows: () => WorkflowRunner) {
+  constructor(
+    private readonly store: NodeStore,
+    secret: string,
+    private readonly workflows: () => WorkflowRunner,
+  ) {
     this.#secrets = databaseSecrets(store, secret);
   }
 
@@ -303,8 +353,16 @@ export class Gateway {
     this.#sessions.get(node.nodeId)?.socket.end(CloseCode.REPLACED, "replaced by a newer connection");
     const nonce = base64url(crypto.getRandomValues(new Uint8Array(32)));
     const session: Session = {
-      nodeId: node.nodeId, role: node.role, publicKey: node.publicKey, sessionId: crypto.randomUUID(), nonce, ready: false, sentSeq: 0,
-      delivering: Promise.resolve(), deliveryQueued: false, closed: false,
+      nodeId: node.nodeId,
+      role: node.role,
+      publicKey: node.publicKey,
+      sessionId: crypto.randomUUID(),
+      nonce,
+      ready: false,
+      sentSeq: 0,
+      delivering: Promise.resolve(),
+      deliveryQueued: false,
+      closed: false,
       socket: new BufferedSocket({
         send: (text) => queueMicrotask(() => void this.#onFrame(session, text)),
         close: (code = 1000, reason = "") => queueMicrotask(() => void this.#closed(session, code, reason)),
@@ -328,7 +386,10 @@ export class Gateway {
     if (!parsed.success) return this.#end(session, CloseCode.MALFORMED_FRAME, "malformed frame");
     const frame = parsed.data;
     if (frame.t === "hello") {
-      if (frame.nonce !== session.nonce || !(await verifyMessage(session.publicKey, helloMessage(session.nodeId, frame.nonce, frame.bootId), frame.signature))) {
+      if (
+        frame.nonce !== session.nonce ||
+        !(await verifyMessage(session.publicKey, helloMessage(session.nodeId, frame.nonce, frame.bootId), frame.signature))
+      ) {
         return this.#end(session, CloseCode.PROOF_FAILED, "the hello does not answer this socket's challenge");
       }
       session.nonce = null;
@@ -361,13 +422,15 @@ export class Gateway {
     // One delivery waiting behind the running one is enough: it sends everything open by then.
     if (session.deliveryQueued) return;
     session.deliveryQueued = true;
-    session.delivering = session.delivering.then(() => {
-      session.deliveryQueued = false;
-      return this.#deliver(session);
-    }).catch((err: unknown) => {
-      if (session.closed) return; // the simulation is stopping
-      console.warn(`metal-sim: delivery to ${nodeId} failed: ${err instanceof Error ? err.message : String(err)}`);
-    });
+    session.delivering = session.delivering
+      .then(() => {
+        session.deliveryQueued = false;
+        return this.#deliver(session);
+      })
+      .catch((err: unknown) => {
+        if (session.closed) return; // the simulation is stopping
+        console.warn(`metal-sim: delivery to ${nodeId} failed: ${err instanceof Error ? err.message : String(err)}`);
+      });
   }
 
   async #deliver(session: Session): Promise<void> {
@@ -380,7 +443,10 @@ export class Gateway {
         this.#send(session, frame);
         session.sentSeq = frame.seq;
       }
-      await markDelivered(this.store, frames.map((f) => f.id));
+      await markDelivered(
+        this.store,
+        frames.map((f) => f.id),
+      );
     }
   }
 
@@ -401,4 +467,3 @@ export class Gateway {
     for (const session of [...this.#sessions.values()]) await this.#closed(session, 1001, "the simulation stopped");
   }
 }
-

@@ -207,13 +207,19 @@ async function stackControlPlane(stack: SimStack): Promise<SimControlPlane> {
     store,
     call: (method, input) => callApi(stack.url, stack.adminKey, method, input),
     // The WorkflowDOs see the new time at their next alarm.
-    advanceClock: async (seconds) => void (await store.db.execute(sql`UPDATE bc_clock SET skew = skew + make_interval(secs => ${seconds})`)),
+    advanceClock: async (seconds) =>
+      void (await store.db.execute(sql`UPDATE bc_clock SET skew = skew + make_interval(secs => ${seconds})`)),
     roundTrips: () => stack.databaseStats?.roundTrips ?? 0,
     stop: () => store.close(),
   };
 }
 
-async function simulateSite(control: SimControlPlane, options: MetalSimOptions, cleanup: Array<() => Promise<unknown>>, stop: () => Promise<void>): Promise<MetalSim> {
+async function simulateSite(
+  control: SimControlPlane,
+  options: MetalSimOptions,
+  cleanup: Array<() => Promise<unknown>>,
+  stop: () => Promise<void>,
+): Promise<MetalSim> {
   const commandsSeen: SeenCommand[] = [];
   const unsigned = new Set<string>();
   const transport = unsignedResults(control.transport, unsigned);
@@ -223,8 +229,12 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
   /** An agent whose handlers record what they were sent. */
   function simAgent(state: MemoryState, role: string, handlers: Record<string, CommandHandler>): AgentClient {
     const client = new AgentClient({
-      transport, state, baseUrl: control.baseUrl, labels: { "sim/role": role },
-      heartbeatMs: 60_000, backoff: { initialMs: 20, maxMs: 500, healthyAfterMs: 1000 },
+      transport,
+      state,
+      baseUrl: control.baseUrl,
+      labels: { "sim/role": role },
+      heartbeatMs: 60_000,
+      backoff: { initialMs: 20, maxMs: 500, healthyAfterMs: 1000 },
     });
     for (const [kind, handler] of Object.entries(handlers)) {
       const seen: CommandHandler = (body, ctx) => {
@@ -247,7 +257,9 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
   await control.call("metal.sites.create", { id: siteId });
   const agentless = options.agent === "none";
   await control.call("metal.pools.create", {
-    id: poolId, site: siteId, agent: options.agent ?? "bcd",
+    id: poolId,
+    site: siteId,
+    agent: options.agent ?? "bcd",
     policy: {
       hardwareProfile: options.hardwareProfile ?? "redfish-pxe",
       allowUnverifiedRelease: options.allowUnverifiedRelease ?? agentless,
@@ -287,15 +299,26 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
       const media = state.media.inserted ? state.media.image : null;
       const next = (life.get(machine) ?? Promise.resolve())
         .then(() => (to === "On" ? boot(machine, target, media) : powerOff(machine)))
-        .catch((err: unknown) => void (stopped || console.warn(`metal-sim: ${machine.id}: ${err instanceof Error ? err.message : String(err)}`)));
+        .catch(
+          (err: unknown) => void (stopped || console.warn(`metal-sim: ${machine.id}: ${err instanceof Error ? err.message : String(err)}`)),
+        );
       life.set(machine, next);
     },
   });
   cleanup.push(() => bmc.stop());
   for (const state of bmc.machines.values()) {
     const machine: SimMachine = {
-      id: state.id, uuid: state.uuid, address: `${bmc.url}/redfish/v1/Systems/${state.id}`, bmc: state, addresses: state.addresses,
-      disks: simulatedDisks([{ device: "/dev/sda", sizeBytes: 64 * 1024 * 1024 }]), os: undefined, boots: [], unsignedRamdisk: false, agent: undefined, running: undefined,
+      id: state.id,
+      uuid: state.uuid,
+      address: `${bmc.url}/redfish/v1/Systems/${state.id}`,
+      bmc: state,
+      addresses: state.addresses,
+      disks: simulatedDisks([{ device: "/dev/sda", sizeBytes: 64 * 1024 * 1024 }]),
+      os: undefined,
+      boots: [],
+      unsignedRamdisk: false,
+      agent: undefined,
+      running: undefined,
     };
     machines.push(machine);
     byBmcId.set(state.id, machine);
@@ -339,7 +362,11 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
     const key = await generateNodeKey();
     await state.saveKey(key.privateJwk);
     // The site agent vouches for what PXE-booted on its network (discovery attestation).
-    const assertion: DiscoveryAssertion = { publicKey: key.publicKey, issuedAt: await databaseNow(), productUuid: machine.uuid.toLowerCase() };
+    const assertion: DiscoveryAssertion = {
+      publicKey: key.publicKey,
+      issuedAt: await databaseNow(),
+      productUuid: machine.uuid.toLowerCase(),
+    };
     const signature = await signMessage(site.key, discoveryMessage(site.nodeId, assertion));
     const handlers = ramdiskHandlers({ disks: machine.disks, productUuid: machine.uuid });
     const wipe = handlers["metal.ramdisk.wipe"]!;
@@ -349,7 +376,12 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
       return output;
     };
     const agent = simAgent(state, "ramdisk", handlers);
-    const identity = await agent.join({ attestor: "discovery", evidence: { siteNodeId: site.nodeId, assertion, signature }, role: "ramdisk", hostname: `ramdisk-${machine.id}` });
+    const identity = await agent.join({
+      attestor: "discovery",
+      evidence: { siteNodeId: site.nodeId, assertion, signature },
+      role: "ramdisk",
+      hostname: `ramdisk-${machine.id}`,
+    });
     if (machine.unsignedRamdisk) unsigned.add(identity.nodeId);
     machine.agent = agent;
     await run(agent);
@@ -364,7 +396,12 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
     }
     const agent = simAgent(os.state, "node", {});
     if (!os.joined) {
-      await agent.join({ attestor: "provisioned", evidence: { token: os.token, productUuid: machine.uuid.toLowerCase() }, role: "node", hostname: `host-${machine.id}` });
+      await agent.join({
+        attestor: "provisioned",
+        evidence: { token: os.token, productUuid: machine.uuid.toLowerCase() },
+        role: "node",
+        hostname: `host-${machine.id}`,
+      });
       os.joined = true;
     }
     machine.agent = agent;
@@ -387,7 +424,11 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
     commandsSeen,
     call: (method, input) => control.call(method, input),
     enroll: (machine, opts = {}) =>
-      control.call("metal.enroll", { pool: poolId, ...(opts.id ? { id: opts.id } : {}), bmc: { address: machine.address, username: SIM_BMC_USER, password: opts.password ?? SIM_BMC_PASSWORD } }),
+      control.call("metal.enroll", {
+        pool: poolId,
+        ...(opts.id ? { id: opts.id } : {}),
+        bmc: { address: machine.address, username: SIM_BMC_USER, password: opts.password ?? SIM_BMC_PASSWORD },
+      }),
     async waitForState(nodeId, states, timeoutMs = 30_000) {
       const wanted = Array.isArray(states) ? states : [states];
       const until = Date.now() + timeoutMs;
@@ -397,7 +438,9 @@ async function simulateSite(control: SimControlPlane, options: MetalSimOptions, 
         if (wanted.includes(node.state as string)) return node;
         await new Promise((r) => setTimeout(r, 50));
       }
-      throw new Error(`metal node ${nodeId} is ${String(node.state)} after ${timeoutMs} ms, not ${wanted.join(" or ")} (last error: ${JSON.stringify(node.lastError)})`);
+      throw new Error(
+        `metal node ${nodeId} is ${String(node.state)} after ${timeoutMs} ms, not ${wanted.join(" or ")} (last error: ${JSON.stringify(node.lastError)})`,
+      );
     },
     advanceClock: (seconds) => control.advanceClock(seconds),
     roundTrips: () => control.roundTrips(),

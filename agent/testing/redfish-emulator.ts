@@ -239,7 +239,8 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     const id = s.id ?? `node-${i + 1}`;
     if (machines.has(id)) throw new Error(`duplicate machine id ${id}`);
     const driveCount = s.drives ?? opts.drives ?? 0;
-    if (!Number.isInteger(driveCount) || driveCount < 0 || driveCount > 24) throw new Error(`machine ${id}: drives must be an integer from 0 to 24`);
+    if (!Number.isInteger(driveCount) || driveCount < 0 || driveCount > 24)
+      throw new Error(`machine ${id}: drives must be an integer from 0 to 24`);
     for (const a of s.addresses ?? []) if (!isIP(a)) throw new Error(`machine ${id}: ${JSON.stringify(a)} is not an IP address`);
     const m: MachineState = {
       id,
@@ -255,7 +256,12 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       biosSettings: { BootMode: "Uefi", SriovGlobalEnable: false, ProcTurboMode: "Enabled" },
       biosPending: {},
       storage: {
-        drives: Array.from({ length: driveCount }, (_, d) => ({ id: `Disk.Bay.${d}`, name: `Simulated SSD ${d}`, capacityBytes: DRIVE_CAPACITY_BYTES, mediaType: "SSD" as const })),
+        drives: Array.from({ length: driveCount }, (_, d) => ({
+          id: `Disk.Bay.${d}`,
+          name: `Simulated SSD ${d}`,
+          capacityBytes: DRIVE_CAPACITY_BYTES,
+          mediaType: "SSD" as const,
+        })),
         volumes: [],
       },
       powerHistory: [],
@@ -289,7 +295,8 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
   }
 
   /** The power states a reset goes through, in order (a restart of an Off machine only powers it on, as many BMCs do). */
-  const resetSteps = (type: ResetType): PowerState[] => (type === "On" ? ["On"] : type === "ForceOff" || type === "GracefulShutdown" ? ["Off"] : ["Off", "On"]);
+  const resetSteps = (type: ResetType): PowerState[] =>
+    type === "On" ? ["On"] : type === "ForceOff" || type === "GracefulShutdown" ? ["Off"] : ["Off", "On"];
 
   async function reset(m: MachineState, type: ResetType): Promise<void> {
     for (const to of resetSteps(type)) await setPower(m, to);
@@ -475,7 +482,15 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     if (top === "Systems") {
       if (id === undefined) {
         get();
-        return [200, collection("/redfish/v1/Systems", "ComputerSystemCollection.ComputerSystemCollection", "Computer System Collection", [...machines.values()].map(sys))];
+        return [
+          200,
+          collection(
+            "/redfish/v1/Systems",
+            "ComputerSystemCollection.ComputerSystemCollection",
+            "Computer System Collection",
+            [...machines.values()].map(sys),
+          ),
+        ];
       }
       const m = machines.get(id);
       if (!m) throw notFound(path);
@@ -495,10 +510,22 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         let enabled = m.boot.enabled;
         for (const [k, v] of Object.entries(b)) {
           if (k === "BootSourceOverrideTarget") {
-            if (!BOOT_TARGETS.includes(v as BootTarget)) throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(v)} for the property ${k} is not in the list of acceptable values.`, [String(v), k]);
+            if (!BOOT_TARGETS.includes(v as BootTarget))
+              throw new HttpError(
+                400,
+                "PropertyValueNotInList",
+                `The value ${JSON.stringify(v)} for the property ${k} is not in the list of acceptable values.`,
+                [String(v), k],
+              );
             target = v as BootTarget;
           } else if (k === "BootSourceOverrideEnabled") {
-            if (!BOOT_ENABLED.includes(v as BootEnabled)) throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(v)} for the property ${k} is not in the list of acceptable values.`, [String(v), k]);
+            if (!BOOT_ENABLED.includes(v as BootEnabled))
+              throw new HttpError(
+                400,
+                "PropertyValueNotInList",
+                `The value ${JSON.stringify(v)} for the property ${k} is not in the list of acceptable values.`,
+                [String(v), k],
+              );
             // A Continuous-only BMC takes a Once without complaint and records Continuous.
             enabled = v === "Once" && m.quirks.continuousBootOnly ? "Continuous" : (v as BootEnabled);
           } else if (k !== "BootSourceOverrideMode") {
@@ -523,9 +550,20 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         if (method !== "POST") throw noMethod(method);
         const body = await jsonBody(req);
         const t = body.ResetType;
-        if (t === undefined) throw new HttpError(400, "ActionParameterMissing", "The action ComputerSystem.Reset requires the parameter ResetType to be present in the request body.", ["ComputerSystem.Reset", "ResetType"]);
+        if (t === undefined)
+          throw new HttpError(
+            400,
+            "ActionParameterMissing",
+            "The action ComputerSystem.Reset requires the parameter ResetType to be present in the request body.",
+            ["ComputerSystem.Reset", "ResetType"],
+          );
         if (!RESET_TYPES.includes(t as ResetType)) {
-          throw new HttpError(400, "ActionParameterValueNotInList", `The value ${JSON.stringify(t)} for the parameter ResetType in the action ComputerSystem.Reset is not in the list of acceptable values.`, [String(t), "ResetType", "ComputerSystem.Reset"]);
+          throw new HttpError(
+            400,
+            "ActionParameterValueNotInList",
+            `The value ${JSON.stringify(t)} for the parameter ResetType in the action ComputerSystem.Reset is not in the list of acceptable values.`,
+            [String(t), "ResetType", "ComputerSystem.Reset"],
+          );
         }
         const delay = m.quirks.resetDelayMs ?? 0;
         if (delay > 0) resetLater(m, t as ResetType, delay);
@@ -538,7 +576,10 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     if (top === "Managers") {
       if (id === undefined) {
         get();
-        return [200, collection("/redfish/v1/Managers", "ManagerCollection.ManagerCollection", "Manager Collection", [...machines.values()].map(mgr))];
+        return [
+          200,
+          collection("/redfish/v1/Managers", "ManagerCollection.ManagerCollection", "Manager Collection", [...machines.values()].map(mgr)),
+        ];
       }
       const m = byManager.get(id);
       if (!m) throw notFound(path);
@@ -549,7 +590,12 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       if (sub !== "VirtualMedia") throw notFound(path);
       if (action === undefined) {
         get();
-        return [200, collection(`${mgr(m)}/VirtualMedia`, "VirtualMediaCollection.VirtualMediaCollection", "Virtual Media Services", [`${mgr(m)}/VirtualMedia/Cd`])];
+        return [
+          200,
+          collection(`${mgr(m)}/VirtualMedia`, "VirtualMediaCollection.VirtualMediaCollection", "Virtual Media Services", [
+            `${mgr(m)}/VirtualMedia/Cd`,
+          ]),
+        ];
       }
       if (action !== "Cd") throw notFound(path);
       if (name === undefined) {
@@ -582,7 +628,13 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
   }
 
   function biosSettingsResource(m: MachineState): unknown {
-    return { "@odata.id": `${sys(m)}/Bios/Settings`, "@odata.type": "#Bios.v1_2_0.Bios", Id: "Settings", Name: "BIOS pending settings", Attributes: { ...m.biosPending } };
+    return {
+      "@odata.id": `${sys(m)}/Bios/Settings`,
+      "@odata.type": "#Bios.v1_2_0.Bios",
+      Id: "Settings",
+      Name: "BIOS pending settings",
+      Attributes: { ...m.biosPending },
+    };
   }
 
   /** PATCH Bios/Settings: every attribute checked (known, same type) before any is staged. */
@@ -591,21 +643,36 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       if (k === "Attributes") continue;
       if (k === "@Redfish.SettingsApplyTime") {
         const at = (v as { ApplyTime?: unknown } | null)?.ApplyTime;
-        if (at !== "OnReset") throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(at)} for the property ApplyTime is not in the list of acceptable values.`, [String(at), "ApplyTime"]);
+        if (at !== "OnReset")
+          throw new HttpError(
+            400,
+            "PropertyValueNotInList",
+            `The value ${JSON.stringify(at)} for the property ApplyTime is not in the list of acceptable values.`,
+            [String(at), "ApplyTime"],
+          );
         continue;
       }
       throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known or patchable property.`, [k]);
     }
     const attrs = body.Attributes;
-    if (attrs === undefined) throw new HttpError(400, "PropertyMissing", "The property Attributes is a required property and must be included in the request.", ["Attributes"]);
+    if (attrs === undefined)
+      throw new HttpError(400, "PropertyMissing", "The property Attributes is a required property and must be included in the request.", [
+        "Attributes",
+      ]);
     if (typeof attrs !== "object" || attrs === null || Array.isArray(attrs)) {
       throw new HttpError(400, "PropertyValueTypeError", "The value for the property Attributes must be an object.", ["Attributes"]);
     }
     const staged: Record<string, BiosValue> = {};
     for (const [k, v] of Object.entries(attrs)) {
-      if (!Object.hasOwn(m.biosSettings, k)) throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known BIOS attribute.`, [k]);
+      if (!Object.hasOwn(m.biosSettings, k))
+        throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known BIOS attribute.`, [k]);
       if (typeof v !== typeof m.biosSettings[k]) {
-        throw new HttpError(400, "PropertyValueTypeError", `The value ${JSON.stringify(v)} for the property ${k} is of a different type than the property can accept.`, [JSON.stringify(v), k]);
+        throw new HttpError(
+          400,
+          "PropertyValueTypeError",
+          `The value ${JSON.stringify(v)} for the property ${k} is of a different type than the property can accept.`,
+          [JSON.stringify(v), k],
+        );
       }
       staged[k] = v as BiosValue;
     }
@@ -626,7 +693,13 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       Name: "Simulated RAID controller",
       Status: health,
       StorageControllers: [
-        { "@odata.id": `${base}#/StorageControllers/0`, MemberId: "0", Name: "Simulated RAID controller", Status: health, SupportedRAIDTypes: [...RAID_TYPES] },
+        {
+          "@odata.id": `${base}#/StorageControllers/0`,
+          MemberId: "0",
+          Name: "Simulated RAID controller",
+          Status: health,
+          SupportedRAIDTypes: [...RAID_TYPES],
+        },
       ],
       "Drives@odata.count": m.storage.drives.length,
       Drives: m.storage.drives.map((d) => ({ "@odata.id": drivePath(m, d) })),
@@ -664,7 +737,13 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
   }
 
   /** /Systems/<id>/Storage[...]; `rest` is what follows "Storage". A machine without drives has no controller. */
-  async function storageRoute(req: IncomingMessage, method: string, path: string, m: MachineState, rest: string[]): Promise<[number, unknown, Record<string, string>?]> {
+  async function storageRoute(
+    req: IncomingMessage,
+    method: string,
+    path: string,
+    m: MachineState,
+    rest: string[],
+  ): Promise<[number, unknown, Record<string, string>?]> {
     if (m.storage.drives.length === 0 || rest.length > 3) throw notFound(path);
     if (m.quirks.failingStorage) throw new HttpError(500, "InternalError", "The request failed due to an internal service error.");
     const get = () => {
@@ -690,7 +769,17 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     if (item === undefined) {
       // Allow says which methods the collection offers, as the Redfish spec has a GET answer it.
       const allow = { Allow: m.quirks.noVolumeCreation ? "GET" : "GET, POST" };
-      if (method === "GET") return [200, collection(`${storagePath(m)}/Volumes`, "VolumeCollection.VolumeCollection", "Volume Collection", m.storage.volumes.map((v) => volumePath(m, v))), allow];
+      if (method === "GET")
+        return [
+          200,
+          collection(
+            `${storagePath(m)}/Volumes`,
+            "VolumeCollection.VolumeCollection",
+            "Volume Collection",
+            m.storage.volumes.map((v) => volumePath(m, v)),
+          ),
+          allow,
+        ];
       if (method !== "POST" || m.quirks.noVolumeCreation) return [405, errorBody(noMethod(method)), allow];
       const v = createVolume(m, await jsonBody(req));
       return [201, volumeResource(m, v), { Location: volumePath(m, v) }];
@@ -717,7 +806,9 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       LinkStatus: "LinkUp",
       MACAddress: mac,
       PermanentMACAddress: mac,
-      IPv4Addresses: m.addresses.filter((a) => isIP(a) === 4).map((a) => ({ Address: a, SubnetMask: "255.255.255.0", AddressOrigin: "DHCP" })),
+      IPv4Addresses: m.addresses
+        .filter((a) => isIP(a) === 4)
+        .map((a) => ({ Address: a, SubnetMask: "255.255.255.0", AddressOrigin: "DHCP" })),
       IPv6Addresses: m.addresses.filter((a) => isIP(a) === 6).map((a) => ({ Address: a, PrefixLength: 64, AddressOrigin: "SLAAC" })),
     };
   }
@@ -728,7 +819,16 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     const [nic] = rest;
     if (nic !== undefined && nic !== NIC_ID) throw notFound(path);
     if (method !== "GET") throw noMethod(method);
-    if (nic === undefined) return [200, collection(`${sys(m)}/EthernetInterfaces`, "EthernetInterfaceCollection.EthernetInterfaceCollection", "Ethernet Interface Collection", [nicPath(m)])];
+    if (nic === undefined)
+      return [
+        200,
+        collection(
+          `${sys(m)}/EthernetInterfaces`,
+          "EthernetInterfaceCollection.EthernetInterfaceCollection",
+          "Ethernet Interface Collection",
+          [nicPath(m)],
+        ),
+      ];
     return [200, nicResource(m)];
   }
 
@@ -740,49 +840,106 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
    */
   function createVolume(m: MachineState, body: Record<string, unknown>): SimVolume {
     for (const k of Object.keys(body)) {
-      if (!["RAIDType", "Drives", "Links", "Name", "CapacityBytes"].includes(k)) throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known property of a Volume.`, [k]);
+      if (!["RAIDType", "Drives", "Links", "Name", "CapacityBytes"].includes(k))
+        throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known property of a Volume.`, [k]);
     }
     const level = body.RAIDType;
-    if (level === undefined) throw new HttpError(400, "PropertyMissing", "The property RAIDType is a required property and must be included in the request.", ["RAIDType"]);
-    if (!RAID_TYPES.includes(level as RaidType)) throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(level)} for the property RAIDType is not in the list of acceptable values.`, [String(level), "RAIDType"]);
+    if (level === undefined)
+      throw new HttpError(400, "PropertyMissing", "The property RAIDType is a required property and must be included in the request.", [
+        "RAIDType",
+      ]);
+    if (!RAID_TYPES.includes(level as RaidType))
+      throw new HttpError(
+        400,
+        "PropertyValueNotInList",
+        `The value ${JSON.stringify(level)} for the property RAIDType is not in the list of acceptable values.`,
+        [String(level), "RAIDType"],
+      );
     const links = body.Links;
-    if (links !== undefined && (typeof links !== "object" || links === null || Array.isArray(links))) throw new HttpError(400, "PropertyValueTypeError", "The value for the property Links must be an object.", ["Links"]);
+    if (links !== undefined && (typeof links !== "object" || links === null || Array.isArray(links)))
+      throw new HttpError(400, "PropertyValueTypeError", "The value for the property Links must be an object.", ["Links"]);
     for (const k of Object.keys(links ?? {})) {
-      if (k !== "Drives") throw new HttpError(400, "PropertyUnknown", `The property Links/${k} is not a known property of a Volume.`, [`Links/${k}`]);
+      if (k !== "Drives")
+        throw new HttpError(400, "PropertyUnknown", `The property Links/${k} is not a known property of a Volume.`, [`Links/${k}`]);
     }
     const linked = (links as { Drives?: unknown } | undefined)?.Drives;
-    if (linked !== undefined && body.Drives !== undefined) throw new HttpError(400, "PropertyValueConflict", "The property Drives conflicts with the property Links/Drives: give one.", ["Drives", "Links/Drives"]);
+    if (linked !== undefined && body.Drives !== undefined)
+      throw new HttpError(400, "PropertyValueConflict", "The property Drives conflicts with the property Links/Drives: give one.", [
+        "Drives",
+        "Links/Drives",
+      ]);
     const refs = linked ?? body.Drives;
-    if (refs === undefined) throw new HttpError(400, "PropertyMissing", "The property Links/Drives is a required property and must be included in the request.", ["Links/Drives"]);
-    if (!Array.isArray(refs)) throw new HttpError(400, "PropertyValueTypeError", "The value for the property Drives must be an array of links.", ["Drives"]);
+    if (refs === undefined)
+      throw new HttpError(400, "PropertyMissing", "The property Links/Drives is a required property and must be included in the request.", [
+        "Links/Drives",
+      ]);
+    if (!Array.isArray(refs))
+      throw new HttpError(400, "PropertyValueTypeError", "The value for the property Drives must be an array of links.", ["Drives"]);
     const drives: SimDrive[] = [];
     for (const ref of refs) {
       const uri = (ref as { "@odata.id"?: unknown } | null)?.["@odata.id"];
       const wanted = typeof uri === "string" ? uri.replace(/^https?:\/\/[^/]+/, "").replace(/\/+$/, "") : undefined;
       const d = m.storage.drives.find((x) => drivePath(m, x) === wanted);
-      if (!d) throw new HttpError(400, "PropertyValueNotInList", `The value ${JSON.stringify(uri ?? ref)} in the property Drives is not a drive of this controller.`, [String(uri), "Drives"]);
-      if (drives.includes(d)) throw new HttpError(400, "PropertyValueConflict", `The drive ${String(uri)} is listed more than once in the property Drives.`, ["Drives", "Drives"]);
+      if (!d)
+        throw new HttpError(
+          400,
+          "PropertyValueNotInList",
+          `The value ${JSON.stringify(uri ?? ref)} in the property Drives is not a drive of this controller.`,
+          [String(uri), "Drives"],
+        );
+      if (drives.includes(d))
+        throw new HttpError(400, "PropertyValueConflict", `The drive ${String(uri)} is listed more than once in the property Drives.`, [
+          "Drives",
+          "Drives",
+        ]);
       const holder = m.storage.volumes.find((v) => v.drives.includes(d.id));
-      if (holder) throw new HttpError(400, "ResourceInUse", `The drive ${String(uri)} is already a member of the volume ${holder.id}.`, [String(uri)]);
+      if (holder)
+        throw new HttpError(400, "ResourceInUse", `The drive ${String(uri)} is already a member of the volume ${holder.id}.`, [
+          String(uri),
+        ]);
       drives.push(d);
     }
     const problem = raidDriveCountProblem(level as RaidType, drives.length);
-    if (problem) throw new HttpError(400, "PropertyValueConflict", `The property Drives conflicts with the property RAIDType: ${problem}.`, ["Drives", "RAIDType"]);
-    const max = raidCapacityBytes(level as RaidType, drives.map((d) => d.capacityBytes));
+    if (problem)
+      throw new HttpError(400, "PropertyValueConflict", `The property Drives conflicts with the property RAIDType: ${problem}.`, [
+        "Drives",
+        "RAIDType",
+      ]);
+    const max = raidCapacityBytes(
+      level as RaidType,
+      drives.map((d) => d.capacityBytes),
+    );
     if (body.CapacityBytes === undefined && m.quirks.requireVolumeCapacity) {
-      throw new HttpError(400, "PropertyMissing", "The property CapacityBytes is a required property and must be included in the request.", ["CapacityBytes"]);
+      throw new HttpError(
+        400,
+        "PropertyMissing",
+        "The property CapacityBytes is a required property and must be included in the request.",
+        ["CapacityBytes"],
+      );
     }
     const capacity = body.CapacityBytes ?? max;
     if (typeof capacity !== "number" || !Number.isInteger(capacity) || capacity <= 0 || capacity > max) {
-      throw new HttpError(400, "PropertyValueIncorrect", `The value ${JSON.stringify(capacity)} for the property CapacityBytes is not a size these drives can hold (at most ${max}).`, ["CapacityBytes", String(capacity)]);
+      throw new HttpError(
+        400,
+        "PropertyValueIncorrect",
+        `The value ${JSON.stringify(capacity)} for the property CapacityBytes is not a size these drives can hold (at most ${max}).`,
+        ["CapacityBytes", String(capacity)],
+      );
     }
     const name = body.Name;
-    if (name !== undefined && (typeof name !== "string" || name === "")) throw new HttpError(400, "PropertyValueTypeError", "The value for the property Name must be a non-empty string.", ["Name"]);
+    if (name !== undefined && (typeof name !== "string" || name === ""))
+      throw new HttpError(400, "PropertyValueTypeError", "The value for the property Name must be a non-empty string.", ["Name"]);
     let n = volumeCounters.get(m) ?? 0;
     let id = `Volume.${++n}`;
     while (m.storage.volumes.some((v) => v.id === id)) id = `Volume.${++n}`;
     volumeCounters.set(m, n);
-    const volume: SimVolume = { id, name: name ?? `${level} volume ${n}`, raidType: level as RaidType, drives: drives.map((d) => d.id), capacityBytes: capacity };
+    const volume: SimVolume = {
+      id,
+      name: name ?? `${level} volume ${n}`,
+      raidType: level as RaidType,
+      drives: drives.map((d) => d.id),
+      capacityBytes: capacity,
+    };
     m.storage.volumes = [...m.storage.volumes, volume];
     return volume;
   }
@@ -814,7 +971,13 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       return [204, undefined];
     }
     const image = body.Image;
-    if (typeof image !== "string" || image === "") throw new HttpError(400, "ActionParameterMissing", "The action VirtualMedia.InsertMedia requires the parameter Image to be present in the request body.", ["VirtualMedia.InsertMedia", "Image"]);
+    if (typeof image !== "string" || image === "")
+      throw new HttpError(
+        400,
+        "ActionParameterMissing",
+        "The action VirtualMedia.InsertMedia requires the parameter Image to be present in the request body.",
+        ["VirtualMedia.InsertMedia", "Image"],
+      );
     let ok = false;
     try {
       const u = new URL(image);
@@ -822,8 +985,18 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     } catch {
       ok = false;
     }
-    if (!ok) throw new HttpError(400, "ActionParameterValueFormatError", "The value for the parameter Image in the action VirtualMedia.InsertMedia must be an http(s) URL.", ["Image", "VirtualMedia.InsertMedia"]);
-    if (body.Inserted === false) throw new HttpError(400, "ActionParameterNotSupported", "Inserted=false is not supported by this emulator.", ["Inserted", "VirtualMedia.InsertMedia"]);
+    if (!ok)
+      throw new HttpError(
+        400,
+        "ActionParameterValueFormatError",
+        "The value for the parameter Image in the action VirtualMedia.InsertMedia must be an http(s) URL.",
+        ["Image", "VirtualMedia.InsertMedia"],
+      );
+    if (body.Inserted === false)
+      throw new HttpError(400, "ActionParameterNotSupported", "Inserted=false is not supported by this emulator.", [
+        "Inserted",
+        "VirtualMedia.InsertMedia",
+      ]);
     if (m.media.inserted) throw new HttpError(409, "ResourceInUse", "Virtual media is already inserted; eject it first.");
     m.media = { inserted: true, image };
     return [204, undefined];
@@ -837,7 +1010,11 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       return;
     }
     const text = JSON.stringify(body);
-    res.writeHead(status, { ...headers, "Content-Type": "application/json; charset=utf-8", "Content-Length": String(Buffer.byteLength(text)) });
+    res.writeHead(status, {
+      ...headers,
+      "Content-Type": "application/json; charset=utf-8",
+      "Content-Length": String(Buffer.byteLength(text)),
+    });
     res.end(text);
   }
 
@@ -863,7 +1040,11 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       send(res, status, body, extra);
     };
     if (faults.errorRate && errorDraw < faults.errorRate) {
-      reply(503, errorBody(new HttpError(503, "ServiceTemporarilyUnavailable", "The service is temporarily unavailable. Retry later.", ["1"])), { "Retry-After": "1" });
+      reply(
+        503,
+        errorBody(new HttpError(503, "ServiceTemporarilyUnavailable", "The service is temporarily unavailable. Retry later.", ["1"])),
+        { "Retry-After": "1" },
+      );
       return;
     }
 
@@ -871,7 +1052,9 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       const isRoot = path === "/redfish/v1" || path === "/redfish";
       if (!isRoot && !authorized(req)) {
         // Never echo what the client sent: no username, no password.
-        reply(401, errorBody(new HttpError(401, "InsufficientPrivilege", "Authentication failed: invalid or missing credentials.")), { "WWW-Authenticate": 'Basic realm="Redfish emulator"' });
+        reply(401, errorBody(new HttpError(401, "InsufficientPrivilege", "Authentication failed: invalid or missing credentials.")), {
+          "WWW-Authenticate": 'Basic realm="Redfish emulator"',
+        });
         return;
       }
       if (path === "/redfish") {

@@ -31,7 +31,12 @@ export function simulatedDisks(specs: { device: string; sizeBytes: number }[]): 
   return {
     disks,
     async list(): Promise<RamdiskDisk[]> {
-      return [...disks.values()].map((d, i) => ({ device: d.device, sizeBytes: d.sizeBytes, model: "Simulated disk", serial: `SIM-${i + 1}` }));
+      return [...disks.values()].map((d, i) => ({
+        device: d.device,
+        sizeBytes: d.sizeBytes,
+        model: "Simulated disk",
+        serial: `SIM-${i + 1}`,
+      }));
     },
     async wipe(device, method) {
       const d = disk(device);

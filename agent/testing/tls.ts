@@ -26,8 +26,33 @@ export function selfSignedCertificate(commonName = "machine", options: { altName
     const cert = join(dir, "cert.pem");
     const altNames = options.altNames?.length ? ["-addext", `subjectAltName=${options.altNames.join(",")}`] : [];
     const days = String(options.days ?? 1);
-    execFileSync("openssl", ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", days, "-subj", `/CN=${commonName}`, ...altNames, "-keyout", key, "-out", cert], { stdio: "ignore" });
-    const pin = execSync(`openssl x509 -in '${cert}' -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64`).toString().trim();
+    execFileSync(
+      "openssl",
+      [
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        days,
+        "-subj",
+        `/CN=${commonName}`,
+        ...altNames,
+        "-keyout",
+        key,
+        "-out",
+        cert,
+      ],
+      { stdio: "ignore" },
+    );
+    const pin = execSync(
+      `openssl x509 -in '${cert}' -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64`,
+    )
+      .toString()
+      .trim();
     return { key: readFileSync(key, "utf8"), cert: readFileSync(cert, "utf8"), spkiSha256: pin };
   } finally {
     rmSync(dir, { recursive: true, force: true });

@@ -47,7 +47,11 @@ async function activeSigningKey(store: Store, secrets: SecretStore): Promise<Sig
   throw new ComputeError("UNAVAILABLE", "could not establish the credential signing key");
 }
 
-export async function issueCredential(store: Store, secrets: SecretStore, node: NodeIdentity): Promise<{ credential: string; expiresAt: string }> {
+export async function issueCredential(
+  store: Store,
+  secrets: SecretStore,
+  node: NodeIdentity,
+): Promise<{ credential: string; expiresAt: string }> {
   const key = await activeSigningKey(store, secrets);
   const now = await databaseSeconds(store);
   const exp = now + CREDENTIAL_TTL_SECONDS;
@@ -83,7 +87,11 @@ export async function verifyCredential(store: Store, credential: string): Promis
   let claims: { sub?: string; role?: unknown; nk?: unknown };
   try {
     const publicKey = await importJWK(row.public_jwk, "EdDSA");
-    ({ payload: claims } = await jwtVerify(credential, publicKey, { issuer: ISSUER, audience: AUDIENCE, currentDate: new Date(row.now * 1000) }));
+    ({ payload: claims } = await jwtVerify(credential, publicKey, {
+      issuer: ISSUER,
+      audience: AUDIENCE,
+      currentDate: new Date(row.now * 1000),
+    }));
   } catch {
     throw refuse("the credential did not verify (expired or forged)");
   }

@@ -12,7 +12,17 @@ import type { AttestorDefinition } from "../contracts.ts";
 import type { PlatformContext } from "../context.ts";
 import { hex } from "../encoding.ts";
 import { ComputeError, invalidArgument } from "../errors.ts";
-import { CONNECT_PATH, JOIN_PATH, joinMessage, joinRequest, RENEW_PATH, renewMessage, renewRequest, verifyMessage, type JoinResponse } from "../protocol.ts";
+import {
+  CONNECT_PATH,
+  JOIN_PATH,
+  joinMessage,
+  joinRequest,
+  RENEW_PATH,
+  renewMessage,
+  renewRequest,
+  verifyMessage,
+  type JoinResponse,
+} from "../protocol.ts";
 import type { Registry } from "../registry.ts";
 import type { Store } from "../store/database.ts";
 import { readInput, type AppEnv } from "../http.ts";
@@ -45,8 +55,13 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
     }
     const attestor = findAttestor(deps.registry, request.attestor);
     const ctx = deps.agentsContext(c.env ?? {}, c.var.store);
-    const attested = await attestor.verify(ctx, request.evidence, { role: request.role, publicKey: request.publicKey, hostname: request.hostname });
-    if (attested.role !== request.role) throw new ComputeError("PERMISSION_DENIED", `the attestor vouched for role ${attested.role}, not ${request.role}`);
+    const attested = await attestor.verify(ctx, request.evidence, {
+      role: request.role,
+      publicKey: request.publicKey,
+      hostname: request.hostname,
+    });
+    if (attested.role !== request.role)
+      throw new ComputeError("PERMISSION_DENIED", `the attestor vouched for role ${attested.role}, not ${request.role}`);
 
     const nodeId = attested.nodeId ?? `n-${hex(crypto.getRandomValues(new Uint8Array(8)))}`;
     await c.var.store.transaction(async (tx) => {
@@ -60,7 +75,11 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
           WHERE bc_nodes.revoked_at IS NULL
         RETURNING id`);
       if (upserted.rows.length === 0) throw new ComputeError("PERMISSION_DENIED", `node ${nodeId} was revoked`);
-      await ctx.events.publish(tx, { type: "node.joined", subject: `nodes/${nodeId}`, data: { role: request.role, attestor: attestor.id, hostname: request.hostname ?? null } });
+      await ctx.events.publish(tx, {
+        type: "node.joined",
+        subject: `nodes/${nodeId}`,
+        data: { role: request.role, attestor: attestor.id, hostname: request.hostname ?? null },
+      });
     });
     const issued = await issueCredential(c.var.store, ctx.secrets, { nodeId, role: request.role, publicKey: request.publicKey });
     return c.json({ nodeId, role: request.role, ...issued } satisfies JoinResponse);
@@ -95,7 +114,12 @@ export function gatewayRoutes(): Hono<AppEnv> {
     const node = await verifyCredential(c.var.store, bearer(c.req.raw));
     const ns = nodeNamespace(c.env ?? {});
     if (!ns) throw new ComputeError("UNAVAILABLE", "this deployment has no NodeDO binding (NODE)");
-    const headers = new Headers({ upgrade: "websocket", "x-bc-node-id": node.nodeId, "x-bc-node-key": node.publicKey, "x-bc-node-role": node.role });
+    const headers = new Headers({
+      upgrade: "websocket",
+      "x-bc-node-id": node.nodeId,
+      "x-bc-node-key": node.publicKey,
+      "x-bc-node-role": node.role,
+    });
     return ns.get(ns.idFromName(node.nodeId)).fetch("https://node.internal/connect", { headers });
   });
 
@@ -106,7 +130,11 @@ function findAttestor(registry: Registry, id: string): AttestorDefinition {
   const candidates = registry.byContract<AttestorDefinition>("attestor").filter((a) => a.id === id);
   // Several versions may be registered: the newest verifies.
   const attestor = candidates.sort((a, b) => b.version.localeCompare(a.version, undefined, { numeric: true }))[0];
-  if (!attestor) throw invalidArgument(`no attestor ${id} is registered`, { attestor: id, registered: registry.byContract("attestor").map((a) => a.id) });
+  if (!attestor)
+    throw invalidArgument(`no attestor ${id} is registered`, {
+      attestor: id,
+      registered: registry.byContract("attestor").map((a) => a.id),
+    });
   return attestor;
 }
 

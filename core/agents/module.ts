@@ -73,23 +73,51 @@ const iso = (v: unknown) => (v === null || v === undefined ? null : new Date(v a
 
 function toNode(r: Record<string, any>): z.infer<typeof node> {
   return {
-    id: r.id, role: r.role, state: r.state, hostname: r.hostname, labels: r.labels, attestor: r.attestor,
-    agentVersion: r.agent_version, bootId: r.boot_id, joinedAt: iso(r.joined_at)!, connectedAt: iso(r.connected_at),
-    disconnectedAt: iso(r.disconnected_at), revoked: r.revoked_at !== null,
+    id: r.id,
+    role: r.role,
+    state: r.state,
+    hostname: r.hostname,
+    labels: r.labels,
+    attestor: r.attestor,
+    agentVersion: r.agent_version,
+    bootId: r.boot_id,
+    joinedAt: iso(r.joined_at)!,
+    connectedAt: iso(r.connected_at),
+    disconnectedAt: iso(r.disconnected_at),
+    revoked: r.revoked_at !== null,
   };
 }
 
 function toJoinToken(r: Record<string, any>): z.infer<typeof joinToken> {
   return {
-    id: r.id, attestor: r.attestor, role: r.role, labels: r.labels, node: r.node_id, state: r.state, createdBy: r.created_by,
-    createdAt: iso(r.created_at)!, expiresAt: iso(r.expires_at)!, usedAt: r.state === "used" ? iso(r.consumed_at) : null, usedBy: r.used_by, revokedAt: iso(r.revoked_at),
+    id: r.id,
+    attestor: r.attestor,
+    role: r.role,
+    labels: r.labels,
+    node: r.node_id,
+    state: r.state,
+    createdBy: r.created_by,
+    createdAt: iso(r.created_at)!,
+    expiresAt: iso(r.expires_at)!,
+    usedAt: r.state === "used" ? iso(r.consumed_at) : null,
+    usedBy: r.used_by,
+    revokedAt: iso(r.revoked_at),
   };
 }
 
 function toCommand(r: Record<string, any>): z.infer<typeof command> {
   return {
-    id: String(r.id), nodeId: r.node_id, seq: Number(r.seq), kind: r.kind, key: r.idempotency_key, state: r.state,
-    attempts: r.attempts, result: r.result, error: r.error, createdAt: iso(r.created_at)!, completedAt: iso(r.completed_at),
+    id: String(r.id),
+    nodeId: r.node_id,
+    seq: Number(r.seq),
+    kind: r.kind,
+    key: r.idempotency_key,
+    state: r.state,
+    attempts: r.attempts,
+    result: r.result,
+    error: r.error,
+    createdAt: iso(r.created_at)!,
+    completedAt: iso(r.completed_at),
   };
 }
 
@@ -102,8 +130,18 @@ export function agentsModule(): Module {
     input: z.object({ role, ttlSeconds, labels: labels.optional() }),
     output: minted,
     handler: async (ctx, input, tx) => {
-      const token = await mintJoinToken(tx, { attestor: "join-token", role: input.role, labels: input.labels, ttlSeconds: input.ttlSeconds, createdBy: ctx.principal.id });
-      await ctx.events.publish(tx, { type: "joinToken.created", subject: `joinTokens/${token.id}`, data: { role: input.role, expiresAt: token.expiresAt } });
+      const token = await mintJoinToken(tx, {
+        attestor: "join-token",
+        role: input.role,
+        labels: input.labels,
+        ttlSeconds: input.ttlSeconds,
+        createdBy: ctx.principal.id,
+      });
+      await ctx.events.publish(tx, {
+        type: "joinToken.created",
+        subject: `joinTokens/${token.id}`,
+        data: { role: input.role, expiresAt: token.expiresAt },
+      });
       return token;
     },
   });
@@ -116,8 +154,18 @@ export function agentsModule(): Module {
     input: z.object({ site: z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/), ttlSeconds }),
     output: minted,
     handler: async (ctx, input, tx) => {
-      const token = await mintJoinToken(tx, { attestor: "join-token", role: "site", labels: { "bc.dev/site": input.site }, ttlSeconds: input.ttlSeconds, createdBy: ctx.principal.id });
-      await ctx.events.publish(tx, { type: "joinToken.created", subject: `joinTokens/${token.id}`, data: { role: "site", site: input.site, expiresAt: token.expiresAt } });
+      const token = await mintJoinToken(tx, {
+        attestor: "join-token",
+        role: "site",
+        labels: { "bc.dev/site": input.site },
+        ttlSeconds: input.ttlSeconds,
+        createdBy: ctx.principal.id,
+      });
+      await ctx.events.publish(tx, {
+        type: "joinToken.created",
+        subject: `joinTokens/${token.id}`,
+        data: { role: "site", site: input.site, expiresAt: token.expiresAt },
+      });
       return token;
     },
   });
@@ -127,10 +175,16 @@ export function agentsModule(): Module {
     action: "joinTokens.list",
     readOnly: true,
     description: "Join tokens, newest first (never the token or its digest); page with after: the previous page's next",
-    input: z.object({ role: role.optional(), state: z.enum(TOKEN_STATES).optional(), limit: z.number().int().min(1).max(500).default(100), after: resourceId.optional() }),
+    input: z.object({
+      role: role.optional(),
+      state: z.enum(TOKEN_STATES).optional(),
+      limit: z.number().int().min(1).max(500).default(100),
+      after: resourceId.optional(),
+    }),
     output: z.object({ tokens: z.array(joinToken), next: z.string().nullable() }),
     handler: async (_ctx, input, tx) => {
-      if (input.after && (await tx.execute(sql`SELECT 1 FROM bc_join_tokens WHERE id = ${input.after}`)).rows.length === 0) throw notFound(`join token ${input.after} does not exist (after is a token id from a previous page)`);
+      if (input.after && (await tx.execute(sql`SELECT 1 FROM bc_join_tokens WHERE id = ${input.after}`)).rows.length === 0)
+        throw notFound(`join token ${input.after} does not exist (after is a token id from a previous page)`);
       const rows = await tx.execute(sql`
         SELECT * FROM ${TOKEN_ROWS}
         WHERE (${input.role ?? null}::text IS NULL OR role = ${input.role ?? null})
@@ -153,12 +207,20 @@ export function agentsModule(): Module {
       // Revoking uses the token up, so the attestors refuse it as they refuse any used token.
       const revoked = await tx.execute(sql`
         UPDATE bc_join_tokens SET revoked_at = compute_now(), consumed_at = compute_now() WHERE id = ${input.id} AND consumed_at IS NULL RETURNING role`);
-      if (revoked.rows.length) await ctx.events.publish(tx, { type: "joinToken.revoked", subject: `joinTokens/${input.id}`, data: { role: (revoked.rows[0] as { role: string }).role } });
+      if (revoked.rows.length)
+        await ctx.events.publish(tx, {
+          type: "joinToken.revoked",
+          subject: `joinTokens/${input.id}`,
+          data: { role: (revoked.rows[0] as { role: string }).role },
+        });
       const found = (await tx.execute(sql`SELECT * FROM ${TOKEN_ROWS} WHERE id = ${input.id}`)).rows[0] as Record<string, any> | undefined;
       if (!found) throw notFound(`join token ${input.id} does not exist`);
       if (found.state === "used") {
         const hint = found.used_by ? `: node ${found.used_by} joined with it; revoke the node instead (nodes.revoke)` : "";
-        throw new ComputeError("FAILED_PRECONDITION", `join token ${input.id} was already used${hint}`, { token: input.id, ...(found.used_by ? { node: found.used_by } : {}) });
+        throw new ComputeError("FAILED_PRECONDITION", `join token ${input.id} was already used${hint}`, {
+          token: input.id,
+          ...(found.used_by ? { node: found.used_by } : {}),
+        });
       }
       return toJoinToken(found);
     },
@@ -224,7 +286,13 @@ export function agentsModule(): Module {
     output: z.object({ id: z.string(), seq: z.number(), created: z.boolean() }),
     handler: async (ctx, input, tx) => {
       const key = input.key ?? `api:${crypto.randomUUID()}`;
-      return ctx.commands.enqueue(tx, { nodeId: input.node, kind: input.kind, key, body: input.body, deadlineSeconds: input.deadlineSeconds });
+      return ctx.commands.enqueue(tx, {
+        nodeId: input.node,
+        kind: input.kind,
+        key,
+        body: input.body,
+        deadlineSeconds: input.deadlineSeconds,
+      });
     },
   });
 
@@ -272,7 +340,18 @@ export function agentsModule(): Module {
         "commands.list": "List a node's commands",
       },
     },
-    api: [joinTokensCreate, siteTokensCreate, joinTokensList, joinTokensRevoke, nodesList, nodesGet, nodesRevoke, commandsCreate, commandsGet, commandsList],
+    api: [
+      joinTokensCreate,
+      siteTokensCreate,
+      joinTokensList,
+      joinTokensRevoke,
+      nodesList,
+      nodesGet,
+      nodesRevoke,
+      commandsCreate,
+      commandsGet,
+      commandsList,
+    ],
     commands: [
       { kind: "agent.ping", description: "Round trip to the agent", input: z.object({}).passthrough() },
       { kind: "agent.info", description: "The agent's host, version and role", input: z.object({}) },

@@ -24,7 +24,10 @@ export async function wakeObjects(env: Bindings, kind: ObjectKind, names: Iterab
       try {
         await ns.get(ns.idFromName(name)).wake();
       } catch (err) {
-        log.warn(`could not wake the ${kind}'s object; its sweep will catch up`, { [kind]: name, error: err instanceof Error ? err.message : String(err) });
+        log.warn(`could not wake the ${kind}'s object; its sweep will catch up`, {
+          [kind]: name,
+          error: err instanceof Error ? err.message : String(err),
+        });
       }
     }),
   );

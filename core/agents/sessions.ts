@@ -20,7 +20,11 @@ const events = (nodeId: string) => databaseEvents("agents", `node:${nodeId}`, un
  * connect (false: revoked, or its key changed) and the workflows that waited for this agent
  * (ctx.nodes.wakeWhenConnected): wake them after this.
  */
-export async function recordConnected(store: Store, session: SessionRef & { publicKey: string }, hello: HelloFrame): Promise<{ connected: boolean; waking: string[] }> {
+export async function recordConnected(
+  store: Store,
+  session: SessionRef & { publicKey: string },
+  hello: HelloFrame,
+): Promise<{ connected: boolean; waking: string[] }> {
   const driverLabels = Object.fromEntries(hello.drivers.map((d) => [`bc.dev/driver.${d.id}`, d.version]));
   // bc.dev/ labels are the platform's (attestors vouch for a site, a machine, a product UUID):
   // an agent's own report cannot set or override them.
@@ -57,7 +61,11 @@ export async function recordDisconnected(store: Store, session: SessionRef, code
       UPDATE bc_nodes SET state = 'disconnected', disconnected_at = compute_now()
       WHERE id = ${session.nodeId} AND session_id = ${session.sessionId} RETURNING id`);
     if (updated.rows.length === 0) return;
-    await events(session.nodeId).publish(tx, { type: "node.disconnected", subject: `nodes/${session.nodeId}`, data: { sessionId: session.sessionId, code } });
+    await events(session.nodeId).publish(tx, {
+      type: "node.disconnected",
+      subject: `nodes/${session.nodeId}`,
+      data: { sessionId: session.sessionId, code },
+    });
   });
 }
 
@@ -75,13 +83,16 @@ export async function recordResult(store: Store, node: { nodeId: string; publicK
   return store.transaction(async (tx): Promise<ResultOutcome> => {
     const found = await tx.execute(sql`
       SELECT node_id, kind, idempotency_key, attested, state, origin FROM bc_commands WHERE id = ${frame.id}::bigint FOR UPDATE`);
-    const command = found.rows[0] as { node_id: string; kind: string; idempotency_key: string; attested: boolean; state: string; origin: string | null } | undefined;
+    const command = found.rows[0] as
+      { node_id: string; kind: string; idempotency_key: string; attested: boolean; state: string; origin: string | null } | undefined;
     if (!command) return { refused: FrameError.UNKNOWN_COMMAND, message: `no command ${frame.id}` };
     if (command.node_id !== node.nodeId || command.idempotency_key !== frame.key) {
       return { refused: FrameError.NOT_YOUR_COMMAND, message: `command ${frame.id} was not sent to this node` };
     }
-    const signed = frame.signature !== undefined && (await verifyMessage(node.publicKey, await resultMessage(node.nodeId, frame), frame.signature));
-    if (command.attested && !signed) return { refused: FrameError.BAD_SIGNATURE, message: `the result of ${command.kind} must be signed by the node's key` };
+    const signed =
+      frame.signature !== undefined && (await verifyMessage(node.publicKey, await resultMessage(node.nodeId, frame), frame.signature));
+    if (command.attested && !signed)
+      return { refused: FrameError.BAD_SIGNATURE, message: `the result of ${command.kind} must be signed by the node's key` };
     if (["succeeded", "failed", "expired"].includes(command.state)) return { duplicate: true };
     await tx.execute(sql`
       UPDATE bc_commands
@@ -107,20 +118,41 @@ export const waitingWorkflow = (outcome: ResultOutcome): string | undefined =>
  * The node's open commands after seq, in order, as frames. A command's secret references are
  * resolved here, into the frame only: the record keeps references, the agent gets values.
  */
-export async function openCommands(store: Store, nodeId: string, afterSeq: number, limit: number, secrets: () => SecretStore): Promise<CommandFrame[]> {
+export async function openCommands(
+  store: Store,
+  nodeId: string,
+  afterSeq: number,
+  limit: number,
+  secrets: () => SecretStore,
+): Promise<CommandFrame[]> {
   const open = await store.db.execute(sql`
     SELECT id, seq, kind, idempotency_key, body, attested, deadline, secret_refs FROM bc_commands
     WHERE node_id = ${nodeId} AND state IN ('pending', 'delivered') AND seq > ${afterSeq}
     ORDER BY seq LIMIT ${limit}`);
-  type Row = { id: string; seq: string; kind: string; idempotency_key: string; body: Record<string, unknown>; attested: boolean; deadline: string | null; secret_refs: string[] | string };
+  type Row = {
+    id: string;
+    seq: string;
+    kind: string;
+    idempotency_key: string;
+    body: Record<string, unknown>;
+    attested: boolean;
+    deadline: string | null;
+    secret_refs: string[] | string;
+  };
   const rows = (open.rows as Row[]).map((r) => ({ ...r, refs: parseTextArray(r.secret_refs) as SecretRef[] }));
   // One round trip for the whole batch's secrets (a site agent's batch names a BMC password each).
   const refs = rows.flatMap((r) => r.refs);
   const values = refs.length > 0 ? await secrets().resolveAll(refs) : new Map<SecretRef, string>();
   return rows.map((r) => {
     const frame: CommandFrame = {
-      t: "command", id: String(r.id), seq: Number(r.seq), kind: r.kind, key: r.idempotency_key, body: r.body,
-      attested: r.attested, deadline: r.deadline ? new Date(r.deadline).toISOString() : null,
+      t: "command",
+      id: String(r.id),
+      seq: Number(r.seq),
+      kind: r.kind,
+      key: r.idempotency_key,
+      body: r.body,
+      attested: r.attested,
+      deadline: r.deadline ? new Date(r.deadline).toISOString() : null,
     };
     if (r.refs.length > 0) frame.secrets = Object.fromEntries(r.refs.map((ref) => [ref, values.get(ref)!]));
     return frame;
@@ -143,7 +175,11 @@ export async function expireOverdue(store: Store, nodeId: string): Promise<void>
       WHERE node_id = ${nodeId} AND state IN ('pending', 'delivered') AND deadline < compute_now()
       RETURNING id, kind`);
     for (const row of expired.rows as { id: string; kind: string }[]) {
-      await events(nodeId).publish(tx, { type: "command.expired", subject: `nodes/${nodeId}`, data: { commandId: String(row.id), kind: row.kind } });
+      await events(nodeId).publish(tx, {
+        type: "command.expired",
+        subject: `nodes/${nodeId}`,
+        data: { commandId: String(row.id), kind: row.kind },
+      });
     }
   });
 }

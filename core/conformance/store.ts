@@ -101,7 +101,10 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
           const before = await clock.now(tx);
           await tx.execute(sql`UPDATE bc_clock SET skew = skew + interval '1 hour'`);
           const after = await clock.now(tx);
-          check(after.getTime() - before.getTime() === 3_600_000, `skew of one hour moved compute_now() by ${after.getTime() - before.getTime()} ms`);
+          check(
+            after.getTime() - before.getTime() === 3_600_000,
+            `skew of one hour moved compute_now() by ${after.getTime() - before.getTime()} ms`,
+          );
         });
       },
     },
@@ -157,11 +160,20 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
         const subject = `conformance/${crypto.randomUUID()}`;
         let eventId = "";
         await store.transaction(async (tx) => {
-          eventId = await databaseEvents("conformance", "system:conformance", "req-1").publish(tx, { type: "conformance.happened", subject, data: { n: 1 } });
+          eventId = await databaseEvents("conformance", "system:conformance", "req-1").publish(tx, {
+            type: "conformance.happened",
+            subject,
+            data: { n: 1 },
+          });
         });
-        const result = await store.db.execute(sql`SELECT type, module, actor, data, occurred_at <= compute_now() AS past FROM bc_events WHERE event_id = ${eventId}`);
+        const result = await store.db.execute(
+          sql`SELECT type, module, actor, data, occurred_at <= compute_now() AS past FROM bc_events WHERE event_id = ${eventId}`,
+        );
         const row = result.rows[0] as { type: string; module: string; actor: string; data: { n: number }; past: boolean } | undefined;
-        check(row?.type === "conformance.happened" && row.module === "conformance" && row.actor === "system:conformance", `event row ${JSON.stringify(row)}`);
+        check(
+          row?.type === "conformance.happened" && row.module === "conformance" && row.actor === "system:conformance",
+          `event row ${JSON.stringify(row)}`,
+        );
         check(row.data.n === 1 && row.past, "event data or time is wrong");
       },
     },
@@ -191,7 +203,10 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
         check(!JSON.stringify(stored.rows).includes(value), "the secret is stored in the clear");
         check((await secrets.resolve(ref)) === value, "the secret did not resolve to its value");
         const other = databaseSecrets(store, "another-deployment-secret-0123456789abc");
-        const opened = await other.resolve(ref).then(() => true, () => false);
+        const opened = await other.resolve(ref).then(
+          () => true,
+          () => false,
+        );
         check(!opened, "a different deployment secret opened the sealed value");
         await store.db.execute(sql`DELETE FROM bc_secrets WHERE id = ${ref.slice(9)}`);
       },
@@ -200,12 +215,21 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
       name: "migrations apply once, skip when run again, and refuse a changed text",
       run: async (store) => {
         const id = crypto.randomUUID().replace(/-/g, "").slice(0, 12);
-        const migration = { name: `conformance/${id}`, sql: `CREATE TABLE bc_conf_m${id} (id int); INSERT INTO bc_conf_m${id} VALUES (1);` };
+        const migration = {
+          name: `conformance/${id}`,
+          sql: `CREATE TABLE bc_conf_m${id} (id int); INSERT INTO bc_conf_m${id} VALUES (1);`,
+        };
         try {
           const first = await applyMigrations(store, [migration]);
           const second = await applyMigrations(store, [migration]);
-          check(first.applied.length === 1 && second.skipped.length === 1 && second.applied.length === 0, "the migration did not apply exactly once");
-          const refused = await applyMigrations(store, [{ ...migration, sql: migration.sql + " -- edited" }]).then(() => undefined, (err: unknown) => err);
+          check(
+            first.applied.length === 1 && second.skipped.length === 1 && second.applied.length === 0,
+            "the migration did not apply exactly once",
+          );
+          const refused = await applyMigrations(store, [{ ...migration, sql: migration.sql + " -- edited" }]).then(
+            () => undefined,
+            (err: unknown) => err,
+          );
           check(isComputeError(refused) && refused.code === "INVALID_CONFIG", "a changed migration was not refused with INVALID_CONFIG");
           const [row] = await rows(store.db, `SELECT count(*)::int AS n FROM bc_conf_m${id}`);
           check(row?.n === 1, "the migration's statements ran more than once");

@@ -85,7 +85,8 @@ function fromSqlState(code: unknown): ComputeError | undefined {
   if (typeof code !== "string" || !/^[0-9A-Z]{5}$/.test(code)) return undefined;
   if (code === "23505") return new ComputeError("CONFLICT", "the resource already exists");
   if (code.startsWith("23")) return new ComputeError("FAILED_PRECONDITION", "a database constraint refused the change", { sqlstate: code });
-  if (code === "40001" || code === "40P01") return new ComputeError("UNAVAILABLE", "the transaction conflicted with another; retry", { sqlstate: code });
+  if (code === "40001" || code === "40P01")
+    return new ComputeError("UNAVAILABLE", "the transaction conflicted with another; retry", { sqlstate: code });
   if (code.startsWith("08") || code === "57P01") return new ComputeError("UNAVAILABLE", "the database is unreachable");
   return undefined;
 }

@@ -30,7 +30,9 @@ export async function applyMigrations(store: Store, migrations: Migration[]): Pr
       const applied = found.rows[0] as { sha256: string } | undefined;
       if (applied) {
         if (applied.sha256 !== digest) {
-          throw invalidConfig(`migration ${migration.name} was changed after it was applied; add a new migration instead`, { migration: migration.name });
+          throw invalidConfig(`migration ${migration.name} was changed after it was applied; add a new migration instead`, {
+            migration: migration.name,
+          });
         }
         report.skipped.push(migration.name);
         return;

@@ -46,7 +46,8 @@ export function parseBmcAddress(address: unknown): { ok: true; address: BmcAddre
   }
   if (url.username || url.password) return refuse("carries a username or password; they travel as the credential");
   if (url.protocol !== "https:" && url.protocol !== "http:") return refuse(`must be http(s), not ${url.protocol}`);
-  if (url.search || url.hash || address.includes("?") || address.includes("#")) return refuse(`must not carry a query or fragment: ${url.origin}${url.pathname}`);
+  if (url.search || url.hash || address.includes("?") || address.includes("#"))
+    return refuse(`must not carry a query or fragment: ${url.origin}${url.pathname}`);
   const id = SYSTEM_PATH.exec(url.pathname)?.[1];
   let systemId: string | undefined;
   try {
@@ -55,7 +56,10 @@ export function parseBmcAddress(address: unknown): { ok: true; address: BmcAddre
     // a malformed escape: refused below
   }
   if (!systemId) return refuse(`must name a system (/redfish/v1/Systems/<id>), not ${url.origin}${url.pathname}`);
-  return { ok: true, address: { origin: url.origin, systemPath: url.pathname.replace(/\/$/, ""), systemId, https: url.protocol === "https:" } };
+  return {
+    ok: true,
+    address: { origin: url.origin, systemPath: url.pathname.replace(/\/$/, ""), systemId, https: url.protocol === "https:" },
+  };
 }
 
 /** The one message for a refused address, wherever it is refused. */

@@ -32,7 +32,11 @@ export const commissionProfiles = (hardwareProfiles: HardwareProfiles) =>
     .map(([name, hw]) => commissionProfileFor({ name, ...hw }));
 
 /** The workflow profile that commissions or releases a machine of this pool. */
-export function lifecycleProfile(hardwareProfiles: HardwareProfiles, node: { policy: Policy; pool_agent: "bcd" | "none" }, which: "commission" | "release"): string {
+export function lifecycleProfile(
+  hardwareProfiles: HardwareProfiles,
+  node: { policy: Policy; pool_agent: "bcd" | "none" },
+  which: "commission" | "release",
+): string {
   const hw = hardwareProfiles[node.policy.hardwareProfile];
   if (hw?.profiles?.[which]) return hw.profiles[which]!;
   if (node.pool_agent === "none") return `metal.${which}.agentless`;

@@ -33,7 +33,17 @@ const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
 // Headers that frame the message or steer the connection: the agent decides those, never the
 // caller, so a request cannot be smuggled or sent through another proxy.
-const FORBIDDEN_HEADERS = new Set(["host", "connection", "content-length", "transfer-encoding", "te", "trailer", "upgrade", "keep-alive", "expect"]);
+const FORBIDDEN_HEADERS = new Set([
+  "host",
+  "connection",
+  "content-length",
+  "transfer-encoding",
+  "te",
+  "trailer",
+  "upgrade",
+  "keep-alive",
+  "expect",
+]);
 // The standard base64 of 32 bytes: 43 characters, the last holding 2 bits, and one '='.
 const SPKI_SHA256 = /^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$/;
 
@@ -45,7 +55,8 @@ export function headerProblem(name: string, value: string): string | undefined {
   if (!TOKEN.test(name)) return `the header name ${JSON.stringify(name)} is not an HTTP token`;
   const lower = name.toLowerCase();
   if (FORBIDDEN_HEADERS.has(lower) || lower.startsWith("proxy-")) return `the header ${name} is set by the agent, not by the command`;
-  if (typeof value !== "string" || !FIELD_VALUE.test(value)) return `the value of the header ${name} holds CR, LF or another character a header value may not`;
+  if (typeof value !== "string" || !FIELD_VALUE.test(value))
+    return `the value of the header ${name} holds CR, LF or another character a header value may not`;
   return undefined;
 }
 
@@ -84,12 +95,17 @@ export const httpProxyBody = z
     method: z.enum(HTTP_PROXY_METHODS).default("GET"),
     headers: z.record(z.string(), z.string()).optional(),
     // The message does not echo the value: it may be a secret sent by mistake.
-    secretHeaders: z.record(z.string(), z.string().regex(SECRET_REF, "must be a secret://<id> reference, never the value itself")).optional(),
+    secretHeaders: z
+      .record(z.string(), z.string().regex(SECRET_REF, "must be a secret://<id> reference, never the value itself"))
+      .optional(),
     body: z
       .string()
       .refine((b) => utf8Length(b) <= MAX_PROXY_REQUEST_BODY_BYTES, `at most ${MAX_PROXY_REQUEST_BODY_BYTES} bytes`)
       .optional(),
-    tlsSpkiSha256: z.string().regex(SPKI_SHA256, "must be the base64 SHA-256 of the certificate's SubjectPublicKeyInfo (44 characters)").optional(),
+    tlsSpkiSha256: z
+      .string()
+      .regex(SPKI_SHA256, "must be the base64 SHA-256 of the certificate's SubjectPublicKeyInfo (44 characters)")
+      .optional(),
     timeoutMs: z.number().int().min(1).max(MAX_PROXY_TIMEOUT_MS).optional(),
     maxResponseBytes: z.number().int().min(1).max(MAX_PROXY_RESPONSE_BYTES).optional(),
   })
@@ -101,7 +117,8 @@ export const httpProxyBody = z
         // A secret reference stands in for the value here; the agent checks the value itself.
         const problem = headerProblem(name, field === "headers" ? value : "");
         if (problem) ctx.addIssue({ code: "custom", path: [field, name], message: problem });
-        else if (seen.has(name.toLowerCase())) ctx.addIssue({ code: "custom", path: [field, name], message: `the header ${name} is given twice` });
+        else if (seen.has(name.toLowerCase()))
+          ctx.addIssue({ code: "custom", path: [field, name], message: `the header ${name} is given twice` });
         seen.add(name.toLowerCase());
       }
     }
@@ -112,7 +129,9 @@ export const httpProxyBody = z
       // the url field's own issue says it
     }
     // Machines' certificates are self-signed: the pin is the only thing that says it is the machine.
-    if (protocol === "https:" && b.tlsSpkiSha256 === undefined) ctx.addIssue({ code: "custom", path: ["tlsSpkiSha256"], message: "required for https: (the machine's certificate is self-signed)" });
-    if (protocol === "http:" && b.tlsSpkiSha256 !== undefined) ctx.addIssue({ code: "custom", path: ["tlsSpkiSha256"], message: "only for https: URLs" });
+    if (protocol === "https:" && b.tlsSpkiSha256 === undefined)
+      ctx.addIssue({ code: "custom", path: ["tlsSpkiSha256"], message: "required for https: (the machine's certificate is self-signed)" });
+    if (protocol === "http:" && b.tlsSpkiSha256 !== undefined)
+      ctx.addIssue({ code: "custom", path: ["tlsSpkiSha256"], message: "only for https: URLs" });
   });
 export type HttpProxyBody = z.infer<typeof httpProxyBody>;

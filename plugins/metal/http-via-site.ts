@@ -53,11 +53,18 @@ export async function httpViaSite(ctx: StepContext, request: HttpViaSiteRequest)
 
   const url = new URL(body.url);
   const host = parseIp(url.hostname)!; // the schema admits IP literals only
-  if (!machine.addresses.some((a) => { const ip = parseIp(a); return ip !== undefined && sameIp(ip, host); })) {
+  if (
+    !machine.addresses.some((a) => {
+      const ip = parseIp(a);
+      return ip !== undefined && sameIp(ip, host);
+    })
+  ) {
     refuse(`${url.hostname} is not an address of machine ${machine.id} (recorded: ${machine.addresses.join(", ") || "none"})`);
   }
   if (url.protocol === "http:" && !(machine.policy.provisioningCidrs ?? []).some((cidr) => inCidr(host, cidr))) {
-    refuse(`plain HTTP to ${url.hostname} is outside the pool's provisioning networks (policy.provisioningCidrs); use https with tlsSpkiSha256`);
+    refuse(
+      `plain HTTP to ${url.hostname} is outside the pool's provisioning networks (policy.provisioningCidrs); use https with tlsSpkiSha256`,
+    );
   }
 
   const prefix = `wf:${ctx.workflow.id}:${ctx.step.position}:${ctx.step.attempt}:http:${key}:`;

@@ -10,7 +10,19 @@
 import { sql } from "drizzle-orm";
 import { ComputeError, type ModuleContext, type Tx } from "better-compute/core";
 
-export const METAL_STATES = ["enrolled", "commissioning", "ready", "deploying", "deployed", "releasing", "failed", "retired", "rescuing", "rescue", "unrescuing"] as const;
+export const METAL_STATES = [
+  "enrolled",
+  "commissioning",
+  "ready",
+  "deploying",
+  "deployed",
+  "releasing",
+  "failed",
+  "retired",
+  "rescuing",
+  "rescue",
+  "unrescuing",
+] as const;
 export type MetalState = (typeof METAL_STATES)[number];
 
 /**
@@ -50,7 +62,11 @@ interface Transition {
 
 export const TRANSITIONS = {
   /** Commissioning (inspect, wipe) starts at enrollment, when an enrolled machine leaves maintenance, or by the reconciler once the site has an agent. */
-  commission: { from: ["enrolled"], to: "commissioning", by: ["metal.enroll", "metal.nodes.recommission", "metal.nodes.maintenance", "reconciler"] },
+  commission: {
+    from: ["enrolled"],
+    to: "commissioning",
+    by: ["metal.enroll", "metal.nodes.recommission", "metal.nodes.maintenance", "reconciler"],
+  },
   /** Commissioning ended with exactly one attested wipe. */
   commissioned: { from: ["commissioning"], to: "ready", by: ["reconciler"], attestedWipe: true },
   deploy: { from: ["ready"], to: "deploying", by: ["metal.deploy"] },
@@ -95,22 +111,31 @@ const ruleOf = (event: MetalEvent | FlagChange): { from: readonly MetalState[]; 
   event in FLAG_CHANGES ? FLAG_CHANGES[event as FlagChange] : TRANSITIONS[event as MetalEvent];
 
 /** "a", "a or b", "a, b or c". */
-export const anyOf = (items: readonly string[]) => (items.length < 2 ? items.join("") : `${items.slice(0, -1).join(", ")} or ${items.at(-1)}`);
+export const anyOf = (items: readonly string[]) =>
+  items.length < 2 ? items.join("") : `${items.slice(0, -1).join(", ")} or ${items.at(-1)}`;
 
 /**
  * Refuses an event the node's state does not allow (FAILED_PRECONDITION), worded from the table:
  * "metal node m-1 is deploying; metal.deploy needs it in state ready", with the allowed states in
  * details. hint says what to do about the state the node is in.
  */
-export function assertCan(node: { id: string; state: MetalState }, event: MetalEvent | FlagChange, hint?: (state: MetalState) => string | undefined): void {
+export function assertCan(
+  node: { id: string; state: MetalState },
+  event: MetalEvent | FlagChange,
+  hint?: (state: MetalState) => string | undefined,
+): void {
   const { from, by } = ruleOf(event);
   if (from.includes(node.state)) return;
   const why = hint?.(node.state);
-  throw new ComputeError("FAILED_PRECONDITION", `metal node ${node.id} is ${node.state}; ${anyOf(by)} needs it in state ${anyOf(from)}${why ? `: ${why}` : ""}`, {
-    node: node.id,
-    state: node.state,
-    allowed: [...from],
-  });
+  throw new ComputeError(
+    "FAILED_PRECONDITION",
+    `metal node ${node.id} is ${node.state}; ${anyOf(by)} needs it in state ${anyOf(from)}${why ? `: ${why}` : ""}`,
+    {
+      node: node.id,
+      state: node.state,
+      allowed: [...from],
+    },
+  );
 }
 
 export interface TransitionPatch {
@@ -126,7 +151,13 @@ export interface TransitionPatch {
  * Applies event to the node if it is in one of the event's from-states. Returns the state it left,
  * or undefined when the node was elsewhere (someone else moved it first): nothing was written.
  */
-export async function transition(ctx: ModuleContext, tx: Tx, nodeId: string, event: MetalEvent, patch: TransitionPatch = {}): Promise<MetalState | undefined> {
+export async function transition(
+  ctx: ModuleContext,
+  tx: Tx,
+  nodeId: string,
+  event: MetalEvent,
+  patch: TransitionPatch = {},
+): Promise<MetalState | undefined> {
   const { from, to } = TRANSITIONS[event];
   const set = (key: keyof TransitionPatch) => patch[key] !== undefined;
   const updated = await tx.execute(sql`
@@ -149,7 +180,12 @@ export async function transition(ctx: ModuleContext, tx: Tx, nodeId: string, eve
   await ctx.events.publish(tx, {
     type: `metal.node.${event}`,
     subject: `metal/nodes/${nodeId}`,
-    data: { from: previous, to, ...(patch.workflowId ? { workflow: patch.workflowId } : {}), ...(patch.reason ? { reason: patch.reason } : {}) },
+    data: {
+      from: previous,
+      to,
+      ...(patch.workflowId ? { workflow: patch.workflowId } : {}),
+      ...(patch.reason ? { reason: patch.reason } : {}),
+    },
   });
   return previous;
 }

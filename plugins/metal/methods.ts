@@ -4,7 +4,20 @@
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import type { DriverDefinition } from "better-compute";
-import { ComputeError, conflict, defineMethod, invalidArgument, invalidConfig, isSecretRef, notFound, resourceId, schemaIssues, type MethodDefinition, type ModuleContext, type SecretRef } from "better-compute/core";
+import {
+  ComputeError,
+  conflict,
+  defineMethod,
+  invalidArgument,
+  invalidConfig,
+  isSecretRef,
+  notFound,
+  resourceId,
+  schemaIssues,
+  type MethodDefinition,
+  type ModuleContext,
+  type SecretRef,
+} from "better-compute/core";
 import type { ProfileDefinition, StepDefinition } from "better-compute/provision";
 import { bmcTls } from "./bmc-address.ts";
 import { lifecycleProfile, type HardwareProfiles } from "./hardware.ts";
@@ -21,7 +34,13 @@ function needsAgent(ctx: ModuleContext, stepId: string): boolean {
 
 /** What to do first about a machine that cannot be retired yet. */
 const beforeRetiring = (state: MetalState) =>
-  state === "deployed" ? "undeploy it first" : state === "rescue" ? "unrescue and undeploy it first" : isTransitional(state) ? "wait until its workflow ends" : undefined;
+  state === "deployed"
+    ? "undeploy it first"
+    : state === "rescue"
+      ? "unrescue and undeploy it first"
+      : isTransitional(state)
+        ? "wait until its workflow ends"
+        : undefined;
 
 export const nodeActions = {
   "metal.enroll": "Enroll machines by their BMC",
@@ -57,29 +76,43 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     }),
     output: metalNode,
     handler: async (ctx, input, tx) => {
-      const pool = (await tx.execute(sql`SELECT id, site_id, policy FROM metal_pools WHERE id = ${input.pool}`)).rows[0] as { id: string; site_id: string; policy: Policy } | undefined;
+      const pool = (await tx.execute(sql`SELECT id, site_id, policy FROM metal_pools WHERE id = ${input.pool}`)).rows[0] as
+        { id: string; site_id: string; policy: Policy } | undefined;
       if (!pool) throw notFound(`pool ${input.pool} does not exist`);
       const driverId = hardwareProfiles[pool.policy.hardwareProfile]?.drivers.power;
       const driver = ctx.registered.extensions<DriverDefinition>("driver").find((d) => d.id === driverId && d.kinds.includes("power"));
-      if (!driver) throw invalidConfig(`hardware profile ${pool.policy.hardwareProfile} names power driver ${driverId}, which is not registered`);
+      if (!driver)
+        throw invalidConfig(`hardware profile ${pool.policy.hardwareProfile} names power driver ${driverId}, which is not registered`);
       await refuseHeldBmc(tx, input.bmc.address);
       const id = input.id ?? `m-${crypto.randomUUID().slice(0, 8)}`;
       const password = isSecretRef(input.bmc.password)
         ? (input.bmc.password as SecretRef)
         : await ctx.secrets.put(tx, { module: "metal", name: `bmc/${id}`, value: input.bmc.password });
-      const binding = { driver: driver.id, address: input.bmc.address, username: input.bmc.username, password, ...(input.bmc.tls ? { tls: input.bmc.tls } : {}) };
+      const binding = {
+        driver: driver.id,
+        address: input.bmc.address,
+        username: input.bmc.username,
+        password,
+        ...(input.bmc.tls ? { tls: input.bmc.tls } : {}),
+      };
       const checked = driver.manifest?.safeParse(binding);
-      if (checked && !checked.success) throw invalidArgument(`the BMC binding does not match driver ${driver.id}'s manifest`, { issues: schemaIssues(checked.error) });
+      if (checked && !checked.success)
+        throw invalidArgument(`the BMC binding does not match driver ${driver.id}'s manifest`, { issues: schemaIssues(checked.error) });
       const inserted = await tx.execute(sql`
         INSERT INTO metal_nodes (id, pool_id, site_id, bmc, state) VALUES (${id}, ${pool.id}, ${pool.site_id}, ${JSON.stringify(binding)}::jsonb, 'enrolled')
         ON CONFLICT DO NOTHING RETURNING id`);
       if (inserted.rows.length === 0) {
         // Lost a race for the id or the BMC (the insert waited for the other transaction to commit).
-        if ((await tx.execute(sql`SELECT 1 FROM metal_nodes WHERE id = ${id}`)).rows.length) throw conflict(`metal node ${id} already exists`, { node: id });
+        if ((await tx.execute(sql`SELECT 1 FROM metal_nodes WHERE id = ${id}`)).rows.length)
+          throw conflict(`metal node ${id} already exists`, { node: id });
         await refuseHeldBmc(tx, input.bmc.address);
         throw conflict(`metal node ${id} could not be enrolled: its BMC is held by another machine`);
       }
-      await ctx.events.publish(tx, { type: "metal.node.enrolled", subject: `metal/nodes/${id}`, data: { pool: pool.id, bmc: input.bmc.address } });
+      await ctx.events.publish(tx, {
+        type: "metal.node.enrolled",
+        subject: `metal/nodes/${id}`,
+        data: { pool: pool.id, bmc: input.bmc.address },
+      });
       const node = await loadNode(tx, id);
       // Commissioning starts now if the site has an agent; otherwise the reconciler starts it once one joins.
       if (await siteAgent(tx, node.site_id)) await runLifecycle(ctx, tx, node, "commission", profileFor(node, "commission"));
@@ -101,7 +134,12 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     name: "metal.nodes.list",
     action: "metal.nodes.list",
     readOnly: true,
-    input: z.object({ pool: resourceId.optional(), site: resourceId.optional(), state: z.enum(METAL_STATES).optional(), maintenance: z.boolean().optional() }),
+    input: z.object({
+      pool: resourceId.optional(),
+      site: resourceId.optional(),
+      state: z.enum(METAL_STATES).optional(),
+      maintenance: z.boolean().optional(),
+    }),
     output: z.object({ nodes: z.array(metalNode) }),
     handler: async (_ctx, input, tx) => {
       const rows = await tx.execute(sql`
@@ -120,20 +158,39 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     action: "metal.deploy",
     resource: (input) => `metal/nodes/${input.node}`,
     description: "Deploy a ready machine with a profile (target metal); it ends deployed with the profile's role",
-    input: z.object({ node: resourceId, profile: resourceId, version: resourceId.optional(), input: z.record(z.string(), z.unknown()).default({}) }),
+    input: z.object({
+      node: resourceId,
+      profile: resourceId,
+      version: resourceId.optional(),
+      input: z.record(z.string(), z.unknown()).default({}),
+    }),
     output: z.object({ node: z.string(), workflow: z.string() }),
     handler: async (ctx, input, tx) => {
       const node = await loadNode(tx, input.node, true);
-      if (node.maintenance) throw new ComputeError("FAILED_PRECONDITION", `metal node ${node.id} is in maintenance: ${node.maintenance_reason ?? "no reason given"}`);
+      if (node.maintenance)
+        throw new ComputeError(
+          "FAILED_PRECONDITION",
+          `metal node ${node.id} is in maintenance: ${node.maintenance_reason ?? "no reason given"}`,
+        );
       assertCan(node, "deploy");
-      const profile = ctx.registered.extensions<ProfileDefinition>("profile").find((p) => p.id === input.profile && (!input.version || p.version === input.version));
+      const profile = ctx.registered
+        .extensions<ProfileDefinition>("profile")
+        .find((p) => p.id === input.profile && (!input.version || p.version === input.version));
       if (!profile) throw notFound(`no profile ${input.profile} is registered`);
       if (profile.target !== "metal") throw invalidArgument(`profile ${profile.id} targets ${profile.target}, not metal`);
       if (node.pool_agent === "none") {
         const needy = profile.steps.find((s) => needsAgent(ctx, s.step));
-        if (needy) throw new ComputeError("UNSUPPORTED", `pool ${node.pool_id} is agentless (agent: none); profile ${profile.id} needs an agent on the machine (step ${needy.name ?? needy.step})`);
+        if (needy)
+          throw new ComputeError(
+            "UNSUPPORTED",
+            `pool ${node.pool_id} is agentless (agent: none); profile ${profile.id} needs an agent on the machine (step ${needy.name ?? needy.step})`,
+          );
       }
-      const wf = await runLifecycle(ctx, tx, node, "deploy", profile.id, input.input, { role: profile.role ?? "host", version: profile.version, createdBy: ctx.principal.id });
+      const wf = await runLifecycle(ctx, tx, node, "deploy", profile.id, input.input, {
+        role: profile.role ?? "host",
+        version: profile.version,
+        createdBy: ctx.principal.id,
+      });
       return { node: node.id, workflow: wf.id };
     },
   });
@@ -164,7 +221,13 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     output: metalNode,
     handler: async (ctx, input, tx) => {
       assertCan(await loadNode(tx, input.node, true), "recommission");
-      await transition(ctx, tx, input.node, "recommission", { maintenance: false, reason: null, workflowId: null, role: null, lastError: null });
+      await transition(ctx, tx, input.node, "recommission", {
+        maintenance: false,
+        reason: null,
+        workflowId: null,
+        role: null,
+        lastError: null,
+      });
       const node = await loadNode(tx, input.node);
       if (await siteAgent(tx, node.site_id)) await runLifecycle(ctx, tx, node, "commission", profileFor(node, "commission"));
       return toNode(await loadNode(tx, input.node));
@@ -175,12 +238,17 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     name: "metal.rescue",
     action: "metal.rescue",
     resource: (input) => `metal/nodes/${input.node}`,
-    description: "Boot a deployed machine into the ramdisk (its disk untouched) for an operator to look into; metal.unrescue boots it from its disk again",
+    description:
+      "Boot a deployed machine into the ramdisk (its disk untouched) for an operator to look into; metal.unrescue boots it from its disk again",
     input: z.object({ node: resourceId }),
     output: z.object({ node: z.string(), workflow: z.string() }),
     handler: async (ctx, input, tx) => {
       const node = await loadNode(tx, input.node, true);
-      if (node.pool_agent === "none") throw new ComputeError("UNSUPPORTED", `pool ${node.pool_id} is agentless (agent: none): no ramdisk can boot on metal node ${node.id} to rescue it`);
+      if (node.pool_agent === "none")
+        throw new ComputeError(
+          "UNSUPPORTED",
+          `pool ${node.pool_id} is agentless (agent: none): no ramdisk can boot on metal node ${node.id} to rescue it`,
+        );
       assertCan(node, "rescue");
       const wf = await runLifecycle(ctx, tx, node, "rescue", TRANSITIONS.rescue.profile, {}, { createdBy: ctx.principal.id });
       return { node: node.id, workflow: wf.id };
@@ -226,7 +294,8 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     name: "metal.nodes.maintenance",
     action: "metal.nodes.maintenance",
     resource: (input) => `metal/nodes/${input.node}`,
-    description: "Put a machine in maintenance (on, with a reason: nothing new starts on it) or take it out (off); not while a workflow drives it",
+    description:
+      "Put a machine in maintenance (on, with a reason: nothing new starts on it) or take it out (off); not while a workflow drives it",
     input: z.object({ node: resourceId, on: z.boolean(), reason: z.string().min(1).max(500).optional() }),
     output: metalNode,
     handler: async (ctx, input, tx) => {
@@ -236,19 +305,34 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
       assertCan(node, change, (state) => {
         if (state === "retired") return "a retired machine is out of service for good";
         // Maintenance stops nothing already running; the workflow's end decides (a failure turns maintenance on itself).
-        if (isTransitional(state)) return `maintenance does not stop its workflow ${node.workflow_id}: wait until it ends, or cancel it (workflows.cancel; the machine then ends failed, in maintenance)`;
+        if (isTransitional(state))
+          return `maintenance does not stop its workflow ${node.workflow_id}: wait until it ends, or cancel it (workflows.cancel; the machine then ends failed, in maintenance)`;
         if (state === "failed") return "a failed machine leaves maintenance by metal.nodes.recommission";
       });
       const reason = input.on ? input.reason! : null;
       if (node.maintenance === input.on && node.maintenance_reason === reason) return toNode(node);
-      await tx.execute(sql`UPDATE metal_nodes SET maintenance = ${input.on}, maintenance_reason = ${reason}, updated_at = compute_now() WHERE id = ${node.id}`);
+      await tx.execute(
+        sql`UPDATE metal_nodes SET maintenance = ${input.on}, maintenance_reason = ${reason}, updated_at = compute_now() WHERE id = ${node.id}`,
+      );
       await tx.execute(sql`
         INSERT INTO metal_transitions (node_id, event, from_state, to_state, workflow_id, reason)
         VALUES (${node.id}, ${change}, ${node.state}, ${node.state}, ${node.workflow_id}, ${input.reason ?? null})`);
-      await ctx.events.publish(tx, { type: `metal.node.${change}`, subject: `metal/nodes/${node.id}`, data: { state: node.state, ...(input.reason ? { reason: input.reason } : {}) } });
+      await ctx.events.publish(tx, {
+        type: `metal.node.${change}`,
+        subject: `metal/nodes/${node.id}`,
+        data: { state: node.state, ...(input.reason ? { reason: input.reason } : {}) },
+      });
       // Out of maintenance, an enrolled machine commissions now (as at enroll), not at the next cron pass.
       if (node.state === "enrolled" && !input.on && (await siteAgent(tx, node.site_id))) {
-        await runLifecycle(ctx, tx, await loadNode(tx, node.id), "commission", profileFor(node, "commission"), {}, { createdBy: ctx.principal.id });
+        await runLifecycle(
+          ctx,
+          tx,
+          await loadNode(tx, node.id),
+          "commission",
+          profileFor(node, "commission"),
+          {},
+          { createdBy: ctx.principal.id },
+        );
       }
       return toNode(await loadNode(tx, node.id));
     },

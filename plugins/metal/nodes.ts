@@ -41,9 +41,18 @@ export interface NodeRow {
 }
 
 export const toNode = (r: NodeRow): z.input<typeof metalNode> => ({
-  id: r.id, pool: r.pool_id, site: r.site_id, state: r.state, maintenance: r.maintenance, maintenanceReason: r.maintenance_reason,
-  role: r.role, workflow: r.workflow_id, productUuid: r.product_uuid, addresses: r.addresses,
-  bmc: { driver: r.bmc.driver, address: r.bmc.address, username: r.bmc.username }, lastError: r.last_error ?? null,
+  id: r.id,
+  pool: r.pool_id,
+  site: r.site_id,
+  state: r.state,
+  maintenance: r.maintenance,
+  maintenanceReason: r.maintenance_reason,
+  role: r.role,
+  workflow: r.workflow_id,
+  productUuid: r.product_uuid,
+  addresses: r.addresses,
+  bmc: { driver: r.bmc.driver, address: r.bmc.address, username: r.bmc.username },
+  lastError: r.last_error ?? null,
 });
 
 /** What a NodeRow holds, from metal_nodes n joined with its pool p. */
@@ -65,13 +74,26 @@ export async function refuseHeldBmc(tx: Pick<Tx, "execute">, address: string): P
   const found = await tx.execute(sql`
     SELECT id, state FROM metal_nodes WHERE rtrim(bmc->>'address', '/') = rtrim(${address}, '/') AND state <> 'retired' LIMIT 1`);
   const holder = found.rows[0] as { id: string; state: MetalState } | undefined;
-  if (holder) throw conflict(`the BMC ${address} is held by metal node ${holder.id} (${holder.state}): retire that machine to enroll its BMC again`, { node: holder.id, state: holder.state });
+  if (holder)
+    throw conflict(`the BMC ${address} is held by metal node ${holder.id} (${holder.state}): retire that machine to enroll its BMC again`, {
+      node: holder.id,
+      state: holder.state,
+    });
 }
 
 /** The machine's ramdisks (matched by product UUID at its site) can no longer act for it. */
-export async function revokeRamdisks(ctx: ModuleContext, tx: Tx, node: Pick<NodeRow, "product_uuid" | "site_id">, reason: string): Promise<void> {
+export async function revokeRamdisks(
+  ctx: ModuleContext,
+  tx: Tx,
+  node: Pick<NodeRow, "product_uuid" | "site_id">,
+  reason: string,
+): Promise<void> {
   if (!node.product_uuid) return;
-  await ctx.nodes.revoke(tx, { role: "ramdisk", labels: { "bc.dev/product-uuid": node.product_uuid, "bc.dev/site": node.site_id } }, reason);
+  await ctx.nodes.revoke(
+    tx,
+    { role: "ramdisk", labels: { "bc.dev/product-uuid": node.product_uuid, "bc.dev/site": node.site_id } },
+    reason,
+  );
 }
 
 /**
@@ -79,15 +101,44 @@ export async function revokeRamdisks(ctx: ModuleContext, tx: Tx, node: Pick<Node
  * Throws when the site has no agent, and CONFLICT (nothing written) when the node is no longer
  * in a state the event leaves from.
  */
-export async function runLifecycle(ctx: ModuleContext, tx: Tx, node: NodeRow, event: MetalEvent, profile: string, input: Record<string, unknown> = {}, extra: { role?: string | null; version?: string; createdBy?: string } = {}) {
+export async function runLifecycle(
+  ctx: ModuleContext,
+  tx: Tx,
+  node: NodeRow,
+  event: MetalEvent,
+  profile: string,
+  input: Record<string, unknown> = {},
+  extra: { role?: string | null; version?: string; createdBy?: string } = {},
+) {
   const agent = await siteAgent(tx, node.site_id);
-  if (!agent) throw new ComputeError("FAILED_PRECONDITION", `site ${node.site_id} has no agent: join one with a site token (siteTokens.create)`, { site: node.site_id });
+  if (!agent)
+    throw new ComputeError("FAILED_PRECONDITION", `site ${node.site_id} has no agent: join one with a site token (siteTokens.create)`, {
+      site: node.site_id,
+    });
   const workflowInput = {
-    ...input, machine: node.id, siteAgent: agent, bmc: node.bmc, addresses: node.addresses,
+    ...input,
+    machine: node.id,
+    siteAgent: agent,
+    bmc: node.bmc,
+    addresses: node.addresses,
     ...(node.product_uuid ? { productUuid: node.product_uuid } : {}),
   };
-  const wf = await startWorkflow(ctx, tx, { profile, ...(extra.version ? { version: extra.version } : {}), target: node.id, input: workflowInput, createdBy: extra.createdBy ?? "system:metal" });
-  const moved = await transition(ctx, tx, node.id, event, { workflowId: wf.id, lastError: null, ...(extra.role !== undefined ? { role: extra.role } : {}) });
-  if (!moved) throw conflict(`metal node ${node.id} is ${node.state}; ${event} needs it to be in another state`, { node: node.id, state: node.state });
+  const wf = await startWorkflow(ctx, tx, {
+    profile,
+    ...(extra.version ? { version: extra.version } : {}),
+    target: node.id,
+    input: workflowInput,
+    createdBy: extra.createdBy ?? "system:metal",
+  });
+  const moved = await transition(ctx, tx, node.id, event, {
+    workflowId: wf.id,
+    lastError: null,
+    ...(extra.role !== undefined ? { role: extra.role } : {}),
+  });
+  if (!moved)
+    throw conflict(`metal node ${node.id} is ${node.state}; ${event} needs it to be in another state`, {
+      node: node.id,
+      state: node.state,
+    });
   return wf;
 }

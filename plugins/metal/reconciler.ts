@@ -29,19 +29,35 @@ async function settle(ctx: ModuleContext, node: EndedNode): Promise<boolean> {
     if (event === "fail") {
       const error = node.wf_error ?? { code: "CANCELLED", message: `workflow ${wf} was ${node.wf_state}` };
       const reason = `${node.state} failed: ${String(error.message ?? error.code)}`;
-      return (await transition(ctx, tx, node.id, "fail", { maintenance: true, reason, lastError: { ...error, workflow: wf } })) !== undefined;
+      return (
+        (await transition(ctx, tx, node.id, "fail", { maintenance: true, reason, lastError: { ...error, workflow: wf } })) !== undefined
+      );
     }
     if (!transitionOf(event).attestedWipe) return (await transition(ctx, tx, node.id, event)) !== undefined;
     const wipes = await attestedWipes(tx, wf);
     if (wipes === 1) return (await transition(ctx, tx, node.id, event, { role: null })) !== undefined;
     // Agentless machines commission and release without a wipe anyone could attest.
     if ((event === "released" || node.pool_agent === "none") && node.policy.allowUnverifiedRelease) {
-      const moved = await transition(ctx, tx, node.id, event, { role: null, reason: `${event} without an attested wipe (pool policy allowUnverifiedRelease)` });
-      if (moved) await ctx.events.publish(tx, { type: "node.release.unverified", subject: `metal/nodes/${node.id}`, data: { workflow: wf, event, attestedWipes: wipes } });
+      const moved = await transition(ctx, tx, node.id, event, {
+        role: null,
+        reason: `${event} without an attested wipe (pool policy allowUnverifiedRelease)`,
+      });
+      if (moved)
+        await ctx.events.publish(tx, {
+          type: "node.release.unverified",
+          subject: `metal/nodes/${node.id}`,
+          data: { workflow: wf, event, attestedWipes: wipes },
+        });
       return moved !== undefined;
     }
     const reason = `${wipes === 0 ? "no attested wipe" : `${wipes} attested wipes`} in workflow ${wf}; a machine reaches ready only after exactly one`;
-    return (await transition(ctx, tx, node.id, "fail", { maintenance: true, reason, lastError: { code: "FAILED_PRECONDITION", message: reason, workflow: wf } })) !== undefined;
+    return (
+      (await transition(ctx, tx, node.id, "fail", {
+        maintenance: true,
+        reason,
+        lastError: { code: "FAILED_PRECONDITION", message: reason, workflow: wf },
+      })) !== undefined
+    );
   });
 }
 
@@ -65,7 +81,9 @@ export function lifecycleReconciler(hardwareProfiles: HardwareProfiles): Reconci
         WHERE n.state = 'enrolled' AND NOT n.maintenance ORDER BY n.created_at LIMIT 500`);
       for (const node of enrolled.rows as unknown as NodeRow[]) {
         try {
-          await ctx.store.transaction((tx) => runLifecycle(ctx, tx, node, "commission", lifecycleProfile(hardwareProfiles, node, "commission")));
+          await ctx.store.transaction((tx) =>
+            runLifecycle(ctx, tx, node, "commission", lifecycleProfile(hardwareProfiles, node, "commission")),
+          );
           changed++;
         } catch (err) {
           // No site agent yet, or someone else moved it first: the next pass looks again.

@@ -3,7 +3,17 @@
 // updated, and deleted only once nothing uses them.
 import { sql } from "drizzle-orm";
 import { z } from "zod";
-import { canonicalJson, ComputeError, conflict, defineMethod, invalidArgument, notFound, resourceId, type MethodDefinition, type Tx } from "better-compute/core";
+import {
+  canonicalJson,
+  ComputeError,
+  conflict,
+  defineMethod,
+  invalidArgument,
+  notFound,
+  resourceId,
+  type MethodDefinition,
+  type Tx,
+} from "better-compute/core";
 import { siteAgentOf } from "./steps.ts";
 
 /** An id the operator chooses at create time. */
@@ -62,23 +72,43 @@ interface PoolRow {
 }
 
 async function findSites(tx: Tx, id?: string) {
-  const rows = (await tx.execute(sql`
+  const rows = (
+    await tx.execute(sql`
     SELECT s.id, s.description, s.created_at,
            (SELECT count(*)::int FROM metal_pools p WHERE p.site_id = s.id) AS pools,
            (SELECT count(*)::int FROM metal_nodes n WHERE n.site_id = s.id AND n.state <> 'retired') AS machines
-    FROM metal_sites s WHERE (${id ?? null}::text IS NULL OR s.id = ${id ?? null}) ORDER BY s.id LIMIT 1000`)).rows as unknown as SiteRow[];
+    FROM metal_sites s WHERE (${id ?? null}::text IS NULL OR s.id = ${id ?? null}) ORDER BY s.id LIMIT 1000`)
+  ).rows as unknown as SiteRow[];
   const sites = [];
-  for (const r of rows) sites.push({ id: r.id, description: r.description, pools: r.pools, machines: r.machines, agent: (await siteAgentOf(tx, r.id)) ?? null, createdAt: iso(r.created_at) });
+  for (const r of rows)
+    sites.push({
+      id: r.id,
+      description: r.description,
+      pools: r.pools,
+      machines: r.machines,
+      agent: (await siteAgentOf(tx, r.id)) ?? null,
+      createdAt: iso(r.created_at),
+    });
   return sites;
 }
 
 async function findPools(tx: Tx, filter: { id?: string; site?: string }) {
-  const rows = (await tx.execute(sql`
+  const rows = (
+    await tx.execute(sql`
     SELECT p.*, (SELECT count(*)::int FROM metal_nodes n WHERE n.pool_id = p.id AND n.state <> 'retired') AS machines
     FROM metal_pools p
     WHERE (${filter.id ?? null}::text IS NULL OR p.id = ${filter.id ?? null}) AND (${filter.site ?? null}::text IS NULL OR p.site_id = ${filter.site ?? null})
-    ORDER BY p.id LIMIT 1000`)).rows as unknown as PoolRow[];
-  return rows.map((r) => ({ id: r.id, site: r.site_id, class: r.class, agent: r.agent, policy: r.policy, machines: r.machines, createdAt: iso(r.created_at) }));
+    ORDER BY p.id LIMIT 1000`)
+  ).rows as unknown as PoolRow[];
+  return rows.map((r) => ({
+    id: r.id,
+    site: r.site_id,
+    class: r.class,
+    agent: r.agent,
+    policy: r.policy,
+    machines: r.machines,
+    createdAt: iso(r.created_at),
+  }));
 }
 
 async function getSite(tx: Tx, id: string) {
@@ -104,7 +134,12 @@ function differingFields(stored: Record<string, unknown>, wanted: Record<string,
   const fields: string[] = [];
   for (const key of Object.keys(wanted)) {
     if (canonicalJson(stored[key] ?? null) === canonicalJson(wanted[key] ?? null)) continue;
-    if (key === "policy") fields.push(...policyKeysDiffering(stored.policy as Record<string, unknown>, wanted.policy as Record<string, unknown>).map((k) => `policy.${k}`));
+    if (key === "policy")
+      fields.push(
+        ...policyKeysDiffering(stored.policy as Record<string, unknown>, wanted.policy as Record<string, unknown>).map(
+          (k) => `policy.${k}`,
+        ),
+      );
     else fields.push(key);
   }
   return fields;
@@ -116,7 +151,12 @@ function policyKeysDiffering(stored: Record<string, unknown>, wanted: Record<str
 }
 
 /** Create of something that exists: same fields is idempotent, other fields a CONFLICT naming them. */
-function existing(what: string, id: string, stored: Record<string, unknown>, wanted: Record<string, unknown>): { id: string; created: false } {
+function existing(
+  what: string,
+  id: string,
+  stored: Record<string, unknown>,
+  wanted: Record<string, unknown>,
+): { id: string; created: false } {
   const fields = differingFields(stored, wanted);
   if (fields.length > 0) throw conflict(`${what} ${id} exists with other fields: ${fields.join(", ")}`, { [what]: id, fields });
   return { id, created: false };
@@ -125,10 +165,13 @@ function existing(what: string, id: string, stored: Record<string, unknown>, wan
 export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): MethodDefinition<any, any>[] {
   /** What create and update both check about a pool's policy. */
   const checkPolicy = (agent: "bcd" | "none", value: Policy) => {
-    if (!hardwareProfiles[value.hardwareProfile]) throw invalidArgument(`no hardware profile ${value.hardwareProfile} is configured`, { known: Object.keys(hardwareProfiles) });
+    if (!hardwareProfiles[value.hardwareProfile])
+      throw invalidArgument(`no hardware profile ${value.hardwareProfile} is configured`, { known: Object.keys(hardwareProfiles) });
     // No agent boots on an agentless machine, so none can attest a wipe: ready needs the pool's opt-in.
     if (agent === "none" && !value.allowUnverifiedRelease) {
-      throw invalidArgument("an agentless pool (agent: none) cannot attest a wipe: set policy.allowUnverifiedRelease to true to accept its machines as ready without one");
+      throw invalidArgument(
+        "an agentless pool (agent: none) cannot attest a wipe: set policy.allowUnverifiedRelease to true to accept its machines as ready without one",
+      );
     }
   };
 
@@ -141,9 +184,13 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
     output: z.object({ id: z.string(), created: z.boolean() }),
     handler: async (ctx, input, tx) => {
       const description = input.description ?? null;
-      const inserted = await tx.execute(sql`INSERT INTO metal_sites (id, description) VALUES (${input.id}, ${description}) ON CONFLICT DO NOTHING RETURNING id`);
+      const inserted = await tx.execute(
+        sql`INSERT INTO metal_sites (id, description) VALUES (${input.id}, ${description}) ON CONFLICT DO NOTHING RETURNING id`,
+      );
       if (inserted.rows.length === 0) {
-        const stored = (await tx.execute(sql`SELECT description FROM metal_sites WHERE id = ${input.id}`)).rows[0] as { description: string | null };
+        const stored = (await tx.execute(sql`SELECT description FROM metal_sites WHERE id = ${input.id}`)).rows[0] as {
+          description: string | null;
+        };
         return existing("site", input.id, stored, { description });
       }
       await ctx.events.publish(tx, { type: "metal.site.created", subject: `metal/sites/${input.id}` });
@@ -179,7 +226,8 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
     input: z.object({ id: resourceId, description: z.string().max(500).nullable() }),
     output: site,
     handler: async (ctx, input, tx) => {
-      const stored = (await tx.execute(sql`SELECT description FROM metal_sites WHERE id = ${input.id} FOR UPDATE`)).rows[0] as { description: string | null } | undefined;
+      const stored = (await tx.execute(sql`SELECT description FROM metal_sites WHERE id = ${input.id} FOR UPDATE`)).rows[0] as
+        { description: string | null } | undefined;
       if (!stored) throw notFound(`site ${input.id} does not exist`);
       if (stored.description !== input.description) {
         await tx.execute(sql`UPDATE metal_sites SET description = ${input.description} WHERE id = ${input.id}`);
@@ -199,11 +247,22 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
     handler: async (ctx, input, tx) => {
       const found = await tx.execute(sql`SELECT id FROM metal_sites WHERE id = ${input.id} FOR UPDATE`);
       if (found.rows.length === 0) throw notFound(`site ${input.id} does not exist`);
-      const pools = ((await tx.execute(sql`SELECT id FROM metal_pools WHERE site_id = ${input.id} ORDER BY id`)).rows as { id: string }[]).map((r) => r.id);
-      if (pools.length) throw new ComputeError("FAILED_PRECONDITION", `site ${input.id} still has pools (${pools.join(", ")}): delete them first`, { site: input.id, pools });
+      const pools = (
+        (await tx.execute(sql`SELECT id FROM metal_pools WHERE site_id = ${input.id} ORDER BY id`)).rows as { id: string }[]
+      ).map((r) => r.id);
+      if (pools.length)
+        throw new ComputeError("FAILED_PRECONDITION", `site ${input.id} still has pools (${pools.join(", ")}): delete them first`, {
+          site: input.id,
+          pools,
+        });
       // Its agent would keep serving a site that no longer exists (and serve a new one of the same name).
       const agent = await siteAgentOf(tx, input.id);
-      if (agent) throw new ComputeError("FAILED_PRECONDITION", `site ${input.id} still has a site agent (${agent}): revoke it first (nodes.revoke)`, { site: input.id, agent });
+      if (agent)
+        throw new ComputeError(
+          "FAILED_PRECONDITION",
+          `site ${input.id} still has a site agent (${agent}): revoke it first (nodes.revoke)`,
+          { site: input.id, agent },
+        );
       await tx.execute(sql`DELETE FROM metal_sites WHERE id = ${input.id}`);
       await ctx.events.publish(tx, { type: "metal.site.deleted", subject: `metal/sites/${input.id}` });
       return { id: input.id, deleted: true as const };
@@ -214,8 +273,15 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
     name: "metal.pools.create",
     action: "metal.pools.create",
     resource: (input) => `metal/pools/${input.id}`,
-    description: "Create a pool of machines in a site; the same fields again is idempotent (created: false), other fields are CONFLICT naming them",
-    input: z.object({ id: slug, site: resourceId, class: z.literal("metal").default("metal"), agent: z.enum(["bcd", "none"]).default("bcd"), policy }),
+    description:
+      "Create a pool of machines in a site; the same fields again is idempotent (created: false), other fields are CONFLICT naming them",
+    input: z.object({
+      id: slug,
+      site: resourceId,
+      class: z.literal("metal").default("metal"),
+      agent: z.enum(["bcd", "none"]).default("bcd"),
+      policy,
+    }),
     output: z.object({ id: z.string(), created: z.boolean() }),
     handler: async (ctx, input, tx) => {
       checkPolicy(input.agent, input.policy);
@@ -225,10 +291,20 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
         INSERT INTO metal_pools (id, site_id, class, agent, policy) VALUES (${input.id}, ${input.site}, ${input.class}, ${input.agent}, ${JSON.stringify(input.policy)}::jsonb)
         ON CONFLICT DO NOTHING RETURNING id`);
       if (inserted.rows.length === 0) {
-        const stored = (await tx.execute(sql`SELECT site_id AS site, class, agent, policy FROM metal_pools WHERE id = ${input.id}`)).rows[0] as Record<string, unknown>;
-        return existing("pool", input.id, { ...stored, policy: normalisedPolicy(stored.policy) }, { site: input.site, class: input.class, agent: input.agent, policy: input.policy });
+        const stored = (await tx.execute(sql`SELECT site_id AS site, class, agent, policy FROM metal_pools WHERE id = ${input.id}`))
+          .rows[0] as Record<string, unknown>;
+        return existing(
+          "pool",
+          input.id,
+          { ...stored, policy: normalisedPolicy(stored.policy) },
+          { site: input.site, class: input.class, agent: input.agent, policy: input.policy },
+        );
       }
-      await ctx.events.publish(tx, { type: "metal.pool.created", subject: `metal/pools/${input.id}`, data: { site: input.site, hardwareProfile: input.policy.hardwareProfile } });
+      await ctx.events.publish(tx, {
+        type: "metal.pool.created",
+        subject: `metal/pools/${input.id}`,
+        data: { site: input.site, hardwareProfile: input.policy.hardwareProfile },
+      });
       return { id: input.id, created: true };
     },
   });
@@ -257,24 +333,37 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
     name: "metal.pools.update",
     action: "metal.pools.update",
     resource: (input) => `metal/pools/${input.id}`,
-    description: "Replace a pool's policy (checked like create); its hardware profile changes only while it holds no machine that is not retired",
+    description:
+      "Replace a pool's policy (checked like create); its hardware profile changes only while it holds no machine that is not retired",
     input: z.object({ id: resourceId, policy }),
     output: pool,
     handler: async (ctx, input, tx) => {
-      const stored = (await tx.execute(sql`SELECT agent, policy FROM metal_pools WHERE id = ${input.id} FOR UPDATE`)).rows[0] as { agent: "bcd" | "none"; policy: Record<string, unknown> } | undefined;
+      const stored = (await tx.execute(sql`SELECT agent, policy FROM metal_pools WHERE id = ${input.id} FOR UPDATE`)).rows[0] as
+        { agent: "bcd" | "none"; policy: Record<string, unknown> } | undefined;
       if (!stored) throw notFound(`pool ${input.id} does not exist`);
       checkPolicy(stored.agent, input.policy);
       const changed = policyKeysDiffering(normalisedPolicy(stored.policy), input.policy);
       if (changed.length === 0) return getPool(tx, input.id);
       if (changed.includes("hardwareProfile")) {
         // Its machines were commissioned (BIOS, RAID) and their BMC bindings checked under the old profile.
-        const held = ((await tx.execute(sql`SELECT id FROM metal_nodes WHERE pool_id = ${input.id} AND state <> 'retired' ORDER BY id LIMIT 20`)).rows as { id: string }[]).map((r) => r.id);
+        const held = (
+          (await tx.execute(sql`SELECT id FROM metal_nodes WHERE pool_id = ${input.id} AND state <> 'retired' ORDER BY id LIMIT 20`))
+            .rows as { id: string }[]
+        ).map((r) => r.id);
         if (held.length) {
-          throw new ComputeError("FAILED_PRECONDITION", `pool ${input.id} holds machines (${held.join(", ")}) commissioned under hardware profile ${String(stored.policy.hardwareProfile)}: retire them, or make another pool`, { pool: input.id, machines: held });
+          throw new ComputeError(
+            "FAILED_PRECONDITION",
+            `pool ${input.id} holds machines (${held.join(", ")}) commissioned under hardware profile ${String(stored.policy.hardwareProfile)}: retire them, or make another pool`,
+            { pool: input.id, machines: held },
+          );
         }
       }
       await tx.execute(sql`UPDATE metal_pools SET policy = ${JSON.stringify(input.policy)}::jsonb WHERE id = ${input.id}`);
-      await ctx.events.publish(tx, { type: "metal.pool.updated", subject: `metal/pools/${input.id}`, data: { fields: changed.map((k) => `policy.${k}`) } });
+      await ctx.events.publish(tx, {
+        type: "metal.pool.updated",
+        subject: `metal/pools/${input.id}`,
+        data: { fields: changed.map((k) => `policy.${k}`) },
+      });
       return getPool(tx, input.id);
     },
   });
@@ -289,9 +378,15 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
     handler: async (ctx, input, tx) => {
       const found = await tx.execute(sql`SELECT id FROM metal_pools WHERE id = ${input.id} FOR UPDATE`);
       if (found.rows.length === 0) throw notFound(`pool ${input.id} does not exist`);
-      const machines = (await tx.execute(sql`SELECT id, state FROM metal_nodes WHERE pool_id = ${input.id} ORDER BY id FOR UPDATE`)).rows as { id: string; state: string }[];
+      const machines = (await tx.execute(sql`SELECT id, state FROM metal_nodes WHERE pool_id = ${input.id} ORDER BY id FOR UPDATE`))
+        .rows as { id: string; state: string }[];
       const live = machines.filter((m) => m.state !== "retired").map((m) => m.id);
-      if (live.length) throw new ComputeError("FAILED_PRECONDITION", `pool ${input.id} still holds machines (${live.slice(0, 20).join(", ")}${live.length > 20 ? ", ..." : ""}): retire them first`, { pool: input.id, machines: live.slice(0, 100), count: live.length });
+      if (live.length)
+        throw new ComputeError(
+          "FAILED_PRECONDITION",
+          `pool ${input.id} still holds machines (${live.slice(0, 20).join(", ")}${live.length > 20 ? ", ..." : ""}): retire them first`,
+          { pool: input.id, machines: live.slice(0, 100), count: live.length },
+        );
       // A retired machine is history; its record (transitions) goes with the pool, its events stay.
       const retired = machines.map((m) => m.id);
       await tx.execute(sql`DELETE FROM metal_transitions WHERE node_id IN (SELECT id FROM metal_nodes WHERE pool_id = ${input.id})`);

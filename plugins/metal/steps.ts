@@ -14,7 +14,13 @@ const secretRef = z.string().regex(SECRET_REF, "a secret:// reference");
 /** A Redfish BMC: the system it drives is named in the address (the site agent checks it with the same rules). */
 export const redfishAddress = bmcAddress;
 
-const bindingShape = { driver: z.string(), address: redfishAddress, username: z.string().min(1).max(128), password: secretRef, tls: bmcTls.optional() };
+const bindingShape = {
+  driver: z.string(),
+  address: redfishAddress,
+  username: z.string().min(1).max(128),
+  password: secretRef,
+  tls: bmcTls.optional(),
+};
 const tlsFitsAddress = (b: { address: string; tls?: z.infer<typeof bmcTls> }, ctx: z.RefinementCtx) => {
   const problem = bmcTlsProblem(b.address, b.tls);
   if (problem) ctx.addIssue({ code: "custom", path: ["tls"], message: problem });
@@ -44,17 +50,45 @@ export const metalCommands: CommandKind[] = [
   { kind: "metal.bmc.media.insert", description: "Mount an image as the system's virtual CD", ...bmcCommand },
   { kind: "metal.bmc.media.eject", description: "Eject the system's virtual CD", ...bmcCommand },
   { kind: "metal.bmc.bios", description: "Stage BIOS settings (applied at the next power-on)", ...bmcCommand },
-  { kind: "metal.bmc.raid", description: "Make the controller's volume of a RAID level (replaces other volumes)", destructive: true, ...bmcCommand },
+  {
+    kind: "metal.bmc.raid",
+    description: "Make the controller's volume of a RAID level (replaces other volumes)",
+    destructive: true,
+    ...bmcCommand,
+  },
   { kind: "metal.ramdisk.inventory", description: "List the machine's disks from the ramdisk", roles: ["ramdisk"] },
-  { kind: "metal.ramdisk.wipe", description: "Erase every disk; the ramdisk signs what it wiped and how", attested: true, destructive: true, roles: ["ramdisk"] },
-  { kind: "metal.ramdisk.writeImage", description: "Stream an image onto a disk, verified by sha256", destructive: true, roles: ["ramdisk"] },
+  {
+    kind: "metal.ramdisk.wipe",
+    description: "Erase every disk; the ramdisk signs what it wiped and how",
+    attested: true,
+    destructive: true,
+    roles: ["ramdisk"],
+  },
+  {
+    kind: "metal.ramdisk.writeImage",
+    description: "Stream an image onto a disk, verified by sha256",
+    destructive: true,
+    roles: ["ramdisk"],
+  },
   // Destructive: what an agentless machine's API does with a request is not known (Talos: reset, upgrade).
-  { kind: HTTP_PROXY_KIND, description: "An HTTP request from the site agent to a machine's own address (httpViaSite)", input: httpProxyBody, destructive: true, roles: ["site"] },
+  {
+    kind: HTTP_PROXY_KIND,
+    description: "An HTTP request from the site agent to a machine's own address (httpViaSite)",
+    input: httpProxyBody,
+    destructive: true,
+    roles: ["site"],
+  },
 ];
 
 /** A site-agent step: one BMC command for the workflow's machine. */
 type MachineInput = z.output<typeof machineInput>;
-function bmcStep<S extends z.ZodRawShape>(id: string, kind: string, shape: S, body: (input: z.output<z.ZodObject<S>>) => Record<string, unknown>, description: string) {
+function bmcStep<S extends z.ZodRawShape>(
+  id: string,
+  kind: string,
+  shape: S,
+  body: (input: z.output<z.ZodObject<S>>) => Record<string, unknown>,
+  description: string,
+) {
   const input = machineInput.extend(shape) as unknown as z.ZodType<MachineInput & z.output<z.ZodObject<S>>>;
   return defineStep({
     id,
@@ -77,16 +111,55 @@ function bmcStep<S extends z.ZodRawShape>(id: string, kind: string, shape: S, bo
   });
 }
 
-export const inspectBmc = bmcStep("inventory.bmc", "metal.bmc.inspect", {}, () => ({}), "Read the system's identity (UUID, model, firmware) from its BMC");
-export const setPower = bmcStep("power.setPower", "metal.bmc.power", { action: z.enum(["on", "off", "cycle"]) }, (i) => ({ action: i.action }), "Power the machine on, off, or cycle it");
-export const setBootDevice = bmcStep("management.setBootDevice", "metal.bmc.boot", { device: z.enum(["pxe", "cd", "disk"]) }, (i) => ({ device: i.device }), "Set the next boot device");
-export const insertMedia = bmcStep("media.insert", "metal.bmc.media.insert", { url: z.string().url() }, (i) => ({ url: i.url }), "Mount an image (fromStep: the step that made it) as the virtual CD");
+export const inspectBmc = bmcStep(
+  "inventory.bmc",
+  "metal.bmc.inspect",
+  {},
+  () => ({}),
+  "Read the system's identity (UUID, model, firmware) from its BMC",
+);
+export const setPower = bmcStep(
+  "power.setPower",
+  "metal.bmc.power",
+  { action: z.enum(["on", "off", "cycle"]) },
+  (i) => ({ action: i.action }),
+  "Power the machine on, off, or cycle it",
+);
+export const setBootDevice = bmcStep(
+  "management.setBootDevice",
+  "metal.bmc.boot",
+  { device: z.enum(["pxe", "cd", "disk"]) },
+  (i) => ({ device: i.device }),
+  "Set the next boot device",
+);
+export const insertMedia = bmcStep(
+  "media.insert",
+  "metal.bmc.media.insert",
+  { url: z.string().url() },
+  (i) => ({ url: i.url }),
+  "Mount an image (fromStep: the step that made it) as the virtual CD",
+);
 export const ejectMedia = bmcStep("media.eject", "metal.bmc.media.eject", {}, () => ({}), "Eject the virtual CD");
 
 export const biosSettings = z.record(z.string().min(1).max(128), z.union([z.string().max(256), z.number(), z.boolean()]));
-export const raidLayout = z.object({ level: z.enum(["RAID0", "RAID1", "RAID5", "RAID10"]), drives: z.union([z.number().int().positive(), z.literal("all")]).default("all") });
-export const applyBios = bmcStep("bios.apply", "metal.bmc.bios", { attributes: biosSettings }, (i) => ({ attributes: i.attributes }), "Stage the hardware profile's BIOS settings");
-export const applyRaid = bmcStep("raid.apply", "metal.bmc.raid", { raid: raidLayout }, (i) => ({ level: i.raid.level, drives: i.raid.drives }), "Make the hardware profile's RAID volume");
+export const raidLayout = z.object({
+  level: z.enum(["RAID0", "RAID1", "RAID5", "RAID10"]),
+  drives: z.union([z.number().int().positive(), z.literal("all")]).default("all"),
+});
+export const applyBios = bmcStep(
+  "bios.apply",
+  "metal.bmc.bios",
+  { attributes: biosSettings },
+  (i) => ({ attributes: i.attributes }),
+  "Stage the hardware profile's BIOS settings",
+);
+export const applyRaid = bmcStep(
+  "raid.apply",
+  "metal.bmc.raid",
+  { raid: raidLayout },
+  (i) => ({ level: i.raid.level, drives: i.raid.drives }),
+  "Make the hardware profile's RAID volume",
+);
 
 /**
  * Records what inspection found: the ramdisk is matched to the machine by its UUID, and
@@ -97,15 +170,31 @@ export const recordInventory = defineStep({
   runsOn: "control-plane",
   description: "Record the BMC's view of the machine (fromStep: inventory.bmc)",
   input: z
-    .object({ machine: z.string(), uuid: z.string().min(1), manufacturer: z.string().optional(), model: z.string().optional(), addresses: z.array(z.string()).default([]) })
+    .object({
+      machine: z.string(),
+      uuid: z.string().min(1),
+      manufacturer: z.string().optional(),
+      model: z.string().optional(),
+      addresses: z.array(z.string()).default([]),
+    })
     .passthrough(),
   run: async (ctx, input) => {
     const { machine, ...inventory } = input;
     const uuid = input.uuid.toLowerCase();
     await ctx.store.transaction(async (tx) => {
       // The ramdisk is matched by this UUID: two machines in service with one would be mistaken for each other.
-      const holder = (await tx.execute(sql`SELECT id FROM metal_nodes WHERE lower(product_uuid) = ${uuid} AND id <> ${machine} AND state <> 'retired' LIMIT 1`)).rows[0] as { id: string } | undefined;
-      if (holder) throw new StepError("CONFLICT", `product UUID ${uuid} is already held by metal node ${holder.id}: two machines in service cannot share one (retire the other, or fix this machine's SMBIOS UUID)`, false, { node: holder.id, productUuid: uuid });
+      const holder = (
+        await tx.execute(
+          sql`SELECT id FROM metal_nodes WHERE lower(product_uuid) = ${uuid} AND id <> ${machine} AND state <> 'retired' LIMIT 1`,
+        )
+      ).rows[0] as { id: string } | undefined;
+      if (holder)
+        throw new StepError(
+          "CONFLICT",
+          `product UUID ${uuid} is already held by metal node ${holder.id}: two machines in service cannot share one (retire the other, or fix this machine's SMBIOS UUID)`,
+          false,
+          { node: holder.id, productUuid: uuid },
+        );
       await tx.execute(sql`
         UPDATE metal_nodes SET product_uuid = ${uuid}, inventory = ${JSON.stringify(inventory)}::jsonb,
                addresses = ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(input.addresses)}::jsonb)), updated_at = compute_now()
@@ -124,7 +213,12 @@ export async function siteAgentOf(db: Pick<Tx, "execute">, site: string): Promis
 }
 
 /** The agent of this role that joined for the machine during this workflow, if any. */
-export async function joinedAgent(ctx: ModuleContext, workflowId: string, machine: string, role: "ramdisk" | "node"): Promise<string | undefined> {
+export async function joinedAgent(
+  ctx: ModuleContext,
+  workflowId: string,
+  machine: string,
+  role: "ramdisk" | "node",
+): Promise<string | undefined> {
   const match =
     role === "ramdisk"
       ? // Vouched for by this machine's own site: another site's agent cannot claim its ramdisk.
@@ -172,7 +266,11 @@ export const waitAgentJoined = defineStep({
 /** Ramdisk steps run on the ramdisk that joined for the machine in this workflow. */
 async function ramdiskOf(input: { machine: string }, ctx: StepContext): Promise<string> {
   const nodeId = await joinedAgent(ctx, ctx.workflow.id, input.machine, "ramdisk");
-  if (!nodeId) throw new ComputeError("FAILED_PRECONDITION", `no ramdisk is connected for ${input.machine}: run wait.agentJoined (role ramdisk) first`);
+  if (!nodeId)
+    throw new ComputeError(
+      "FAILED_PRECONDITION",
+      `no ramdisk is connected for ${input.machine}: run wait.agentJoined (role ramdisk) first`,
+    );
   return nodeId;
 }
 
@@ -209,7 +307,20 @@ export const writeImage = defineStep({
   command: { kind: "metal.ramdisk.writeImage", body: (input) => ({ url: input.image.url, sha256: input.image.sha256 }) },
 });
 
-export const metalSteps = [inspectBmc, setPower, setBootDevice, insertMedia, ejectMedia, applyBios, applyRaid, recordInventory, waitAgentJoined, inventoryRamdisk, wipeDisks, writeImage];
+export const metalSteps = [
+  inspectBmc,
+  setPower,
+  setBootDevice,
+  insertMedia,
+  ejectMedia,
+  applyBios,
+  applyRaid,
+  recordInventory,
+  waitAgentJoined,
+  inventoryRamdisk,
+  wipeDisks,
+  writeImage,
+];
 
 /** The ID of the step whose attested result proves a wipe (checked in SQL before ready). */
 export const WIPE_STEP = wipeDisks.id;
@@ -250,7 +361,11 @@ export const agentlessCommissionProfile = defineProfile({
   id: "metal.commission.agentless",
   target: "metal",
   description: "Inspect through the BMC (identity and addresses) and power off; no ramdisk, no wipe",
-  steps: [{ step: "inventory.bmc", name: "inspect" }, { step: "metal.recordInventory", fromStep: "inspect" }, { step: "power.setPower", name: "power.off", input: { action: "off" } }],
+  steps: [
+    { step: "inventory.bmc", name: "inspect" },
+    { step: "metal.recordInventory", fromStep: "inspect" },
+    { step: "power.setPower", name: "power.off", input: { action: "off" } },
+  ],
 });
 
 export const agentlessReleaseProfile = defineProfile({
@@ -297,4 +412,12 @@ export const unrescueProfile = defineProfile({
   ],
 });
 
-export const metalProfiles = [commissionProfile, releaseProfile, imageStreamProfile, agentlessCommissionProfile, agentlessReleaseProfile, rescueProfile, unrescueProfile];
+export const metalProfiles = [
+  commissionProfile,
+  releaseProfile,
+  imageStreamProfile,
+  agentlessCommissionProfile,
+  agentlessReleaseProfile,
+  rescueProfile,
+  unrescueProfile,
+];

@@ -9,7 +9,10 @@ export function renderTemplate(template: string, values: Record<string, string>)
   return template.replace(PLACEHOLDER, (_match, name: string) => {
     const value = values[name];
     if (value === undefined) throw invalidArgument(`the template uses {{ ${name} }}, which has no value`, { placeholder: name });
-    if (/[\u0000-\u001f\u007f]/.test(value)) throw invalidArgument(`the value of {{ ${name} }} holds a control character (a newline would inject configuration)`, { placeholder: name });
+    if (/[\u0000-\u001f\u007f]/.test(value))
+      throw invalidArgument(`the value of {{ ${name} }} holds a control character (a newline would inject configuration)`, {
+        placeholder: name,
+      });
     return value;
   });
 }

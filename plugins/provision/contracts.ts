@@ -113,7 +113,12 @@ export function stepNotReady(reason = "not ready yet"): never {
 
 /** A typed failure of a step; `retryable: false` fails the workflow without another attempt. */
 export class StepError extends ComputeError {
-  constructor(code: ErrorCode, message: string, readonly retryable = true, details?: Record<string, unknown>) {
+  constructor(
+    code: ErrorCode,
+    message: string,
+    readonly retryable = true,
+    details?: Record<string, unknown>,
+  ) {
     super(code, message, details);
     this.name = "StepError";
   }

@@ -5,7 +5,17 @@
 // (workflow, step, attempt) and enqueued in the same transaction that records it, so a
 // resumed workflow never sends a command twice.
 import { sql } from "drizzle-orm";
-import { canonicalJson, ComputeError, isComputeError, schemaIssues, sha256Hex, type ModuleContext, type PlatformContext, type SecretRef, type Tx } from "better-compute/core";
+import {
+  canonicalJson,
+  ComputeError,
+  isComputeError,
+  schemaIssues,
+  sha256Hex,
+  type ModuleContext,
+  type PlatformContext,
+  type SecretRef,
+  type Tx,
+} from "better-compute/core";
 import { StepError, StepNotReady, type ProfileDefinition, type StepContext, type StepDefinition } from "./contracts.ts";
 import { findProfile, stepsById } from "./validate.ts";
 
@@ -89,7 +99,10 @@ export async function advance(ctx: EngineContext, workflowId: string): Promise<A
     }
     const profile = findProfile(ctx.registered, wf.profile_id, wf.profile_version);
     if (!profile) {
-      await finish(ctx, wf, "failed", { code: "INVALID_CONFIG", message: `profile ${wf.profile_id}@${wf.profile_version} is no longer registered` });
+      await finish(ctx, wf, "failed", {
+        code: "INVALID_CONFIG",
+        message: `profile ${wf.profile_id}@${wf.profile_version} is no longer registered`,
+      });
       continue;
     }
     if (wf.position >= profile.steps.length) {
@@ -103,7 +116,12 @@ export async function advance(ctx: EngineContext, workflowId: string): Promise<A
 }
 
 /** One transition of the current step; returns how long to wait, or undefined to go on at once. */
-async function advanceStep(ctx: EngineContext, wf: WorkflowRow, profile: ProfileDefinition, attempt: AttemptRow | undefined): Promise<number | undefined> {
+async function advanceStep(
+  ctx: EngineContext,
+  wf: WorkflowRow,
+  profile: ProfileDefinition,
+  attempt: AttemptRow | undefined,
+): Promise<number | undefined> {
   const entry = profile.steps[wf.position]!;
   const name = entry.name ?? entry.step;
   const step = stepsById(ctx.registered).get(entry.step);
@@ -123,7 +141,14 @@ async function advanceStep(ctx: EngineContext, wf: WorkflowRow, profile: Profile
       );
       return undefined;
     case "not_ready":
-      if (attempt.overdue) return failStep(ctx, wf, step, attempt, new StepError("DEADLINE_EXCEEDED", `step ${name} was still not ready at its deadline`, false));
+      if (attempt.overdue)
+        return failStep(
+          ctx,
+          wf,
+          step,
+          attempt,
+          new StepError("DEADLINE_EXCEEDED", `step ${name} was still not ready at its deadline`, false),
+        );
       // The agent it waits for has connected: look now, not at the next poll.
       if (attempt.wait_ms! > 0 && wf.agent_wait !== "fired") return attempt.wait_ms!;
       return runControlPlane(ctx, wf, step, attempt, name);
@@ -141,7 +166,13 @@ async function advanceStep(ctx: EngineContext, wf: WorkflowRow, profile: Profile
 }
 
 /** Computes and checks the attempt's input, and records the attempt as ready (or failed). */
-async function beginAttempt(ctx: EngineContext, wf: WorkflowRow, profile: ProfileDefinition, step: StepDefinition, attempt: number): Promise<undefined> {
+async function beginAttempt(
+  ctx: EngineContext,
+  wf: WorkflowRow,
+  profile: ProfileDefinition,
+  step: StepDefinition,
+  attempt: number,
+): Promise<undefined> {
   const entry = profile.steps[wf.position]!;
   const name = entry.name ?? entry.step;
   const fromStep = entry.fromStep ? asObject((await loadOutputs(ctx, wf.id)).get(entry.fromStep)) : {};
@@ -149,22 +180,43 @@ async function beginAttempt(ctx: EngineContext, wf: WorkflowRow, profile: Profil
   const parsed = step.input.safeParse(merged);
   const input = parsed.success ? (parsed.data as Record<string, unknown>) : merged;
   await ctx.store.transaction(async (tx) => {
-    const inserted = await tx.execute(sql`
+    const inserted = await tx
+      .execute(
+        sql`
       INSERT INTO workflow_steps (workflow_id, position, attempt, name, step_id, state, input, input_digest, started_at, deadline_at)
       VALUES (${wf.id}, ${wf.position}, ${attempt}, ${name}, ${step.id}, ${ATTEMPT_MOVES.begin.to}, ${JSON.stringify(input)}::jsonb, ${await sha256Hex(canonicalJson(input))},
               compute_now(), ${deadlineSql(step)})
-      ON CONFLICT DO NOTHING RETURNING attempt`).then((r) => r.rows.length > 0);
-    if (inserted) await ctx.events.publish(tx, { type: "workflow.step.started", subject: `workflows/${wf.id}`, data: { step: name, position: wf.position, attempt } });
+      ON CONFLICT DO NOTHING RETURNING attempt`,
+      )
+      .then((r) => r.rows.length > 0);
+    if (inserted)
+      await ctx.events.publish(tx, {
+        type: "workflow.step.started",
+        subject: `workflows/${wf.id}`,
+        data: { step: name, position: wf.position, attempt },
+      });
   });
   if (!parsed.success) {
     const issues = schemaIssues(parsed.error);
     const row = (await loadAttempt(ctx, wf.id, wf.position))!;
-    await failStep(ctx, wf, step, row, new StepError("INVALID_ARGUMENT", `the input of step ${name} does not match its schema`, false, { issues }));
+    await failStep(
+      ctx,
+      wf,
+      step,
+      row,
+      new StepError("INVALID_ARGUMENT", `the input of step ${name} does not match its schema`, false, { issues }),
+    );
   }
   return undefined;
 }
 
-async function runControlPlane(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, name: string): Promise<number | undefined> {
+async function runControlPlane(
+  ctx: EngineContext,
+  wf: WorkflowRow,
+  step: StepDefinition,
+  attempt: AttemptRow,
+  name: string,
+): Promise<number | undefined> {
   if (step.runsOn !== "control-plane") return undefined;
   let output: unknown;
   const stepCtx = await stepContext(ctx, wf, step, attempt, name);
@@ -191,7 +243,13 @@ async function runControlPlane(ctx: EngineContext, wf: WorkflowRow, step: StepDe
   return undefined;
 }
 
-async function sendCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, name: string): Promise<undefined> {
+async function sendCommand(
+  ctx: EngineContext,
+  wf: WorkflowRow,
+  step: StepDefinition,
+  attempt: AttemptRow,
+  name: string,
+): Promise<undefined> {
   if (step.runsOn === "control-plane") return undefined;
   const stepCtx = await stepContext(ctx, wf, step, attempt, name);
   let target: string;
@@ -219,7 +277,11 @@ async function sendCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefini
       await tx.execute(sql`
         UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.send.to}, command_id = ${command.id}::bigint
         WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("send")}`);
-      await ctx.events.publish(tx, { type: "workflow.step.sent", subject: `workflows/${wf.id}`, data: { step: name, kind: step.command.kind, node: target, command: command.id } });
+      await ctx.events.publish(tx, {
+        type: "workflow.step.sent",
+        subject: `workflows/${wf.id}`,
+        data: { step: name, kind: step.command.kind, node: target, command: command.id },
+      });
     });
   } catch (err) {
     // Refused at enqueue (unknown node, a body that breaks the kind's schema): nothing was sent.
@@ -233,9 +295,16 @@ async function sendCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefini
   return undefined;
 }
 
-async function checkCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, name: string): Promise<number | undefined> {
+async function checkCommand(
+  ctx: EngineContext,
+  wf: WorkflowRow,
+  step: StepDefinition,
+  attempt: AttemptRow,
+  name: string,
+): Promise<number | undefined> {
   const found = await ctx.store.db.execute(sql`SELECT state, result, error FROM bc_commands WHERE id = ${attempt.command_id}::bigint`);
-  const command = found.rows[0] as { state: string; result: unknown; error: { code: string; message: string; permanent?: boolean } | null } | undefined;
+  const command = found.rows[0] as
+    { state: string; result: unknown; error: { code: string; message: string; permanent?: boolean } | null } | undefined;
   if (command?.state === "succeeded") {
     await succeedStep(ctx, wf, attempt, name, command.result);
     return undefined;
@@ -246,9 +315,19 @@ async function checkCommand(ctx: EngineContext, wf: WorkflowRow, step: StepDefin
     // A refusal (a body the agent will never accept, a capability the machine lacks, a BMC
     // certificate it does not trust) fails the step now: another attempt would meet the same.
     const permanent = error.permanent === true || PERMANENT_AGENT_CODES.has(error.code);
-    return failStep(ctx, wf, step, attempt, new StepError(codeOf(error.code), `${kind} failed on the agent: ${error.message}`, !permanent, { agentCode: error.code, ...(permanent ? { permanent } : {}) }));
+    return failStep(
+      ctx,
+      wf,
+      step,
+      attempt,
+      new StepError(codeOf(error.code), `${kind} failed on the agent: ${error.message}`, !permanent, {
+        agentCode: error.code,
+        ...(permanent ? { permanent } : {}),
+      }),
+    );
   }
-  if (attempt.overdue) return failStep(ctx, wf, step, attempt, new StepError("DEADLINE_EXCEEDED", `step ${name} got no result before its deadline`, false));
+  if (attempt.overdue)
+    return failStep(ctx, wf, step, attempt, new StepError("DEADLINE_EXCEEDED", `step ${name} got no result before its deadline`, false));
   return attempt.wait_ms !== null && attempt.wait_ms > 0 ? Math.min(attempt.wait_ms, WAITING_RECHECK_MS) : WAITING_RECHECK_MS;
 }
 
@@ -261,13 +340,25 @@ async function succeedStep(ctx: EngineContext, wf: WorkflowRow, attempt: Attempt
     if (updated.rows.length === 0) return;
     // A wait for an agent belongs to the step that registered it.
     if (wf.agent_wait) await tx.execute(sql`DELETE FROM bc_agent_waits WHERE workflow_id = ${wf.id}`);
-    await tx.execute(sql`UPDATE workflows SET position = position + 1, updated_at = compute_now() WHERE id = ${wf.id} AND state = 'running' AND position = ${wf.position}`);
-    await ctx.events.publish(tx, { type: "workflow.step.succeeded", subject: `workflows/${wf.id}`, data: { step: name, position: wf.position, attempt: attempt.attempt } });
+    await tx.execute(
+      sql`UPDATE workflows SET position = position + 1, updated_at = compute_now() WHERE id = ${wf.id} AND state = 'running' AND position = ${wf.position}`,
+    );
+    await ctx.events.publish(tx, {
+      type: "workflow.step.succeeded",
+      subject: `workflows/${wf.id}`,
+      data: { step: name, position: wf.position, attempt: attempt.attempt },
+    });
   });
 }
 
 /** Records the failure; schedules another attempt with backoff, or fails the workflow. */
-async function failStep(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, err: unknown): Promise<number | undefined> {
+async function failStep(
+  ctx: EngineContext,
+  wf: WorkflowRow,
+  step: StepDefinition,
+  attempt: AttemptRow,
+  err: unknown,
+): Promise<number | undefined> {
   const error = toStepError(err);
   const policy = retryPolicy(ctx, step);
   const retry = error.retryable && attempt.attempt < policy.attempts;
@@ -286,7 +377,11 @@ async function failStep(ctx: EngineContext, wf: WorkflowRow, step: StepDefinitio
         SELECT workflow_id, position, attempt + 1, name, step_id, ${ATTEMPT_MOVES.retry.to}, input, input_digest, compute_now() + make_interval(secs => ${backoff})
         FROM workflow_steps WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt}
         ON CONFLICT DO NOTHING`);
-      await ctx.events.publish(tx, { type: "workflow.step.retrying", subject: `workflows/${wf.id}`, data: { step: name, attempt: attempt.attempt, backoffSeconds: backoff, error: recorded.code } });
+      await ctx.events.publish(tx, {
+        type: "workflow.step.retrying",
+        subject: `workflows/${wf.id}`,
+        data: { step: name, attempt: attempt.attempt, backoffSeconds: backoff, error: recorded.code },
+      });
     } else {
       await failWorkflow(ctx, tx, wf.id, { ...recorded, step: name, attempt: attempt.attempt });
     }
@@ -301,12 +396,18 @@ function retryPolicy(ctx: ModuleContext, step: StepDefinition) {
   return { attempts: destructive ? 1 : 3, backoffSeconds: 2, maxBackoffSeconds: 300 };
 }
 
-async function finish(ctx: EngineContext, wf: WorkflowRow, state: "succeeded" | "failed", error: Record<string, unknown> | null): Promise<void> {
+async function finish(
+  ctx: EngineContext,
+  wf: WorkflowRow,
+  state: "succeeded" | "failed",
+  error: Record<string, unknown> | null,
+): Promise<void> {
   await ctx.store.transaction(async (tx) => {
     if (state === "failed") return failWorkflow(ctx, tx, wf.id, error!);
     const updated = await tx.execute(sql`
       UPDATE workflows SET state = 'succeeded', finished_at = compute_now(), updated_at = compute_now() WHERE id = ${wf.id} AND state = 'running' RETURNING id`);
-    if (updated.rows.length) await ctx.events.publish(tx, { type: "workflow.succeeded", subject: `workflows/${wf.id}`, data: { profile: wf.profile_id } });
+    if (updated.rows.length)
+      await ctx.events.publish(tx, { type: "workflow.succeeded", subject: `workflows/${wf.id}`, data: { profile: wf.profile_id } });
     // A wait registered by the step that just succeeded (unknown when this pass loaded the workflow).
     if (updated.rows.length) await tx.execute(sql`DELETE FROM bc_agent_waits WHERE workflow_id = ${wf.id}`);
   });
@@ -320,13 +421,20 @@ async function failWorkflow(ctx: ModuleContext, tx: Tx, workflowId: string, erro
   await tx.execute(sql`DELETE FROM bc_agent_waits WHERE workflow_id = ${workflowId}`);
 }
 
-async function stepContext(ctx: EngineContext, wf: WorkflowRow, step: StepDefinition, attempt: AttemptRow, name: string): Promise<StepContext & { afterCommit(): Promise<void> }> {
+async function stepContext(
+  ctx: EngineContext,
+  wf: WorkflowRow,
+  step: StepDefinition,
+  attempt: AttemptRow,
+  name: string,
+): Promise<StepContext & { afterCommit(): Promise<void> }> {
   const outputs = await loadOutputs(ctx, wf.id);
   const sends = new Set(step.sends ?? []);
   // A step may send only what it declared: the declaration is what quorum and audits see.
   const commands: StepContext["commands"] = {
     enqueue: (tx, command) => {
-      if (!sends.has(command.kind)) throw new ComputeError("FAILED_PRECONDITION", `step ${step.id} sends ${command.kind} without declaring it in sends`);
+      if (!sends.has(command.kind))
+        throw new ComputeError("FAILED_PRECONDITION", `step ${step.id} sends ${command.kind} without declaring it in sends`);
       return ctx.commands.enqueue(tx, { origin: `workflow:${wf.id}`, ...command });
     },
   };
@@ -369,7 +477,9 @@ async function loadAttempt(ctx: ModuleContext, workflowId: string, position: num
 }
 
 async function loadOutputs(ctx: ModuleContext, workflowId: string): Promise<Map<string, unknown>> {
-  const rows = await ctx.store.db.execute(sql`SELECT name, output FROM workflow_steps WHERE workflow_id = ${workflowId} AND state = 'succeeded'`);
+  const rows = await ctx.store.db.execute(
+    sql`SELECT name, output FROM workflow_steps WHERE workflow_id = ${workflowId} AND state = 'succeeded'`,
+  );
   return new Map((rows.rows as { name: string; output: unknown }[]).map((r) => [r.name, r.output]));
 }
 
@@ -378,7 +488,8 @@ const isEnqueueRefusal = (err: unknown) => isComputeError(err) && ENQUEUE_REFUSA
 
 function toStepError(err: unknown): StepError {
   if (err instanceof StepError) return err;
-  if (isComputeError(err)) return new StepError(err.code, err.message, err.code !== "INVALID_ARGUMENT" && err.code !== "FAILED_PRECONDITION", err.details);
+  if (isComputeError(err))
+    return new StepError(err.code, err.message, err.code !== "INVALID_ARGUMENT" && err.code !== "FAILED_PRECONDITION", err.details);
   return new StepError("INTERNAL", err instanceof Error ? err.message : String(err));
 }
 
@@ -394,4 +505,5 @@ function codeOf(code: string): StepError["code"] {
 const deadlineSql = (step: StepDefinition) =>
   step.deadlineSeconds ? sql`compute_now() + make_interval(secs => ${step.deadlineSeconds})` : sql`NULL`;
 
-const asObject = (v: unknown): Record<string, unknown> => (v && typeof v === "object" && !Array.isArray(v) ? (v as Record<string, unknown>) : {});
+const asObject = (v: unknown): Record<string, unknown> =>
+  v && typeof v === "object" && !Array.isArray(v) ? (v as Record<string, unknown>) : {};

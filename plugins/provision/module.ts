@@ -4,7 +4,17 @@
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineModule, type Module } from "better-compute";
-import { ComputeError, defineMethod, invalidArgument, notFound, resourceId, schemaIssues, type ModuleContext, type PlatformContext, type Tx } from "better-compute/core";
+import {
+  ComputeError,
+  defineMethod,
+  invalidArgument,
+  notFound,
+  resourceId,
+  schemaIssues,
+  type ModuleContext,
+  type PlatformContext,
+  type Tx,
+} from "better-compute/core";
 import { findProfile, stepsById, validateProfile } from "./validate.ts";
 
 const WORKFLOWS_SQL = `
@@ -70,7 +80,8 @@ export async function startWorkflow(ctx: ModuleContext, tx: Tx, input: StartWork
   const profile = findProfile(ctx.registered, input.profile, input.version);
   if (!profile) throw notFound(`no profile ${input.profile}${input.version ? `@${input.version}` : ""} is registered`);
   const issues = validateProfile(ctx.registered, profile);
-  if (issues.length > 0) throw new ComputeError("FAILED_PRECONDITION", `profile ${profile.id}@${profile.version} does not validate`, { issues });
+  if (issues.length > 0)
+    throw new ComputeError("FAILED_PRECONDITION", `profile ${profile.id}@${profile.version} does not validate`, { issues });
   const steps = stepsById(ctx.registered);
   const inputIssues = profile.steps.flatMap((entry) => {
     if (entry.fromStep) return [];
@@ -85,7 +96,11 @@ export async function startWorkflow(ctx: ModuleContext, tx: Tx, input: StartWork
     VALUES (${id}, ${profile.id}, ${profile.version}, ${input.target}, ${JSON.stringify(input.input ?? {})}::jsonb,
             CASE WHEN ${input.deadlineSeconds ?? null}::float8 IS NULL THEN NULL ELSE compute_now() + make_interval(secs => ${input.deadlineSeconds ?? 0}) END,
             ${input.createdBy})`);
-  await ctx.events.publish(tx, { type: "workflow.started", subject: `workflows/${id}`, data: { profile: profile.id, version: profile.version, target: input.target } });
+  await ctx.events.publish(tx, {
+    type: "workflow.started",
+    subject: `workflows/${id}`,
+    data: { profile: profile.id, version: profile.version, target: input.target },
+  });
   ctx.wake.workflow(id);
   return { id };
 }
@@ -122,8 +137,16 @@ const workflow = workflowRow.extend({
 const iso = (v: unknown) => (v === null || v === undefined ? null : new Date(v as string).toISOString());
 
 const toWorkflowRow = (wf: Record<string, any>): z.infer<typeof workflowRow> => ({
-  id: wf.id, profile: wf.profile_id, version: wf.profile_version, target: wf.target, state: wf.state, position: wf.position,
-  error: wf.error, createdBy: wf.created_by, createdAt: iso(wf.created_at)!, finishedAt: iso(wf.finished_at),
+  id: wf.id,
+  profile: wf.profile_id,
+  version: wf.profile_version,
+  target: wf.target,
+  state: wf.state,
+  position: wf.position,
+  error: wf.error,
+  createdBy: wf.created_by,
+  createdAt: iso(wf.created_at)!,
+  finishedAt: iso(wf.finished_at),
 });
 
 export function provisionModule(): Module {
@@ -169,14 +192,22 @@ export function provisionModule(): Module {
       const found = await tx.execute(sql`SELECT * FROM workflows WHERE id = ${input.id}`);
       const wf = found.rows[0] as Record<string, any> | undefined;
       if (!wf) throw notFound(`workflow ${input.id} does not exist`);
-      const rows = (await tx.execute(sql`SELECT * FROM workflow_steps WHERE workflow_id = ${input.id} ORDER BY position, attempt`)).rows as Record<string, any>[];
+      const rows = (await tx.execute(sql`SELECT * FROM workflow_steps WHERE workflow_id = ${input.id} ORDER BY position, attempt`))
+        .rows as Record<string, any>[];
       type Attempt = z.infer<typeof attempt>;
       const steps = new Map<number, { position: number; name: string; step: string; attempts: Attempt[] }>();
       for (const r of rows) {
         const entry = steps.get(r.position) ?? { position: r.position, name: r.name, step: r.step_id, attempts: [] as Attempt[] };
         entry.attempts.push({
-          attempt: r.attempt, state: r.state, inputDigest: r.input_digest, output: r.output, error: r.error,
-          commandId: r.command_id === null ? null : String(r.command_id), polls: r.polls, startedAt: iso(r.started_at), finishedAt: iso(r.finished_at),
+          attempt: r.attempt,
+          state: r.state,
+          inputDigest: r.input_digest,
+          output: r.output,
+          error: r.error,
+          commandId: r.command_id === null ? null : String(r.command_id),
+          polls: r.polls,
+          startedAt: iso(r.started_at),
+          finishedAt: iso(r.finished_at),
         });
         steps.set(r.position, entry);
       }
@@ -200,7 +231,8 @@ export function provisionModule(): Module {
     }),
     output: z.object({ workflows: z.array(workflowRow), next: z.string().nullable() }),
     handler: async (_ctx, input, tx) => {
-      if (input.after && (await tx.execute(sql`SELECT 1 FROM workflows WHERE id = ${input.after}`)).rows.length === 0) throw notFound(`workflow ${input.after} does not exist (after is a workflow id from a previous page)`);
+      if (input.after && (await tx.execute(sql`SELECT 1 FROM workflows WHERE id = ${input.after}`)).rows.length === 0)
+        throw notFound(`workflow ${input.after} does not exist (after is a workflow id from a previous page)`);
       const rows = await tx.execute(sql`
         SELECT * FROM workflows
         WHERE (${input.target ?? null}::text IS NULL OR target = ${input.target ?? null})

@@ -3,7 +3,8 @@
 import type { RegisteredView } from "better-compute/core";
 import { STEP_RUNS_ON, type ProfileDefinition, type StepDefinition } from "./contracts.ts";
 
-export type ValidationCode = "UNKNOWN_STEP" | "UNDECLARED_COMMAND" | "UNKNOWN_COMMAND_KIND" | "UNKNOWN_ROLE" | "BAD_FROM_STEP" | "DUPLICATE_NAME";
+export type ValidationCode =
+  "UNKNOWN_STEP" | "UNDECLARED_COMMAND" | "UNKNOWN_COMMAND_KIND" | "UNKNOWN_ROLE" | "BAD_FROM_STEP" | "DUPLICATE_NAME";
 
 export interface ValidationIssue {
   /** The profile entry's name (its step id unless named). */
@@ -45,9 +46,11 @@ export function validateProfile(registered: RegisteredView, profile: ProfileDefi
 
     const step = steps.get(entry.step);
     if (!step) return issue("UNKNOWN_STEP", `no registered module provides step ${entry.step}`);
-    if (!STEP_RUNS_ON.includes(step.runsOn)) issue("UNKNOWN_ROLE", `step ${step.id} runs on ${String(step.runsOn)}, a role no agent can have`);
+    if (!STEP_RUNS_ON.includes(step.runsOn))
+      issue("UNKNOWN_ROLE", `step ${step.id} runs on ${String(step.runsOn)}, a role no agent can have`);
     for (const role of step.relays ?? []) {
-      if (!STEP_RUNS_ON.includes(role) || (role as string) === "control-plane") issue("UNKNOWN_ROLE", `step ${step.id} relays through ${String(role)}, a role no agent can have`);
+      if (!STEP_RUNS_ON.includes(role) || (role as string) === "control-plane")
+        issue("UNKNOWN_ROLE", `step ${step.id} relays through ${String(role)}, a role no agent can have`);
     }
     const sends = new Set(step.sends ?? []);
     if (step.runsOn !== "control-plane" && "command" in step && !sends.has(step.command.kind)) {
@@ -55,7 +58,8 @@ export function validateProfile(registered: RegisteredView, profile: ProfileDefi
     }
     const kinds = step.runsOn !== "control-plane" && "command" in step ? [...sends, step.command.kind] : [...sends];
     for (const kind of new Set(kinds)) {
-      if (!registered.commandKind(kind)) issue("UNKNOWN_COMMAND_KIND", `step ${step.id} sends ${kind}, which no registered module declares`);
+      if (!registered.commandKind(kind))
+        issue("UNKNOWN_COMMAND_KIND", `step ${step.id} sends ${kind}, which no registered module declares`);
     }
   });
   return issues;

@@ -80,7 +80,11 @@ async function answer(res: Response): Promise<unknown> {
   try {
     parsed = text ? JSON.parse(text) : {};
   } catch {
-    throw new ApiError(res.ok ? "INTERNAL" : `HTTP_${res.status}`, `the API answered ${res.status} with a body that is not JSON`, requestId);
+    throw new ApiError(
+      res.ok ? "INTERNAL" : `HTTP_${res.status}`,
+      `the API answered ${res.status} with a body that is not JSON`,
+      requestId,
+    );
   }
   if (res.ok) return parsed;
   const error = parsed as { code?: unknown; message?: unknown; details?: unknown; requestId?: unknown };

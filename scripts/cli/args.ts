@@ -14,7 +14,10 @@ export interface ParsedFlag {
 }
 
 /** Splits argv into positional words and flags; `takesValue` says whether `--name` consumes the next token. */
-export function splitArgs(argv: string[], takesValue: (name: string, next: string | undefined) => boolean): { words: string[]; flags: ParsedFlag[] } {
+export function splitArgs(
+  argv: string[],
+  takesValue: (name: string, next: string | undefined) => boolean,
+): { words: string[]; flags: ParsedFlag[] } {
   const words: string[] = [];
   const flags: ParsedFlag[] = [];
   for (let i = 0; i < argv.length; i++) {
@@ -103,7 +106,8 @@ export async function buildBody(opts: BodyOptions): Promise<Record<string, unkno
   if (opts.words.length > 1) throw new UsageError(`${command} takes at most one argument, got: ${opts.words.join(" ")}`);
   if (opts.words.length === 1) {
     const key = positionalKey(input);
-    if (!key) throw new UsageError(`${command} takes no argument (got ${opts.words[0]}); its flags: ${knownFlags(input).join(", ") || "none"}`);
+    if (!key)
+      throw new UsageError(`${command} takes no argument (got ${opts.words[0]}); its flags: ${knownFlags(input).join(", ") || "none"}`);
     body[key] = opts.words[0];
   }
 
@@ -113,7 +117,9 @@ export async function buildBody(opts: BodyOptions): Promise<Record<string, unkno
     const schema = schemaAt(input, path);
     if (!schema || path.some((p) => p === "")) {
       const known = knownFlags(input);
-      throw new UsageError(`unknown flag --${flag.name} for ${command}; ${known.length ? `its flags: ${known.join(", ")}` : "it takes no flags"}`);
+      throw new UsageError(
+        `unknown flag --${flag.name} for ${command}; ${known.length ? `its flags: ${known.join(", ")}` : "it takes no flags"}`,
+      );
     }
     setPath(body, path, coerce(flag, schema, getPath(body, path)));
   }
@@ -133,7 +139,8 @@ function coerce(flag: ParsedFlag, schema: JsonSchema, current: unknown): unknown
     case "number":
     case "integer": {
       const n = Number(raw);
-      if (raw.trim() === "" || !Number.isFinite(n) || (type === "integer" && !Number.isInteger(n))) throw new UsageError(`--${flag.name} takes ${type === "integer" ? "a whole number" : "a number"}, not ${JSON.stringify(raw)}`);
+      if (raw.trim() === "" || !Number.isFinite(n) || (type === "integer" && !Number.isInteger(n)))
+        throw new UsageError(`--${flag.name} takes ${type === "integer" ? "a whole number" : "a number"}, not ${JSON.stringify(raw)}`);
       return n;
     }
     case "object":

@@ -37,8 +37,7 @@ const ALIASES: Record<string, { summary: string; pick: (flags: Set<string>) => s
 };
 
 export type Resolved =
-  | { kind: "method"; method: MethodSpec; command: string; rest: string[] }
-  | { kind: "group"; prefix: string; methods: MethodSpec[] };
+  { kind: "method"; method: MethodSpec; command: string; rest: string[] } | { kind: "group"; prefix: string; methods: MethodSpec[] };
 
 /** `api-keys` and `apiKeys` are the same word. */
 const camel = (word: string) => word.replace(/-([a-z])/g, (_, c: string) => c.toUpperCase());
@@ -139,7 +138,11 @@ function flagList(schema: JsonSchema, prefix = ""): string[] {
   const required = new Set(schema.required ?? []);
   for (const [name, prop] of Object.entries(schema.properties ?? {})) {
     const flag = `--${prefix}${name}`;
-    const notes = [describeType(prop), ...(required.has(name) ? ["required"] : []), ...(prop.default !== undefined ? [`default ${JSON.stringify(prop.default)}`] : [])];
+    const notes = [
+      describeType(prop),
+      ...(required.has(name) ? ["required"] : []),
+      ...(prop.default !== undefined ? [`default ${JSON.stringify(prop.default)}`] : []),
+    ];
     out.push(`${flag.padEnd(24)}${notes.join(", ")}${prop.description ? `: ${prop.description}` : ""}`);
     if (prop.properties) out.push(...flagList(prop, `${prefix}${name}.`));
   }

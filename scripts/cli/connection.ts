@@ -42,7 +42,8 @@ export function findRunningStack(candidates = dataDirCandidates()): { dataDir: s
 function readLocalStackFile(dataDir: string): LocalStackFile | undefined {
   try {
     const parsed = JSON.parse(fs.readFileSync(path.join(dataDir, "local.json"), "utf8")) as Partial<LocalStackFile>;
-    if (typeof parsed.url === "string" && typeof parsed.adminKey === "string" && Number.isInteger(parsed.pid)) return parsed as LocalStackFile;
+    if (typeof parsed.url === "string" && typeof parsed.adminKey === "string" && Number.isInteger(parsed.pid))
+      return parsed as LocalStackFile;
   } catch {
     // absent or half-written: not a running stack
   }
@@ -68,7 +69,11 @@ export function resolveConnection(flags: { url?: string; apiKey?: string }, env:
   const stack = findRunningStack(candidates);
   // A local stack fills in what is missing, but only for its own URL.
   if (stack && (!url || trimSlash(url) === trimSlash(stack.file.url)) && !apiKey) {
-    return { url: trimSlash(stack.file.url), apiKey: stack.file.adminKey, source: `the local stack in ${relative(stack.dataDir)} (pid ${stack.file.pid})` };
+    return {
+      url: trimSlash(stack.file.url),
+      apiKey: stack.file.adminKey,
+      source: `the local stack in ${relative(stack.dataDir)} (pid ${stack.file.pid})`,
+    };
   }
   if (url && !apiKey) throw new UsageError(`no API key for ${url}: set BC_API_KEY (or pass --api-key)`);
   if (apiKey && !url) throw new UsageError("an API key but no URL: set BC_URL (or pass --url), e.g. BC_URL=https://compute.example.com");

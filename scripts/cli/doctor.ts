@@ -50,7 +50,9 @@ export async function runDoctor(argv: string[], flags: { json: boolean; help: bo
   try {
     ({ values } = parseArgs({ args: argv, options: { config: { type: "string" }, wrangler: { type: "string" } } }));
   } catch (err) {
-    throw new UsageError(`${err instanceof Error ? err.message : String(err)}\nusage: better-compute doctor [--config better-compute.config.ts] [--wrangler wrangler.toml] [--json]`);
+    throw new UsageError(
+      `${err instanceof Error ? err.message : String(err)}\nusage: better-compute doctor [--config better-compute.config.ts] [--wrangler wrangler.toml] [--json]`,
+    );
   }
   if (flags.help) {
     console.log(DOCTOR_HELP);
@@ -114,7 +116,11 @@ function localStackEnv(env: NodeJS.ProcessEnv): { file: string; vars: Record<str
     const file = path.join(dir, "dev.env");
     if (!fs.existsSync(file)) continue;
     const vars = Object.fromEntries(
-      fs.readFileSync(file, "utf8").split("\n").filter((l) => l.includes("=")).map((l) => [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1).trim()]),
+      fs
+        .readFileSync(file, "utf8")
+        .split("\n")
+        .filter((l) => l.includes("="))
+        .map((l) => [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1).trim()]),
     );
     return { file, vars, note: running ? `(the local stack, pid ${running.file.pid})` : "(a local stack that is not running)" };
   }
@@ -126,25 +132,42 @@ function localStackEnv(env: NodeJS.ProcessEnv): { file: string; vars: Record<str
 async function checkConfig(configPath: string, findings: Finding[]): Promise<Compute | undefined> {
   const name = relative(configPath);
   if (!fs.existsSync(configPath)) {
-    findings.push({ check: "config", severity: "error", message: `${name} does not exist`, fix: "pass --config with the deployment's config (the file that calls betterCompute({...}))" });
+    findings.push({
+      check: "config",
+      severity: "error",
+      message: `${name} does not exist`,
+      fix: "pass --config with the deployment's config (the file that calls betterCompute({...}))",
+    });
     return undefined;
   }
   try {
     const mod = (await import(pathToFileURL(configPath).href)) as { compute?: Compute; default?: Compute };
     const compute = mod.compute ?? mod.default;
     if (!compute || typeof compute.migrations !== "function") {
-      findings.push({ check: "config", severity: "error", message: `${name} exports no deployment`, fix: "export const compute = betterCompute({...}) from it" });
+      findings.push({
+        check: "config",
+        severity: "error",
+        message: `${name} exports no deployment`,
+        fix: "export const compute = betterCompute({...}) from it",
+      });
       return undefined;
     }
     const { modules, methods } = compute.registry;
-    findings.push({ check: "config", severity: "ok", message: `${name} loads: modules ${modules.map((m) => m.id).join(", ")}; ${methods.size} methods` });
+    findings.push({
+      check: "config",
+      severity: "ok",
+      message: `${name} loads: modules ${modules.map((m) => m.id).join(", ")}; ${methods.size} methods`,
+    });
     return compute;
   } catch (err) {
     const { code, message } = err as { code?: unknown; message?: unknown };
     findings.push({
       check: "config",
       severity: "error",
-      message: code === "INVALID_CONFIG" ? `${name} is refused: INVALID_CONFIG ${String(message)}` : `${name} does not load: ${err instanceof Error ? err.message : String(err)}`,
+      message:
+        code === "INVALID_CONFIG"
+          ? `${name} is refused: INVALID_CONFIG ${String(message)}`
+          : `${name} does not load: ${err instanceof Error ? err.message : String(err)}`,
       fix: `fix what the message names in ${name}, then run doctor again`,
     });
     return undefined;
@@ -160,14 +183,24 @@ interface WranglerConfig {
 /** The wrangler config as wrangler itself reads it. */
 async function readWrangler(file: string, findings: Finding[]): Promise<WranglerConfig | undefined> {
   if (!fs.existsSync(file)) {
-    findings.push({ check: "wrangler", severity: "error", message: `${relative(file)} does not exist`, fix: "pass --wrangler with the Worker's wrangler.toml" });
+    findings.push({
+      check: "wrangler",
+      severity: "error",
+      message: `${relative(file)} does not exist`,
+      fix: "pass --wrangler with the Worker's wrangler.toml",
+    });
     return undefined;
   }
   try {
     const { unstable_readConfig } = await import("wrangler");
     return unstable_readConfig({ config: file }, { hideWarnings: true }) as WranglerConfig;
   } catch (err) {
-    findings.push({ check: "wrangler", severity: "error", message: `${relative(file)} does not parse: ${err instanceof Error ? err.message : String(err)}`, fix: "fix the file (npx wrangler deploy --dry-run shows the same error)" });
+    findings.push({
+      check: "wrangler",
+      severity: "error",
+      message: `${relative(file)} does not parse: ${err instanceof Error ? err.message : String(err)}`,
+      fix: "fix the file (npx wrangler deploy --dry-run shows the same error)",
+    });
     return undefined;
   }
 }
@@ -195,26 +228,51 @@ function checkWrangler(config: WranglerConfig | undefined, findings: Finding[]):
   findings.push(
     problems.length
       ? { check: "durable objects", severity: "error", message: problems.join("; "), fix: `add to wrangler.toml:\n${fixes.join("\n")}` }
-      : { check: "durable objects", severity: "ok", message: DURABLE_OBJECTS.map((d) => `${d.binding} → ${d.className}`).join(", ") + " declared with their migrations" },
+      : {
+          check: "durable objects",
+          severity: "ok",
+          message: DURABLE_OBJECTS.map((d) => `${d.binding} → ${d.className}`).join(", ") + " declared with their migrations",
+        },
   );
   const crons = config.triggers?.crons ?? [];
   findings.push(
     crons.length
       ? { check: "cron", severity: "ok", message: `cron trigger ${crons.join(", ")} (wakes stalled workflows, runs the reconcilers)` }
-      : { check: "cron", severity: "error", message: "no cron trigger: a workflow whose wake-up was lost, and the module reconcilers, wait forever", fix: 'add to wrangler.toml:\n[triggers]\ncrons = ["* * * * *"]' },
+      : {
+          check: "cron",
+          severity: "error",
+          message: "no cron trigger: a workflow whose wake-up was lost, and the module reconcilers, wait forever",
+          fix: 'add to wrangler.toml:\n[triggers]\ncrons = ["* * * * *"]',
+        },
   );
 }
 
 // ---- the deployment secret ----
 
 function checkSecret(secret: string | undefined, findings: Finding[]): void {
-  const fix = "generate one with `openssl rand -base64 32`, then `npx wrangler secret put BC_SECRET` (and export BC_SECRET here to check it); keep it: sealed secrets need it";
+  const fix =
+    "generate one with `openssl rand -base64 32`, then `npx wrangler secret put BC_SECRET` (and export BC_SECRET here to check it); keep it: sealed secrets need it";
   if (!secret) {
-    findings.push({ check: "BC_SECRET", severity: "error", message: "BC_SECRET is not set: BMC passwords and other stored secrets cannot be sealed or opened", fix });
+    findings.push({
+      check: "BC_SECRET",
+      severity: "error",
+      message: "BC_SECRET is not set: BMC passwords and other stored secrets cannot be sealed or opened",
+      fix,
+    });
   } else if (secret.length < MIN_SECRET_LENGTH) {
-    findings.push({ check: "BC_SECRET", severity: "error", message: `BC_SECRET has ${secret.length} characters; it needs at least ${MIN_SECRET_LENGTH}`, fix });
+    findings.push({
+      check: "BC_SECRET",
+      severity: "error",
+      message: `BC_SECRET has ${secret.length} characters; it needs at least ${MIN_SECRET_LENGTH}`,
+      fix,
+    });
   } else if (new Set(secret).size < MIN_SECRET_DISTINCT) {
-    findings.push({ check: "BC_SECRET", severity: "error", message: `BC_SECRET is low-entropy (only ${new Set(secret).size} distinct characters): it reads as a pattern, not random bytes`, fix });
+    findings.push({
+      check: "BC_SECRET",
+      severity: "error",
+      message: `BC_SECRET is low-entropy (only ${new Set(secret).size} distinct characters): it reads as a pattern, not random bytes`,
+      fix,
+    });
   } else {
     findings.push({ check: "BC_SECRET", severity: "ok", message: `BC_SECRET is set (${secret.length} characters)` });
   }
@@ -226,15 +284,30 @@ async function checkDatabase(url: string | undefined, compute: Compute | undefin
   // Not errors of their own: the database finding is the one to fix.
   const skipped = (why: string) => {
     findings.push({ check: "migrations", severity: "warning", message: `not checked: ${why}`, fix: "fix the database finding first" });
-    findings.push({ check: "iam", severity: "warning", message: `the admin key is not checked: ${why}`, fix: "fix the database finding first" });
+    findings.push({
+      check: "iam",
+      severity: "warning",
+      message: `the admin key is not checked: ${why}`,
+      fix: "fix the database finding first",
+    });
   };
   if (!url) {
-    findings.push({ check: "database", severity: "error", message: "DATABASE_URL is not set", fix: "export DATABASE_URL=postgres://… (Neon's connection string; `npx wrangler secret put DATABASE_URL` for the Worker), or run doctor next to a running `npm start`" });
+    findings.push({
+      check: "database",
+      severity: "error",
+      message: "DATABASE_URL is not set",
+      fix: "export DATABASE_URL=postgres://… (Neon's connection string; `npx wrangler secret put DATABASE_URL` for the Worker), or run doctor next to a running `npm start`",
+    });
     return skipped("DATABASE_URL is not set");
   }
   const shown = redactUrl(url);
   if (!shown) {
-    findings.push({ check: "database", severity: "error", message: "DATABASE_URL is not a URL", fix: "DATABASE_URL=postgres://user:password@host:5432/database" });
+    findings.push({
+      check: "database",
+      severity: "error",
+      message: "DATABASE_URL is not a URL",
+      fix: "DATABASE_URL=postgres://user:password@host:5432/database",
+    });
     return skipped("DATABASE_URL is not a URL");
   }
 
@@ -284,33 +357,64 @@ async function checkMigrations(store: NodeStore, compute: Compute | undefined, f
     });
   }
   if (missing.length) {
-    findings.push({ check: "migrations", severity: "error", message: `${missing.length} not applied: ${missing.join(", ")}`, fix: "DATABASE_URL=… npm run migrate" });
+    findings.push({
+      check: "migrations",
+      severity: "error",
+      message: `${missing.length} not applied: ${missing.join(", ")}`,
+      fix: "DATABASE_URL=… npm run migrate",
+    });
   }
   const known = new Set(migrations.map((m) => m.name));
   const unknown = [...applied.keys()].filter((name) => !known.has(name));
   if (unknown.length) {
-    findings.push({ check: "migrations", severity: "warning", message: `applied but not registered by this config: ${unknown.join(", ")}`, fix: "register the module that owns them again, or leave them if it was removed on purpose" });
+    findings.push({
+      check: "migrations",
+      severity: "warning",
+      message: `applied but not registered by this config: ${unknown.join(", ")}`,
+      fix: "register the module that owns them again, or leave them if it was removed on purpose",
+    });
   }
   if (!changed.length && !missing.length) {
-    findings.push({ check: "migrations", severity: "ok", message: `all ${migrations.length} applied and unchanged${compute ? "" : " (core only: the config did not load)"}` });
+    findings.push({
+      check: "migrations",
+      severity: "ok",
+      message: `all ${migrations.length} applied and unchanged${compute ? "" : " (core only: the config did not load)"}`,
+    });
   }
 }
 
 async function checkAdminKey(store: NodeStore, compute: Compute | undefined, findings: Finding[]): Promise<void> {
   if (!compute) {
-    findings.push({ check: "iam", severity: "error", message: "not checked: the config did not load", fix: "fix the config finding first" });
+    findings.push({
+      check: "iam",
+      severity: "error",
+      message: "not checked: the config did not load",
+      fix: "fix the config finding first",
+    });
     return;
   }
   const roles = compute.iam.roles();
   if (!(await tableExists(store, "bc_api_keys"))) {
-    findings.push({ check: "iam", severity: "error", message: "bc_api_keys does not exist (core migrations are missing)", fix: "DATABASE_URL=… npm run migrate" });
+    findings.push({
+      check: "iam",
+      severity: "error",
+      message: "bc_api_keys does not exist (core migrations are missing)",
+      fix: "DATABASE_URL=… npm run migrate",
+    });
     return;
   }
-  const found = await withTimeout(store.db.execute(sql`SELECT count(*)::int AS n FROM bc_api_keys WHERE revoked_at IS NULL AND 'admin' = ANY(roles)`), "counting admin keys");
+  const found = await withTimeout(
+    store.db.execute(sql`SELECT count(*)::int AS n FROM bc_api_keys WHERE revoked_at IS NULL AND 'admin' = ANY(roles)`),
+    "counting admin keys",
+  );
   const admins = (found.rows[0] as { n: number }).n;
   const custom = compute.options.iam !== undefined;
   if (admins > 0) {
-    findings.push({ check: "iam", severity: "ok", message: `roles ${roles.join(", ")}; ${admins} unrevoked admin API key${admins === 1 ? "" : "s"}` });
+    findings.push({
+      check: "iam",
+      severity: "ok",
+      message: `roles ${roles.join(", ")}; ${admins} unrevoked admin API key${admins === 1 ? "" : "s"}`,
+    });
   } else {
     findings.push({
       check: "iam",
@@ -371,6 +475,11 @@ export function humanReport(report: DoctorReport): string {
   }
   const errors = report.findings.filter((f) => f.severity === "error").length;
   const warnings = report.findings.filter((f) => f.severity === "warning").length;
-  lines.push("", errors ? `${errors} error${errors === 1 ? "" : "s"}, ${warnings} warning${warnings === 1 ? "" : "s"}` : `no errors${warnings ? `, ${warnings} warning${warnings === 1 ? "" : "s"}` : ""}`);
+  lines.push(
+    "",
+    errors
+      ? `${errors} error${errors === 1 ? "" : "s"}, ${warnings} warning${warnings === 1 ? "" : "s"}`
+      : `no errors${warnings ? `, ${warnings} warning${warnings === 1 ? "" : "s"}` : ""}`,
+  );
   return lines.join("\n");
 }

@@ -21,8 +21,12 @@ export function formatOutput(value: unknown, schema: JsonSchema = {}): string {
 function listProperty(record: Record<string, unknown>, schema: JsonSchema): string | undefined {
   const props = schema.properties;
   const candidates = props
-    ? Object.entries(props).filter(([, p]) => schemaType(p) === "array" && p.items && schemaType(p.items) === "object").map(([k]) => k)
-    : Object.entries(record).filter(([, v]) => Array.isArray(v) && v.length > 0 && v.every((i) => i && typeof i === "object" && !Array.isArray(i))).map(([k]) => k);
+    ? Object.entries(props)
+        .filter(([, p]) => schemaType(p) === "array" && p.items && schemaType(p.items) === "object")
+        .map(([k]) => k)
+    : Object.entries(record)
+        .filter(([, v]) => Array.isArray(v) && v.length > 0 && v.every((i) => i && typeof i === "object" && !Array.isArray(i)))
+        .map(([k]) => k);
   return candidates.length === 1 && Array.isArray(record[candidates[0]!]) ? candidates[0] : undefined;
 }
 
@@ -30,7 +34,11 @@ export function formatTable(rows: Record<string, unknown>[], columnOrder: string
   const columns = [...new Set([...columnOrder, ...rows.flatMap((r) => Object.keys(r))])].filter((c) => rows.some((r) => c in r));
   const cells = rows.map((r) => columns.map((c) => clip(cell(r[c]))));
   const widths = columns.map((c, i) => Math.max(c.length, ...cells.map((row) => row[i]!.length)));
-  const line = (values: string[]) => values.map((v, i) => (i === values.length - 1 ? v : v.padEnd(widths[i]!))).join("  ").trimEnd();
+  const line = (values: string[]) =>
+    values
+      .map((v, i) => (i === values.length - 1 ? v : v.padEnd(widths[i]!)))
+      .join("  ")
+      .trimEnd();
   return [line(columns.map((c) => c.toUpperCase())), ...cells.map(line)].join("\n");
 }
 
@@ -59,7 +67,9 @@ export function compact(value: unknown): string {
   if (Array.isArray(value)) return `[${value.map(compact).join(",")}]`;
   if (typeof value === "object") {
     const entries = Object.entries(value as Record<string, unknown>);
-    return entries.length ? entries.map(([k, v]) => `${k}=${v && typeof v === "object" && !Array.isArray(v) ? `{${compact(v)}}` : compact(v)}`).join(",") : "-";
+    return entries.length
+      ? entries.map(([k, v]) => `${k}=${v && typeof v === "object" && !Array.isArray(v) ? `{${compact(v)}}` : compact(v)}`).join(",")
+      : "-";
   }
   return String(value);
 }

@@ -33,7 +33,10 @@ function globalFlags(argv: string[]): { flags: GlobalFlags; rest: string[] } {
   const rest: string[] = [];
   for (let i = 0; i < argv.length; i++) {
     const token = argv[i]!;
-    const [name, inline] = token.startsWith("--") && token.includes("=") ? [token.slice(0, token.indexOf("=")), token.slice(token.indexOf("=") + 1)] : [token, undefined];
+    const [name, inline] =
+      token.startsWith("--") && token.includes("=")
+        ? [token.slice(0, token.indexOf("=")), token.slice(token.indexOf("=") + 1)]
+        : [token, undefined];
     const value = () => {
       const v = inline ?? argv[++i];
       if (v === undefined) throw new UsageError(`${name} needs a value`);
@@ -83,7 +86,13 @@ export async function main(argv: string[]): Promise<number> {
     return 0;
   }
   const split = splitArgs(tail, (name, next) => flagTakesValue(method.input, name, next));
-  const body = await buildBody({ command: resolved.command, input: method.input, words: [...resolved.rest, ...split.words], flags: split.flags, stdin: readStdin });
+  const body = await buildBody({
+    command: resolved.command,
+    input: method.input,
+    words: [...resolved.rest, ...split.words],
+    flags: split.flags,
+    stdin: readStdin,
+  });
   const output = await api.call(method.name, body);
 
   const expect = MACHINE_WAITS[method.name];
@@ -114,7 +123,13 @@ async function call(api: Api, flags: GlobalFlags, words: string[], tail: string[
   if (!method || extra.length || split.words.length || split.flags.some((f) => f.name !== "body")) {
     throw new UsageError("usage: better-compute call <method> [json]   (or --body JSON, --body - for stdin)");
   }
-  const body = await buildBody({ command: `call ${method}`, input: {}, words: [], flags: json === undefined ? split.flags : [{ name: "body", value: json }], stdin: readStdin });
+  const body = await buildBody({
+    command: `call ${method}`,
+    input: {},
+    words: [],
+    flags: json === undefined ? split.flags : [{ name: "body", value: json }],
+    stdin: readStdin,
+  });
   print(flags, await api.call(method, body));
   return 0;
 }
@@ -127,7 +142,8 @@ const WATCH_HELP = `better-compute workflows watch <id>
 async function watch(api: Api, flags: GlobalFlags, words: string[], tail: string[]): Promise<number> {
   const split = splitArgs(tail, () => true);
   const id = words[0] ?? split.flags.find((f: ParsedFlag) => f.name === "id")?.value;
-  if (!id || words.length > 1 || split.words.length || split.flags.some((f) => f.name !== "id")) throw new UsageError("usage: better-compute workflows watch <workflow id>");
+  if (!id || words.length > 1 || split.words.length || split.flags.some((f) => f.name !== "id"))
+    throw new UsageError("usage: better-compute workflows watch <workflow id>");
   const last = await interruptible(`workflow ${id} goes on`, (signal) => followWorkflow(api, id, { out: progress(flags), signal }));
   if (flags.json) console.log(JSON.stringify(last, null, 2));
   return last.state === "succeeded" ? 0 : 1;
@@ -154,13 +170,16 @@ async function help(flags: GlobalFlags, words: string[]): Promise<number> {
     return 0;
   }
   const resolved = resolveCommand(methods, words, new Set());
-  console.log(resolved.kind === "group" ? groupHelp(resolved.prefix, resolved.methods) : methodHelp(resolved.method, waitNote(resolved.method)));
+  console.log(
+    resolved.kind === "group" ? groupHelp(resolved.prefix, resolved.methods) : methodHelp(resolved.method, waitNote(resolved.method)),
+  );
   return 0;
 }
 
 function print(flags: GlobalFlags, output: Record<string, unknown>, method?: MethodSpec): void {
   if (flags.json) console.log(JSON.stringify(output, null, 2));
-  else if (method?.name === "workflows.get" && typeof output.state === "string") console.log(workflowLines(undefined, output as unknown as WorkflowView).join("\n"));
+  else if (method?.name === "workflows.get" && typeof output.state === "string")
+    console.log(workflowLines(undefined, output as unknown as WorkflowView).join("\n"));
   else console.log(formatOutput(output, method?.output));
 }
 

@@ -48,7 +48,8 @@ export function workflowLines(prev: WorkflowView | undefined, next: WorkflowView
       if (a.state === "not_ready" && (old?.state !== "not_ready" || errorText(old.error) !== errorText(a.error))) {
         lines.push(`    … ${label} not ready: ${errorMessage(a.error)}`);
       }
-      if (a.state === "waiting" && old?.state !== "waiting") lines.push(`    … ${label} sent command ${a.commandId}, waiting for the agent's result`);
+      if (a.state === "waiting" && old?.state !== "waiting")
+        lines.push(`    … ${label} sent command ${a.commandId}, waiting for the agent's result`);
       if (a.state === "succeeded" && old?.state !== "succeeded") {
         lines.push(`  ✔ ${label} succeeded${nth ? ` on${nth}` : ""}${duration(a.startedAt, a.finishedAt)}`);
       }
@@ -73,7 +74,8 @@ export function errorText(error: unknown): string {
   return compact(error);
 }
 
-const errorMessage = (error: unknown) => (error && typeof error === "object" && "message" in error ? String((error as { message: unknown }).message) : compact(error));
+const errorMessage = (error: unknown) =>
+  error && typeof error === "object" && "message" in error ? String((error as { message: unknown }).message) : compact(error);
 
 function duration(from: string | null, to: string | null): string {
   if (!from || !to) return "";
@@ -119,13 +121,18 @@ export interface MachineView {
  * Follows a machine until it settles, and the workflows driving it on the way. `nodeParam` is
  * the name metal.nodes.get takes the machine's id by (node, or id before the rename).
  */
-export async function waitForMachine(api: Api, machine: { id: string; nodeParam: string; expect: string }, follow: Follow): Promise<{ node: MachineView; ok: boolean }> {
+export async function waitForMachine(
+  api: Api,
+  machine: { id: string; nodeParam: string; expect: string },
+  follow: Follow,
+): Promise<{ node: MachineView; ok: boolean }> {
   let state: string | undefined;
   let workflow: { id: string; prev?: WorkflowView } | undefined;
   for (;;) {
     const node = await api.call<MachineView>("metal.nodes.get", { [machine.nodeParam]: machine.id });
     const moving = MACHINE_MOVING.has(node.state);
-    const change = node.state === state ? undefined : state ? `machine ${node.id}: ${state} → ${node.state}` : `machine ${node.id}: ${node.state}`;
+    const change =
+      node.state === state ? undefined : state ? `machine ${node.id}: ${state} → ${node.state}` : `machine ${node.id}: ${node.state}`;
     state = node.state;
     // Told in the order it happened: a machine sets off, its workflow runs, then it settles.
     if (change && moving) follow.out(change);
@@ -139,7 +146,10 @@ export async function waitForMachine(api: Api, machine: { id: string; nodeParam:
     if (!moving) {
       const ok = node.state === machine.expect;
       if (ok) follow.out(`✔ machine ${node.id} is ${node.state}`);
-      else follow.out(`✖ machine ${node.id}: ${node.state}, not ${machine.expect}${node.maintenanceReason ? `: ${node.maintenanceReason}` : node.lastError ? `: ${errorText(node.lastError)}` : ""}`);
+      else
+        follow.out(
+          `✖ machine ${node.id}: ${node.state}, not ${machine.expect}${node.maintenanceReason ? `: ${node.maintenanceReason}` : node.lastError ? `: ${errorText(node.lastError)}` : ""}`,
+        );
       return { node, ok };
     }
     await sleep(follow.pollMs ?? DEFAULT_POLL_MS, follow.signal);

@@ -26,7 +26,8 @@ const FIELDS = [
 /** Parses `m h dom mon dow` with *, numbers, lists, ranges and steps; anything else throws naming the expression. */
 export function parseCron(expression: string): Cron {
   const parts = expression.trim().split(/\s+/);
-  const refuse = (why: string) => new Error(`cron "${expression}": ${why} (the local stack understands 5 fields of *, numbers, lists, ranges and steps)`);
+  const refuse = (why: string) =>
+    new Error(`cron "${expression}": ${why} (the local stack understands 5 fields of *, numbers, lists, ranges and steps)`);
   if (parts.length !== 5) throw refuse(`${parts.length} fields, not 5`);
   const sets = parts.map((part, i) => {
     const { name, min, max } = FIELDS[i]!;
@@ -63,7 +64,10 @@ export function cronsOfConfig(text: string, file: string): string[] {
   const start = lines.findIndex((l) => /^\s*\[triggers\]\s*(#.*)?$/.test(l));
   if (start < 0) return [];
   const end = lines.findIndex((l, i) => i > start && /^\s*\[/.test(l));
-  const table = lines.slice(start + 1, end < 0 ? undefined : end).map((l) => l.replace(/#.*$/, "")).join("\n");
+  const table = lines
+    .slice(start + 1, end < 0 ? undefined : end)
+    .map((l) => l.replace(/#.*$/, ""))
+    .join("\n");
   const crons = /(?:^|\n)\s*crons\s*=\s*\[([^\]]*)\]/.exec(table);
   if (!crons) return [];
   return [...crons[1]!.matchAll(/"([^"]*)"|'([^']*)'/g)].map((m) => m[1] ?? m[2]!);
@@ -73,7 +77,11 @@ export function cronsOfConfig(text: string, file: string): string[] {
  * Fires each cron at the start of every minute it matches, by calling `fire(expression)`;
  * a failure goes to onError and the next minute fires as usual. Answers a stop function.
  */
-export function scheduleCrons(crons: Cron[], fire: (expression: string) => Promise<void>, onError: (expression: string, err: unknown) => void): () => void {
+export function scheduleCrons(
+  crons: Cron[],
+  fire: (expression: string) => Promise<void>,
+  onError: (expression: string, err: unknown) => void,
+): () => void {
   let timer: NodeJS.Timeout | undefined;
   let stopped = false;
   const next = () => {

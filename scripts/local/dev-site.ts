@@ -46,7 +46,8 @@ export async function startDevSite(stack: Stack, options: DevSiteOptions): Promi
     for (const step of cleanup.reverse()) await step().catch(() => {});
     cleanup.length = 0;
   };
-  const call = <T = Record<string, unknown>>(method: string, input: Record<string, unknown> = {}) => callApi<T>(stack.url, stack.adminKey, method, input);
+  const call = <T = Record<string, unknown>>(method: string, input: Record<string, unknown> = {}) =>
+    callApi<T>(stack.url, stack.adminKey, method, input);
   try {
     const cache = createImageCache();
     const sha256 = cache.put(DEMO_IMAGE);
@@ -70,7 +71,11 @@ export async function startDevSite(stack: Stack, options: DevSiteOptions): Promi
     }
 
     return {
-      site: SITE, pool: sim.site.pool, siteAgent: { nodeId: siteAgent.nodeId, stateDir }, bmcUrl: sim.bmc.url, machines,
+      site: SITE,
+      pool: sim.site.pool,
+      siteAgent: { nodeId: siteAgent.nodeId, stateDir },
+      bmcUrl: sim.bmc.url,
+      machines,
       image: { url: `${images.url}/images/${sha256}`, sha256, bytes: DEMO_IMAGE.byteLength },
       watch() {
         const stopWatching = watchMachines(sim, enrolled, options.print);
@@ -85,13 +90,34 @@ export async function startDevSite(stack: Stack, options: DevSiteOptions): Promi
 }
 
 /** The real site agent: `bcd start --role site`, its JSON log lines shown one readable line each. */
-function startSiteAgent(url: string, stateDir: string, token: string, print: (line: string) => void): { process: ChildProcess; stop(): Promise<void> } {
+function startSiteAgent(
+  url: string,
+  stateDir: string,
+  token: string,
+  print: (line: string) => void,
+): { process: ChildProcess; stop(): Promise<void> } {
   const tsx = createRequire(import.meta.url).resolve("tsx/cli");
-  const child = spawn(process.execPath, [tsx, path.join(repoRoot, "agent", "bcd.ts"), "start", "--url", url, "--role", "site", "--state-dir", stateDir, "--hostname", `${SITE}-site-agent`], {
-    cwd: repoRoot,
-    env: { ...process.env, BC_JOIN_TOKEN: token },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      tsx,
+      path.join(repoRoot, "agent", "bcd.ts"),
+      "start",
+      "--url",
+      url,
+      "--role",
+      "site",
+      "--state-dir",
+      stateDir,
+      "--hostname",
+      `${SITE}-site-agent`,
+    ],
+    {
+      cwd: repoRoot,
+      env: { ...process.env, BC_JOIN_TOKEN: token },
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
   let stopping = false;
   for (const stream of [child.stdout!, child.stderr!]) {
     createInterface({ input: stream, crlfDelay: Infinity }).on("line", (line) => {
@@ -126,7 +152,11 @@ function siteAgentLine(line: string): string {
 }
 
 /** Waits for bcd to have joined (its identity in the state dir) and connected; answers its identity. */
-async function joinedSiteAgent(stateDir: string, bcd: ChildProcess, call: <T>(method: string, input?: Record<string, unknown>) => Promise<T>): Promise<ExternalSiteAgent> {
+async function joinedSiteAgent(
+  stateDir: string,
+  bcd: ChildProcess,
+  call: <T>(method: string, input?: Record<string, unknown>) => Promise<T>,
+): Promise<ExternalSiteAgent> {
   const deadline = Date.now() + 60_000;
   let agent: ExternalSiteAgent | undefined;
   for (;;) {
@@ -147,12 +177,17 @@ function watchMachines(sim: MetalSim, enrolled: ReadonlyMap<string, string>, pri
   let stopped = false;
   const poll = async () => {
     try {
-      const { nodes: listed } = await sim.call<{ nodes: { id: string; state: string; lastError?: unknown }[] }>("metal.nodes.list", { pool: sim.site.pool });
+      const { nodes: listed } = await sim.call<{ nodes: { id: string; state: string; lastError?: unknown }[] }>("metal.nodes.list", {
+        pool: sim.site.pool,
+      });
       for (const node of listed) {
         const before = known.get(node.id);
         if (before === node.state) continue;
         known.set(node.id, node.state);
-        const why = node.state === "failed" && node.lastError ? `  (${typeof node.lastError === "string" ? node.lastError : JSON.stringify(node.lastError)})` : "";
+        const why =
+          node.state === "failed" && node.lastError
+            ? `  (${typeof node.lastError === "string" ? node.lastError : JSON.stringify(node.lastError)})`
+            : "";
         print(`  ${node.id}  ${before === undefined ? "" : `${before} → `}${node.state}${why}`);
       }
       if (!allReady && nodes.every((id) => known.get(id) === "ready")) {

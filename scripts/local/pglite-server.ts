@@ -32,10 +32,10 @@
 // Session state (SET, named prepared statements, temp tables) is shared by
 // all connections.
 
-import fs from 'node:fs';
-import net from 'node:net';
-import type { AddressInfo } from 'node:net';
-import { PGlite } from '@electric-sql/pglite';
+import fs from "node:fs";
+import net from "node:net";
+import type { AddressInfo } from "node:net";
+import { PGlite } from "@electric-sql/pglite";
 
 export interface PgliteServer {
   port: number;
@@ -56,10 +56,10 @@ const CANCEL_REQUEST = 80877102;
 const code = (c: string) => c.charCodeAt(0);
 // Frontend messages after which the client waits for the server to answer:
 // Sync, Query, Flush, CopyDone, CopyFail, PasswordMessage, Terminate.
-const ANSWER_POINTS = new Set(['S', 'Q', 'H', 'c', 'f', 'p', 'X'].map(code));
-const TERMINATE = code('X');
-const READY_FOR_QUERY = code('Z');
-const IDLE = code('I');
+const ANSWER_POINTS = new Set(["S", "Q", "H", "c", "f", "p", "X"].map(code));
+const TERMINATE = code("X");
+const READY_FOR_QUERY = code("Z");
+const IDLE = code("I");
 
 const LOCK_WAIT_WARN_MS = 5000;
 
@@ -74,11 +74,7 @@ function message(type: string, body: Buffer = Buffer.alloc(0)): Buffer {
 // Sent on behalf of a client that vanished while owning the session: end any
 // COPY (CopyFail is ignored outside COPY), leave any extended-protocol exchange
 // or error state (Sync), then roll back an open transaction (a no-op otherwise).
-const ABANDON = Buffer.concat([
-  message('f', Buffer.from('client disconnected\0')),
-  message('S'),
-  message('Q', Buffer.from('ROLLBACK\0')),
-]);
+const ABANDON = Buffer.concat([message("f", Buffer.from("client disconnected\0")), message("S"), message("Q", Buffer.from("ROLLBACK\0"))]);
 
 /** Status byte of the last ReadyForQuery in a backend response, if any. */
 function lastReadyStatus(out: Uint8Array): number | null {
@@ -97,15 +93,11 @@ function lastReadyStatus(out: Uint8Array): number | null {
  */
 function acquire(db: PGlite): Promise<() => void> {
   return new Promise((acquired) => {
-    void db._runExclusiveTransaction(() =>
-      db.runExclusive(() => new Promise<void>((release) => acquired(release))),
-    );
+    void db._runExclusiveTransaction(() => db.runExclusive(() => new Promise<void>((release) => acquired(release))));
   });
 }
 
-export async function startPglite(
-  opts: { dataDir?: string; port?: number; host?: string } = {},
-): Promise<PgliteServer> {
+export async function startPglite(opts: { dataDir?: string; port?: number; host?: string } = {}): Promise<PgliteServer> {
   if (opts.dataDir) fs.mkdirSync(opts.dataDir, { recursive: true });
   // No dataDir: in-memory database, gone on stop().
   const db = await PGlite.create(opts.dataDir ? { dataDir: opts.dataDir } : {});
@@ -124,13 +116,13 @@ export async function startPglite(
     sessions.add(session);
   });
 
-  const host = opts.host ?? '127.0.0.1';
+  const host = opts.host ?? "127.0.0.1";
   await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
+    server.once("error", reject);
     server.listen(opts.port ?? 0, host, () => resolve());
   });
   const port = (server.address() as AddressInfo).port;
-  const urlHost = host.includes(':') ? `[${host}]` : host;
+  const urlHost = host.includes(":") ? `[${host}]` : host;
 
   return {
     port,
@@ -173,7 +165,8 @@ async function serve(db: PGlite, socket: net.Socket, stats: { roundTrips: number
       if (buf.length - off < len) break;
       const req = buf.readInt32BE(off + 4);
       if (req === CANCEL_REQUEST) return void socket.destroy(); // nothing to cancel: one backend, no PIDs
-      if (req === SSL_REQUEST || req === GSSENC_REQUEST) socket.write('N'); // no encryption, carry on
+      if (req === SSL_REQUEST || req === GSSENC_REQUEST)
+        socket.write("N"); // no encryption, carry on
       else {
         groups.push(buf.subarray(off, off + len)); // StartupMessage: PGlite answers it
         startedUp = true;
@@ -195,13 +188,13 @@ async function serve(db: PGlite, socket: net.Socket, stats: { roundTrips: number
     buf = buf.subarray(cut);
   };
 
-  socket.on('data', (chunk) => {
+  socket.on("data", (chunk) => {
     buf = buf.length ? Buffer.concat([buf, chunk]) : chunk;
     split();
     if (groups.length) notify();
   });
-  socket.on('error', () => socket.destroy()); // 'close' follows
-  socket.on('close', () => {
+  socket.on("error", () => socket.destroy()); // 'close' follows
+  socket.on("close", () => {
     closed = true;
     notify();
   });
@@ -233,12 +226,12 @@ async function serve(db: PGlite, socket: net.Socket, stats: { roundTrips: number
       }
     }
   } catch (err) {
-    console.error('[pglite-server] connection failed:', err);
+    console.error("[pglite-server] connection failed:", err);
   } finally {
     if (release) {
       // Left while owning the session (mid-transaction or mid-exchange): clean
       // up so the next owner finds it idle.
-      await db.execProtocolRaw(ABANDON).catch((err) => console.error('[pglite-server] rollback failed:', err));
+      await db.execProtocolRaw(ABANDON).catch((err) => console.error("[pglite-server] rollback failed:", err));
       release();
     }
     socket.destroy();

@@ -73,9 +73,13 @@ export async function startStack(options: StackOptions): Promise<Stack> {
   cleanup.push(takeLock(dataDir, notice));
   try {
     if (options.port !== undefined && !(await portIsFree(options.port))) {
-      throw new StackRefusedError(`port ${options.port} on 127.0.0.1 is already in use (another stack, or another program); stop it or choose another port (--port N, or PORT=N)`);
+      throw new StackRefusedError(
+        `port ${options.port} on 127.0.0.1 is already in use (another stack, or another program); stop it or choose another port (--port N, or PORT=N)`,
+      );
     }
-    if (options.fresh) for (const entry of fs.readdirSync(dataDir)) if (entry !== LOCK_FILE) fs.rmSync(path.join(dataDir, entry), { recursive: true, force: true });
+    if (options.fresh)
+      for (const entry of fs.readdirSync(dataDir))
+        if (entry !== LOCK_FILE) fs.rmSync(path.join(dataDir, entry), { recursive: true, force: true });
 
     const pglite = options.databaseUrl ? undefined : await startPglite({ dataDir: path.join(dataDir, "pglite") });
     if (pglite) cleanup.push(() => pglite.stop());
@@ -95,7 +99,12 @@ export async function startStack(options: StackOptions): Promise<Stack> {
 
     const envFile = path.join(dataDir, "dev.env");
     const vars = { DATABASE_URL: databaseUrl, BC_DB_WS_PROXY: bridge.url, BC_SECRET: deploymentSecret(dataDir) };
-    writePrivate(envFile, Object.entries(vars).map(([k, v]) => `${k}=${v}\n`).join(""));
+    writePrivate(
+      envFile,
+      Object.entries(vars)
+        .map(([k, v]) => `${k}=${v}\n`)
+        .join(""),
+    );
 
     const port = options.port ?? (await freePort());
     const wrangler = spawn(
@@ -104,19 +113,30 @@ export async function startStack(options: StackOptions): Promise<Stack> {
         path.join(repoRoot, "node_modules", "wrangler", "bin", "wrangler.js"),
         "dev",
         ...(options.main ? [options.main] : []),
-        "--config", wranglerConfig,
-        "--ip", "127.0.0.1",
-        "--port", String(port),
-        "--inspector-port", String(await freePort()),
-        "--env-file", envFile,
-        "--persist-to", path.join(dataDir, "wrangler"),
+        "--config",
+        wranglerConfig,
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        String(port),
+        "--inspector-port",
+        String(await freePort()),
+        "--env-file",
+        envFile,
+        "--persist-to",
+        path.join(dataDir, "wrangler"),
         "--show-interactive-dev-session=false",
         // /__scheduled?cron=… runs the scheduled handler: the local cron below calls it.
         "--test-scheduled",
         // "log", not "warn": the Worker's console.log lines are its JSON logs at every level; workerOutput keeps the warnings and errors.
-        "--log-level", "log",
+        "--log-level",
+        "log",
       ],
-      { cwd: repoRoot, env: { ...process.env, WRANGLER_SEND_METRICS: "false", CLOUDFLARE_CF_FETCH_ENABLED: "false", CI: "true", NO_COLOR: "1" }, stdio: ["ignore", "pipe", "pipe"] },
+      {
+        cwd: repoRoot,
+        env: { ...process.env, WRANGLER_SEND_METRICS: "false", CLOUDFLARE_CF_FETCH_ENABLED: "false", CI: "true", NO_COLOR: "1" },
+        stdio: ["ignore", "pipe", "pipe"],
+      },
     );
     // Should this process end without stop() (a crash), wrangler dev must not outlive it.
     const stopOnExit = () => wrangler.kill("SIGTERM");
@@ -156,8 +176,15 @@ export async function startStack(options: StackOptions): Promise<Stack> {
     cleanup.push(async () => fs.rmSync(localFile, { force: true }));
 
     return {
-      url, adminKey: admin.key, adminKeyReused: admin.reused, dataDir, databaseUrl, embedded: !options.databaseUrl,
-      ...(pglite ? { databaseStats: pglite.stats } : {}), crons: crons.map((c) => c.expression), stop,
+      url,
+      adminKey: admin.key,
+      adminKeyReused: admin.reused,
+      dataDir,
+      databaseUrl,
+      embedded: !options.databaseUrl,
+      ...(pglite ? { databaseStats: pglite.stats } : {}),
+      crons: crons.map((c) => c.expression),
+      stop,
     };
   } catch (err) {
     await stop();
@@ -195,7 +222,9 @@ function takeLock(dataDir: string, notice: (line: string) => void): () => Promis
     }
     const pid = lockHolder(file);
     if ((pid !== undefined && processAlive(pid)) || attempt > 0) {
-      throw new StackRefusedError(`another Better Compute stack (pid ${pid ?? "unknown"}) is using ${shownPath(dataDir)}; stop it or set BC_DATA_DIR`);
+      throw new StackRefusedError(
+        `another Better Compute stack (pid ${pid ?? "unknown"}) is using ${shownPath(dataDir)}; stop it or set BC_DATA_DIR`,
+      );
     }
     notice(`taking over ${shownPath(file)}: the stack that held it (pid ${pid ?? "unknown"}) is gone`);
     fs.rmSync(file, { force: true });
@@ -242,7 +271,9 @@ async function adminKey(dataDir: string, forceNew: boolean, compute: Compute, st
   const file = path.join(dataDir, "admin-key");
   const kept = forceNew || !fs.existsSync(file) ? "" : fs.readFileSync(file, "utf8").trim();
   if (kept) {
-    const principal = await compute.iam.authenticate(new Request("http://local/", { headers: { authorization: `Bearer ${kept}` } }), store).catch(() => null);
+    const principal = await compute.iam
+      .authenticate(new Request("http://local/", { headers: { authorization: `Bearer ${kept}` } }), store)
+      .catch(() => null);
     if (principal?.roles.includes("admin")) return { key: kept, reused: true };
   }
   const { key } = await compute.mintApiKey(store, { name: "npm start", roles: ["admin"], createdBy: "system:npm-start" });
@@ -257,7 +288,8 @@ function writePrivate(file: string, content: string): void {
 }
 
 const ANSI = /\u001b\[[0-9;]*m/g;
-const WRANGLER_CHATTER = /^\s*(\[wrangler:info\]|⛅️|─+$|⎔ |🪵 |Using (vars|secrets) defined in|Your Worker has access to|Binding\s+Resource\s+Mode|env\.\S+ \(.*\)\s+\S.*\s(local|remote)$)/;
+const WRANGLER_CHATTER =
+  /^\s*(\[wrangler:info\]|⛅️|─+$|⎔ |🪵 |Using (vars|secrets) defined in|Your Worker has access to|Binding\s+Resource\s+Mode|env\.\S+ \(.*\)\s+\S.*\s(local|remote)$)/;
 
 /**
  * What of wrangler dev's output reaches the operator: the Worker's JSON log lines at warn and

@@ -39,7 +39,8 @@ async function finished(id: string) {
   return wf;
 }
 
-const start = async (profile: string, input: object = {}, target = daemon.nodeId!) => client.call("workflows.start", { profile, target, input });
+const start = async (profile: string, input: object = {}, target = daemon.nodeId!) =>
+  client.call("workflows.start", { profile, target, input });
 
 describe("a third-party profile", () => {
   it("validates: the engine resolves the plugin's steps", async () => {
@@ -78,9 +79,13 @@ describe("a third-party profile", () => {
     const events = await client.store.db.execute(sql`SELECT type FROM bc_events WHERE subject = ${`workflows/${wf.id}`} ORDER BY id`);
     expect((events.rows as { type: string }[]).map((e) => e.type)).toEqual([
       "workflow.started",
-      "workflow.step.started", "workflow.step.succeeded",
-      "workflow.step.started", "workflow.step.sent", "workflow.step.succeeded",
-      "workflow.step.started", "workflow.step.succeeded",
+      "workflow.step.started",
+      "workflow.step.succeeded",
+      "workflow.step.started",
+      "workflow.step.sent",
+      "workflow.step.succeeded",
+      "workflow.step.started",
+      "workflow.step.succeeded",
       "workflow.succeeded",
     ]);
   });
@@ -122,7 +127,11 @@ describe("failures", () => {
 
   it("cancels a running workflow: it stops polling and stays cancelled", async () => {
     const started = await start("acme.neverReady", {}, "cancel-me");
-    await expect.poll(async () => (await client.call("workflows.get", { id: started.body.id })).body.steps[0]?.attempts[0]?.polls ?? 0, { timeout: 5_000 }).toBeGreaterThanOrEqual(1);
+    await expect
+      .poll(async () => (await client.call("workflows.get", { id: started.body.id })).body.steps[0]?.attempts[0]?.polls ?? 0, {
+        timeout: 5_000,
+      })
+      .toBeGreaterThanOrEqual(1);
     expect((await client.call("workflows.cancel", { id: started.body.id })).body).toEqual({ id: started.body.id, state: "cancelled" });
     const polls = (await client.call("workflows.get", { id: started.body.id })).body.steps[0].attempts[0].polls;
     await new Promise((r) => setTimeout(r, 2_500));
@@ -138,7 +147,12 @@ describe("failures", () => {
     await expect
       .poll(async () => (await client.call("workflows.get", { id })).body.steps[0]?.attempts[0]?.state, { timeout: 10_000, interval: 100 })
       .toBe("not_ready");
-    const racked = new FakeDaemon({ baseUrl: "http://bc.test", fetch: (url: string, init?: RequestInit) => compute.fetch(new Request(url, init), env), role: "node", labels: { "acme/rack": "r42" } });
+    const racked = new FakeDaemon({
+      baseUrl: "http://bc.test",
+      fetch: (url: string, init?: RequestInit) => compute.fetch(new Request(url, init), env),
+      role: "node",
+      labels: { "acme/rack": "r42" },
+    });
     try {
       await racked.join((await client.call("joinTokens.create", { role: "node" })).body.token);
       await racked.connect();
@@ -146,7 +160,9 @@ describe("failures", () => {
       expect(wf.state).toBe("succeeded");
       expect(wf.steps[0].attempts.at(-1).output).toEqual({ agent: racked.nodeId });
       // The wait is gone with the step.
-      expect((await client.store.db.execute(sql`SELECT count(*)::int AS n FROM bc_agent_waits WHERE workflow_id = ${id}`)).rows).toEqual([{ n: 0 }]);
+      expect((await client.store.db.execute(sql`SELECT count(*)::int AS n FROM bc_agent_waits WHERE workflow_id = ${id}`)).rows).toEqual([
+        { n: 0 },
+      ]);
     } finally {
       await racked.stop();
     }
@@ -164,7 +180,9 @@ describe("failures", () => {
     const wf = await finished((await start("acme.bringUp", { pool: "bogus" })).body.id);
     expect(wf.state).toBe("failed");
     expect(wf.error).toMatchObject({ code: "INVALID_ARGUMENT", step: "acme.configureNic" });
-    const commands = await client.store.db.execute(sql`SELECT count(*)::int AS n FROM bc_commands WHERE idempotency_key LIKE ${`wf:${wf.id}:%`}`);
+    const commands = await client.store.db.execute(
+      sql`SELECT count(*)::int AS n FROM bc_commands WHERE idempotency_key LIKE ${`wf:${wf.id}:%`}`,
+    );
     expect(commands.rows).toEqual([{ n: 0 }]);
   });
 });

@@ -147,7 +147,12 @@ describe("a deployment with two third-party plugins", () => {
     const modules = await client.call("modules.list");
     expect(modules.body.modules).toEqual(
       expect.arrayContaining([
-        { id: "acme-widgets", version: "1.2.0", kind: "plugin", methods: ["widgets.create", "widgets.get", "widgets.explode", "widgets.setPassword"] },
+        {
+          id: "acme-widgets",
+          version: "1.2.0",
+          kind: "plugin",
+          methods: ["widgets.create", "widgets.get", "widgets.explode", "widgets.setPassword"],
+        },
         { id: "acme-notes", version: "1", kind: "plugin", methods: ["notes.attach", "notes.sloppy"] },
       ]),
     );
@@ -163,7 +168,9 @@ describe("a deployment with two third-party plugins", () => {
       { type: "widget.created", module: "acme-widgets" },
       { type: "note.attached", module: "acme-notes" },
     ]);
-    const work = await client.store.db.execute(sql`SELECT module, state FROM bc_work_items WHERE queue = 'acme-widgets.paint' AND key = ${id}`);
+    const work = await client.store.db.execute(
+      sql`SELECT module, state FROM bc_work_items WHERE queue = 'acme-widgets.paint' AND key = ${id}`,
+    );
     expect(work.rows).toEqual([{ module: "acme-widgets", state: "pending" }]);
   });
 

@@ -65,8 +65,11 @@ describe("Walkthrough 1: Ubuntu autoinstall", () => {
     expect(machine.boots).toEqual(["pxe", "cd", "pxe"]);
 
     // The token is in the ISO the deploy rendered, and nowhere an agent or the record saw it.
-    const iso = (await sim.call<{ steps: { name: string; attempts: { output: { url: string } | null }[] }[] }>("workflows.get", { id: deployWorkflow })).steps
-      .find((s) => s.name === "autoinstall.renderIso")!.attempts.at(-1)!.output!;
+    const iso = (
+      await sim.call<{ steps: { name: string; attempts: { output: { url: string } | null }[] }[] }>("workflows.get", { id: deployWorkflow })
+    ).steps
+      .find((s) => s.name === "autoinstall.renderIso")!
+      .attempts.at(-1)!.output!;
     const token = tokenInIso(iso.url)!;
     expect(token).toMatch(/^bcj_/);
     expect(isos.size).toBeGreaterThan(0);
@@ -77,7 +80,12 @@ describe("Walkthrough 1: Ubuntu autoinstall", () => {
       SELECT role, revoked_at IS NOT NULL AS revoked FROM bc_nodes
       WHERE labels->>'bc.dev/machine' = 'm-first' OR labels->>'bc.dev/product-uuid' = ${machine.uuid.toLowerCase()}`);
     expect(agents.rows.length).toBe(3); // the installed system, and the ramdisks of commissioning and release
-    expect(agents.rows).toEqual(expect.arrayContaining([{ role: "node", revoked: true }, { role: "ramdisk", revoked: true }]));
+    expect(agents.rows).toEqual(
+      expect.arrayContaining([
+        { role: "node", revoked: true },
+        { role: "ramdisk", revoked: true },
+      ]),
+    );
     expect(agents.rows.every((r) => (r as { revoked: boolean }).revoked)).toBe(true);
     // The installed system joined with it once: the token is used up.
     const used = await sim.store.db.execute(sql`SELECT consumed_at FROM bc_join_tokens WHERE id = ${token.split("_")[1]!}`);
@@ -91,8 +99,10 @@ describe("Walkthrough 1: Ubuntu autoinstall", () => {
     const tokens = new Set<string>();
     for (let i = 0; i < 20; i++) {
       const { deployWorkflow } = await deployAndRelease("m-loops");
-      const out = (await sim.store.db.execute(sql`
-        SELECT output->>'url' AS url FROM workflow_steps WHERE workflow_id = ${deployWorkflow} AND name = 'autoinstall.renderIso' AND state = 'succeeded'`)).rows[0] as { url: string };
+      const out = (
+        await sim.store.db.execute(sql`
+        SELECT output->>'url' AS url FROM workflow_steps WHERE workflow_id = ${deployWorkflow} AND name = 'autoinstall.renderIso' AND state = 'succeeded'`)
+      ).rows[0] as { url: string };
       tokens.add(tokenInIso(out.url)!);
     }
     expect(tokens.size).toBe(20);
@@ -118,7 +128,9 @@ describe("Walkthrough 1: Ubuntu autoinstall", () => {
     const { workflow } = await sim.call<{ workflow: string }>("metal.undeploy", { node: "m-first" });
     // The unsigned wipe result is refused; the step waits for a signed one until its deadline.
     await waitFor(async () => {
-      const wipe = await sim.store.db.execute(sql`SELECT state FROM workflow_steps WHERE workflow_id = ${workflow} AND step_id = 'disk.wipe'`);
+      const wipe = await sim.store.db.execute(
+        sql`SELECT state FROM workflow_steps WHERE workflow_id = ${workflow} AND step_id = 'disk.wipe'`,
+      );
       return (wipe.rows[0] as { state: string } | undefined)?.state === "waiting" && machine.disks.disks.get("/dev/sda")!.wipes > 0;
     });
     await sim.advanceClock(3700);
@@ -126,7 +138,9 @@ describe("Walkthrough 1: Ubuntu autoinstall", () => {
     expect(failed.state).toBe("failed");
     expect(failed.maintenance).toBe(true);
     expect(failed.lastError).toMatchObject({ code: "DEADLINE_EXCEEDED", step: "disk.wipe" });
-    const history = await sim.store.db.execute(sql`SELECT from_state, to_state FROM metal_transitions WHERE node_id = 'm-first' ORDER BY id DESC LIMIT 1`);
+    const history = await sim.store.db.execute(
+      sql`SELECT from_state, to_state FROM metal_transitions WHERE node_id = 'm-first' ORDER BY id DESC LIMIT 1`,
+    );
     expect(history.rows[0]).toEqual({ from_state: "releasing", to_state: "failed" });
     await expect(sim.call("metal.deploy", { node: "m-first", profile: PROFILE })).rejects.toMatchObject({ code: "FAILED_PRECONDITION" });
   }, 60_000);

@@ -32,7 +32,7 @@ describe("metal against a misbehaving BMC", () => {
       ((await s.store.db.execute(sql`SELECT count(*)::int AS n FROM workflow_steps WHERE state = 'failed'`)).rows[0] as { n: number }).n;
     let healed = false;
     const healer = setInterval(async () => {
-      if (!healed && (await failedAttempts()) >= 2) (healed = true), s.bmc.setFaults({ delayMs: 5 });
+      if (!healed && (await failedAttempts()) >= 2) ((healed = true), s.bmc.setFaults({ delayMs: 5 }));
     }, 20);
     try {
       const node = await sim.enroll(sim.machines[0]!, { id: "m-flaky" });

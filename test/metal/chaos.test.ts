@@ -110,7 +110,9 @@ async function run(lane: Lane, at?: number, boundary: ChaosBoundary = "after-com
   const { workflow } =
     phase === "deploy"
       ? await sim.call<{ workflow: string }>("metal.deploy", {
-          node, profile: "metal.deploy.image-stream", input: { image: { url: `${images.url}/images/${image}`, sha256: image } },
+          node,
+          profile: "metal.deploy.image-stream",
+          input: { image: { url: `${images.url}/images/${image}`, sha256: image } },
         })
       : await sim.call<{ workflow: string }>("metal.undeploy", { node });
   const ended = await sim.waitForState(node, [expected.to, "failed"]).catch(async (err: Error) => {
@@ -129,7 +131,10 @@ async function run(lane: Lane, at?: number, boundary: ChaosBoundary = "after-com
     sim,
     sql`SELECT position, attempt, state, command_id::text FROM workflow_steps WHERE workflow_id = ${workflow} ORDER BY position, attempt`,
   );
-  expect(attempts.filter((a) => a.state !== "succeeded"), label).toEqual([]);
+  expect(
+    attempts.filter((a) => a.state !== "succeeded"),
+    label,
+  ).toEqual([]);
   const retried = attempts.some((a) => a.attempt > 1);
 
   // Every command of the workflow is keyed by its (workflow, position, attempt), is the one that
@@ -142,7 +147,10 @@ async function run(lane: Lane, at?: number, boundary: ChaosBoundary = "after-com
     const what = `${label}: ${command.kind} ${command.key}`;
     const [, position, attempt] = /^wf:.+:(\d+):(\d+)$/.exec(command.key) ?? [];
     expect(command.key, what).toBe(`wf:${workflow}:${position}:${attempt}`);
-    expect(attempts.filter((a) => a.command_id === command.id).map((a) => [a.position, a.attempt]), what).toEqual([[Number(position), Number(attempt)]]);
+    expect(
+      attempts.filter((a) => a.command_id === command.id).map((a) => [a.position, a.attempt]),
+      what,
+    ).toEqual([[Number(position), Number(attempt)]]);
     expect(command.state, what).toBe("succeeded");
   }
 
@@ -159,15 +167,30 @@ async function run(lane: Lane, at?: number, boundary: ChaosBoundary = "after-com
 
   // The lifecycle: each event of the phase once, with its workflow; the workflow's and the
   // machine's events once each.
-  const history = await rows<{ event: string }>(sim, sql`SELECT event FROM metal_transitions WHERE node_id = ${node} AND workflow_id = ${workflow} ORDER BY id`);
-  expect(history.map((h) => h.event), label).toEqual(expected.events);
+  const history = await rows<{ event: string }>(
+    sim,
+    sql`SELECT event FROM metal_transitions WHERE node_id = ${node} AND workflow_id = ${workflow} ORDER BY id`,
+  );
+  expect(
+    history.map((h) => h.event),
+    label,
+  ).toEqual(expected.events);
   const events = await rows<{ type: string; step: string | null; n: number }>(
     sim,
     sql`SELECT type, data->>'step' AS step, count(*)::int AS n FROM bc_events
         WHERE id > ${eventsBefore}::bigint AND subject IN (${`workflows/${workflow}`}, ${`metal/nodes/${node}`}) GROUP BY 1, 2`,
   );
-  expect(events.filter((e) => e.n !== 1), `${label}: events recorded more than once`).toEqual([]);
-  expect(events.filter((e) => e.type.startsWith("metal.node.")).map((e) => e.type).sort(), label).toEqual(expected.events.map((e) => `metal.node.${e}`).sort());
+  expect(
+    events.filter((e) => e.n !== 1),
+    `${label}: events recorded more than once`,
+  ).toEqual([]);
+  expect(
+    events
+      .filter((e) => e.type.startsWith("metal.node."))
+      .map((e) => e.type)
+      .sort(),
+    label,
+  ).toEqual(expected.events.map((e) => `metal.node.${e}`).sort());
   return outcome;
 }
 
@@ -175,8 +198,14 @@ async function run(lane: Lane, at?: number, boundary: ChaosBoundary = "after-com
 async function stoodAt(sim: MetalSim, workflow: string) {
   return {
     workflow: await rows(sim, sql`SELECT state, position, error FROM workflows WHERE id = ${workflow}`),
-    steps: await rows(sim, sql`SELECT position, name, attempt, state, error, command_id::text FROM workflow_steps WHERE workflow_id = ${workflow} ORDER BY position, attempt`),
-    commands: await rows(sim, sql`SELECT id::text, node_id, kind, state, error FROM bc_commands WHERE origin = ${`workflow:${workflow}`} ORDER BY id`),
+    steps: await rows(
+      sim,
+      sql`SELECT position, name, attempt, state, error, command_id::text FROM workflow_steps WHERE workflow_id = ${workflow} ORDER BY position, attempt`,
+    ),
+    commands: await rows(
+      sim,
+      sql`SELECT id::text, node_id, kind, state, error FROM bc_commands WHERE origin = ${`workflow:${workflow}`} ORDER BY id`,
+    ),
   };
 }
 
@@ -229,5 +258,7 @@ it("a deploy and a release crashed at every transaction boundary, before and aft
   if (failure !== undefined) throw failure;
   expect(missed, "boundaries no run reached").toEqual([]);
   expect(covered).toHaveLength(2 * (clean.deploy + clean.release));
-  console.info(`metal chaos: ${covered.length} crashed runs (${clean.deploy} deploy and ${clean.release} release transactions, each before and after its commit) in ${((Date.now() - started) / 1000).toFixed(0)} s`);
+  console.info(
+    `metal chaos: ${covered.length} crashed runs (${clean.deploy} deploy and ${clean.release} release transactions, each before and after its commit) in ${((Date.now() - started) / 1000).toFixed(0)} s`,
+  );
 }, 300_000);

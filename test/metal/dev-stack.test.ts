@@ -35,7 +35,11 @@ describe("metal on the dev stack", () => {
     const ready = await sim.waitForState("m-stack", ["ready", "failed"], 90_000);
     expect(ready.state, JSON.stringify(ready.lastError)).toBe("ready");
 
-    await sim.call("metal.deploy", { node: "m-stack", profile: "metal.deploy.image-stream", input: { image: { url: `${images.url}/images/${image}`, sha256: image } } });
+    await sim.call("metal.deploy", {
+      node: "m-stack",
+      profile: "metal.deploy.image-stream",
+      input: { image: { url: `${images.url}/images/${image}`, sha256: image } },
+    });
     const deployed = await sim.waitForState("m-stack", ["deployed", "failed"], 90_000);
     expect(deployed.state, JSON.stringify(deployed.lastError)).toBe("deployed");
     expect(machine.disks.disks.get("/dev/sda")!.sha256).toBe(image);

@@ -38,13 +38,24 @@ describe("a hardware profile with BIOS settings and a RAID layout", () => {
 
     expect(machine.bmc.biosSettings).toMatchObject({ SriovGlobalEnable: true, ProcTurboMode: "Disabled" });
     expect(machine.bmc.biosPending).toEqual({});
-    expect(machine.bmc.storage.volumes.map((v) => ({ level: v.raidType, drives: v.drives.length }))).toEqual([{ level: "RAID1", drives: 2 }]);
+    expect(machine.bmc.storage.volumes.map((v) => ({ level: v.raidType, drives: v.drives.length }))).toEqual([
+      { level: "RAID1", drives: 2 },
+    ]);
 
     const steps = await sim.store.db.execute(sql`
       SELECT s.name FROM workflow_steps s JOIN metal_nodes n ON n.workflow_id = s.workflow_id
       WHERE n.id = 'm-hw' AND s.state = 'succeeded' ORDER BY s.position`);
     expect((steps.rows as { name: string }[]).map((r) => r.name)).toEqual([
-      "inspect", "metal.recordInventory", "bios.apply", "raid.apply", "boot.pxe", "power.cycle", "wait.ramdisk", "inventory.ramdisk", "disk.wipe", "power.off",
+      "inspect",
+      "metal.recordInventory",
+      "bios.apply",
+      "raid.apply",
+      "boot.pxe",
+      "power.cycle",
+      "wait.ramdisk",
+      "inventory.ramdisk",
+      "disk.wipe",
+      "power.off",
     ]);
   }, 60_000);
 });

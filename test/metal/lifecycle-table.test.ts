@@ -9,7 +9,16 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { metalModule } from "better-compute/metal";
 import { provisionModule } from "better-compute/provision";
 import { inProcessControlPlane, type SimControlPlane } from "../../agent/testing/metal-sim-control-plane.ts";
-import { FLAG_CHANGES, METAL_STATES, ON_WORKFLOW_SUCCESS, TRANSITIONAL_STATES, TRANSITIONS, type FlagChange, type MetalEvent, type MetalState } from "../../plugins/metal/lifecycle.ts";
+import {
+  FLAG_CHANGES,
+  METAL_STATES,
+  ON_WORKFLOW_SUCCESS,
+  TRANSITIONAL_STATES,
+  TRANSITIONS,
+  type FlagChange,
+  type MetalEvent,
+  type MetalState,
+} from "../../plugins/metal/lifecycle.ts";
 import { ATTEMPT_MOVES, ATTEMPT_STATES } from "../../plugins/provision/engine.ts";
 
 type Refusal = { code: string; message: string; details?: Record<string, any> };
@@ -50,7 +59,10 @@ describe("the lifecycle table", () => {
     const moves = Object.values(ATTEMPT_MOVES);
     for (const state of ATTEMPT_STATES.filter((s) => s !== "succeeded" && s !== "failed")) {
       for (const end of ["succeeded", "failed"]) {
-        expect(moves.some((m) => m.to === end && (m.from as readonly string[]).includes(state)), `${state} → ${end}`).toBe(true);
+        expect(
+          moves.some((m) => m.to === end && (m.from as readonly string[]).includes(state)),
+          `${state} → ${end}`,
+        ).toBe(true);
       }
     }
   });
@@ -68,7 +80,11 @@ const APPLIED = {
 
 describe("the migrations", () => {
   it("keep the text every applied metal and provision migration was applied with", () => {
-    const registered = new Map([metalModule(), provisionModule()].flatMap((mod) => mod.migrations ?? []).map((m) => [m.name, createHash("sha256").update(m.sql).digest("hex")]));
+    const registered = new Map(
+      [metalModule(), provisionModule()]
+        .flatMap((mod) => mod.migrations ?? [])
+        .map((m) => [m.name, createHash("sha256").update(m.sql).digest("hex")]),
+    );
     for (const [name, sha256] of Object.entries(APPLIED)) expect(registered.get(name), name).toBe(sha256);
   });
 });
@@ -79,17 +95,23 @@ beforeAll(async () => {
   // A site with no agent: enrolled machines stay enrolled, and nothing but this file moves them.
   await cp.call("metal.sites.create", { id: "table" });
   await cp.call("metal.pools.create", { id: "table-metal", site: "table", policy: { hardwareProfile: "redfish-pxe" } });
-  await cp.call("metal.enroll", { id: "m-table", pool: "table-metal", bmc: { address: "https://192.0.2.40/redfish/v1/Systems/1", username: "admin", password: "not-a-real-one" } });
+  await cp.call("metal.enroll", {
+    id: "m-table",
+    pool: "table-metal",
+    bmc: { address: "https://192.0.2.40/redfish/v1/Systems/1", username: "admin", password: "not-a-real-one" },
+  });
 }, 60_000);
 afterAll(() => cp?.stop());
 
-const rows = async <T,>(query: ReturnType<typeof sql>) => (await cp.store.db.execute(query)).rows as T[];
+const rows = async <T>(query: ReturnType<typeof sql>) => (await cp.store.db.execute(query)).rows as T[];
 /** The quoted states in a CHECK or an index predicate, as Postgres prints it back. */
 const quoted = (definition: string) => [...definition.matchAll(/'([a-z_]+)'/g)].map((m) => m[1]!).sort();
 
 describe("the database agrees with the tables", () => {
   it("metal_nodes allows exactly the table's states, and the reconciler's index holds enrolled and the transitional states", async () => {
-    const [check] = await rows<{ def: string }>(sql`SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint WHERE conname = 'metal_nodes_state_check'`);
+    const [check] = await rows<{ def: string }>(
+      sql`SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint WHERE conname = 'metal_nodes_state_check'`,
+    );
     expect(quoted(check!.def)).toEqual([...METAL_STATES].sort());
     const [moving] = await rows<{ def: string }>(sql`SELECT indexdef AS def FROM pg_indexes WHERE indexname = 'metal_nodes_moving'`);
     expect(quoted(moving!.def)).toEqual(["enrolled", ...TRANSITIONAL_STATES].sort());
@@ -114,23 +136,35 @@ describe("a method called in a state its event does not leave from", () => {
     { method: "metal.nodes.maintenance", event: "maintenance.on", input: { on: true, reason: "a test" } },
     { method: "metal.nodes.maintenance", event: "maintenance.off", input: { on: false } },
   ];
-  const allowed = (event: MetalEvent | FlagChange): readonly MetalState[] => (event in FLAG_CHANGES ? FLAG_CHANGES[event as FlagChange] : TRANSITIONS[event as MetalEvent]).from;
+  const allowed = (event: MetalEvent | FlagChange): readonly MetalState[] =>
+    (event in FLAG_CHANGES ? FLAG_CHANGES[event as FlagChange] : TRANSITIONS[event as MetalEvent]).from;
 
-  it.each(cases)("$method ($event) is FAILED_PRECONDITION naming exactly the states the table allows, and writes nothing", async ({ method, event, input }) => {
-    const wrong = METAL_STATES.filter((s) => !allowed(event).includes(s));
-    expect(wrong.length).toBeGreaterThan(0);
-    for (const state of wrong) {
-      // Held in that state by this test alone (no workflow drives it, the site has no agent).
-      await cp.store.db.execute(sql`UPDATE metal_nodes SET state = ${state}, maintenance = false, maintenance_reason = NULL, workflow_id = NULL WHERE id = 'm-table'`);
-      const before = await rows(sql`SELECT (SELECT count(*)::int FROM metal_transitions) AS transitions, (SELECT count(*)::int FROM workflows) AS workflows`);
-      const err = await refusal(cp.call(method, { node: "m-table", ...input }));
-      expect(err.code, `${method} in ${state}`).toBe("FAILED_PRECONDITION");
-      expect(err.details).toEqual({ node: "m-table", state, allowed: allowed(event) });
-      expect(err.message).toContain(`metal node m-table is ${state};`);
-      const named = /needs it in state (.+?)(?:: |$)/.exec(err.message)?.[1];
-      expect(named?.split(/, | or /), err.message).toEqual(allowed(event));
-      expect(await rows(sql`SELECT (SELECT count(*)::int FROM metal_transitions) AS transitions, (SELECT count(*)::int FROM workflows) AS workflows`)).toEqual(before);
-      expect((await rows<{ state: string }>(sql`SELECT state FROM metal_nodes WHERE id = 'm-table'`))[0]!.state).toBe(state);
-    }
-  });
+  it.each(cases)(
+    "$method ($event) is FAILED_PRECONDITION naming exactly the states the table allows, and writes nothing",
+    async ({ method, event, input }) => {
+      const wrong = METAL_STATES.filter((s) => !allowed(event).includes(s));
+      expect(wrong.length).toBeGreaterThan(0);
+      for (const state of wrong) {
+        // Held in that state by this test alone (no workflow drives it, the site has no agent).
+        await cp.store.db.execute(
+          sql`UPDATE metal_nodes SET state = ${state}, maintenance = false, maintenance_reason = NULL, workflow_id = NULL WHERE id = 'm-table'`,
+        );
+        const before = await rows(
+          sql`SELECT (SELECT count(*)::int FROM metal_transitions) AS transitions, (SELECT count(*)::int FROM workflows) AS workflows`,
+        );
+        const err = await refusal(cp.call(method, { node: "m-table", ...input }));
+        expect(err.code, `${method} in ${state}`).toBe("FAILED_PRECONDITION");
+        expect(err.details).toEqual({ node: "m-table", state, allowed: allowed(event) });
+        expect(err.message).toContain(`metal node m-table is ${state};`);
+        const named = /needs it in state (.+?)(?:: |$)/.exec(err.message)?.[1];
+        expect(named?.split(/, | or /), err.message).toEqual(allowed(event));
+        expect(
+          await rows(
+            sql`SELECT (SELECT count(*)::int FROM metal_transitions) AS transitions, (SELECT count(*)::int FROM workflows) AS workflows`,
+          ),
+        ).toEqual(before);
+        expect((await rows<{ state: string }>(sql`SELECT state FROM metal_nodes WHERE id = 'm-table'`))[0]!.state).toBe(state);
+      }
+    },
+  );
 });

@@ -29,7 +29,7 @@ async function rows<T = Record<string, unknown>>(sim: MetalSim, query: ReturnTyp
 }
 
 async function count(sim: MetalSim, query: ReturnType<typeof sql>): Promise<number> {
-  return ((await rows<{ n: number }>(sim, query))[0]!).n;
+  return (await rows<{ n: number }>(sim, query))[0]!.n;
 }
 
 /** What a refusal must not have left behind: nodes, pools, sealed secrets, workflows. */
@@ -83,10 +83,19 @@ describe("metal refusals: a typed code, and nothing written", () => {
       `https://${host}/redfish/v1/Systems/1/Actions`,
       "not a url",
     ]) {
-      const err = await refusal(sim.call("metal.enroll", { id: "m-badaddr", pool: sim.site.pool, bmc: { address, username: SIM_BMC_USER, password: "pw-bad-address" } }));
+      const err = await refusal(
+        sim.call("metal.enroll", {
+          id: "m-badaddr",
+          pool: sim.site.pool,
+          bmc: { address, username: SIM_BMC_USER, password: "pw-bad-address" },
+        }),
+      );
       expect(err.code, address).toBe("INVALID_ARGUMENT");
       const issues = (err.details as { issues?: { path: string; message: string }[] } | undefined)?.issues;
-      expect(issues?.some((i) => i.path === "address" && /redfish\/v1\/Systems/.test(i.message)), `${address}: ${JSON.stringify(err.details)}`).toBe(true);
+      expect(
+        issues?.some((i) => i.path === "address" && /redfish\/v1\/Systems/.test(i.message)),
+        `${address}: ${JSON.stringify(err.details)}`,
+      ).toBe(true);
       expect(JSON.stringify(err)).not.toContain("hunter2");
     }
     expect(await written(sim)).toEqual(before);
@@ -95,7 +104,13 @@ describe("metal refusals: a typed code, and nothing written", () => {
 
   it("metal.enroll into an unknown pool is NOT_FOUND", async () => {
     const before = await written(sim);
-    const err = await refusal(sim.call("metal.enroll", { id: "m-nopool", pool: "no-such-pool", bmc: { address: sim.machines[1]!.address, username: SIM_BMC_USER, password: SIM_BMC_PASSWORD } }));
+    const err = await refusal(
+      sim.call("metal.enroll", {
+        id: "m-nopool",
+        pool: "no-such-pool",
+        bmc: { address: sim.machines[1]!.address, username: SIM_BMC_USER, password: SIM_BMC_PASSWORD },
+      }),
+    );
     expect(err.code).toBe("NOT_FOUND");
     expect(await written(sim)).toEqual(before);
   });
@@ -114,10 +129,14 @@ describe("metal refusals: a typed code, and nothing written", () => {
 
   it("metal.pools.create refuses an unknown hardware profile (INVALID_ARGUMENT) and an unknown site (NOT_FOUND)", async () => {
     const before = await written(sim);
-    const badProfile = await refusal(sim.call("metal.pools.create", { id: "p-badhw", site: sim.site.id, policy: { hardwareProfile: "no-such-hardware" } }));
+    const badProfile = await refusal(
+      sim.call("metal.pools.create", { id: "p-badhw", site: sim.site.id, policy: { hardwareProfile: "no-such-hardware" } }),
+    );
     expect(badProfile.code).toBe("INVALID_ARGUMENT");
     expect(badProfile.details).toMatchObject({ known: expect.arrayContaining(["redfish-pxe"]) });
-    const badSite = await refusal(sim.call("metal.pools.create", { id: "p-nosite", site: "no-such-site", policy: { hardwareProfile: "redfish-pxe" } }));
+    const badSite = await refusal(
+      sim.call("metal.pools.create", { id: "p-nosite", site: "no-such-site", policy: { hardwareProfile: "redfish-pxe" } }),
+    );
     expect(badSite.code).toBe("NOT_FOUND");
     expect(await written(sim)).toEqual(before);
     expect(await count(sim, sql`SELECT count(*)::int AS n FROM metal_pools WHERE id IN ('p-badhw', 'p-nosite')`)).toBe(0);
@@ -126,7 +145,11 @@ describe("metal refusals: a typed code, and nothing written", () => {
   it("metal.deploy of a machine that is not ready is FAILED_PRECONDITION, and starts nothing", async () => {
     // A machine in a site without an agent stays enrolled: never ready.
     const pool = await agentlessSite(sim, "quiet-site");
-    const enrolled = await sim.call<{ state: string }>("metal.enroll", { id: "m-quiet", pool, bmc: { address: sim.machines[1]!.address, username: SIM_BMC_USER, password: SIM_BMC_PASSWORD } });
+    const enrolled = await sim.call<{ state: string }>("metal.enroll", {
+      id: "m-quiet",
+      pool,
+      bmc: { address: sim.machines[1]!.address, username: SIM_BMC_USER, password: SIM_BMC_PASSWORD },
+    });
     expect(enrolled.state).toBe("enrolled");
     const err = await refusal(sim.call("metal.deploy", { node: "m-quiet", profile: "metal.deploy.image-stream", input: {} }));
     expect(err.code).toBe("FAILED_PRECONDITION");
@@ -184,7 +207,9 @@ describe("metal lifecycle on a simulated site", () => {
     expect(disk.wipes).toBe(1); // commissioning wiped it
 
     const deploy = await sim.call<{ workflow: string }>("metal.deploy", {
-      node: "m-life", profile: "metal.deploy.image-stream", input: { image: { url: `${images.url}/images/${image}`, sha256: image } },
+      node: "m-life",
+      profile: "metal.deploy.image-stream",
+      input: { image: { url: `${images.url}/images/${image}`, sha256: image } },
     });
     const deployed = await sim.waitForState("m-life", ["deployed", "failed"]);
     expect(deployed.state, JSON.stringify(deployed.lastError)).toBe("deployed");
@@ -200,7 +225,9 @@ describe("metal lifecycle on a simulated site", () => {
     expect(disk.data).toBeNull();
     expect(disk.wipes).toBe(2);
 
-    const commission = (await rows<{ id: string }>(sim, sql`SELECT id FROM workflows WHERE target = 'm-life' AND profile_id = 'metal.commission'`)).map((r) => r.id);
+    const commission = (
+      await rows<{ id: string }>(sim, sql`SELECT id FROM workflows WHERE target = 'm-life' AND profile_id = 'metal.commission'`)
+    ).map((r) => r.id);
     expect(commission).toHaveLength(1);
     expect(await history(sim, "m-life")).toEqual([
       { event: "commission", from_state: "enrolled", to_state: "commissioning", workflow_id: commission[0] },
@@ -210,7 +237,10 @@ describe("metal lifecycle on a simulated site", () => {
       { event: "undeploy", from_state: "deployed", to_state: "releasing", workflow_id: undeploy.workflow },
       { event: "released", from_state: "releasing", to_state: "ready", workflow_id: undeploy.workflow },
     ]);
-    const profiles = await rows<{ id: string; profile_id: string; state: string }>(sim, sql`SELECT id, profile_id, state FROM workflows WHERE target = 'm-life' ORDER BY created_at, id`);
+    const profiles = await rows<{ id: string; profile_id: string; state: string }>(
+      sim,
+      sql`SELECT id, profile_id, state FROM workflows WHERE target = 'm-life' ORDER BY created_at, id`,
+    );
     expect(profiles.map((w) => [w.profile_id, w.state])).toEqual([
       ["metal.commission", "succeeded"],
       ["metal.deploy.image-stream", "succeeded"],
@@ -220,7 +250,12 @@ describe("metal lifecycle on a simulated site", () => {
 
   it("the BMC password given at enroll is sealed: a secret:// reference, in no answer, workflow input, event or audit row", async () => {
     expect(enrolled, "the previous test enrolled m-life").toBeDefined();
-    const stored = (await rows<{ bmc: { password: string; username: string; address: string } }>(sim, sql`SELECT bmc FROM metal_nodes WHERE id = 'm-life'`))[0]!.bmc;
+    const stored = (
+      await rows<{ bmc: { password: string; username: string; address: string } }>(
+        sim,
+        sql`SELECT bmc FROM metal_nodes WHERE id = 'm-life'`,
+      )
+    )[0]!.bmc;
     expect(stored.password).toMatch(/^secret:\/\/[\w-]+$/);
     expect(stored).toMatchObject({ username: SIM_BMC_USER, address: sim.machines[0]!.address });
     // The reference is the password, sealed (not a copy of it).
@@ -257,7 +292,9 @@ describe("metal lifecycle on a simulated site", () => {
 
     // The URL serves `image`; the operator asked for otherImage's digest.
     const deploy = await sim.call<{ workflow: string }>("metal.deploy", {
-      node: "m-digest", profile: "metal.deploy.image-stream", input: { image: { url: `${images.url}/images/${image}`, sha256: otherImage } },
+      node: "m-digest",
+      profile: "metal.deploy.image-stream",
+      input: { image: { url: `${images.url}/images/${image}`, sha256: otherImage } },
     });
     const failed = await sim.waitForState("m-digest", ["failed", "deployed"]);
     expect(failed.state).toBe("failed");
@@ -267,16 +304,28 @@ describe("metal lifecycle on a simulated site", () => {
     expect(error).toMatchObject({ code: "DRIVER_ERROR", step: "image.write", workflow: deploy.workflow });
     expect(error.message).toContain("digest mismatch");
     expect(error.message).toContain(otherImage);
-    expect((await history(sim, "m-digest")).at(-1)).toEqual({ event: "fail", from_state: "deploying", to_state: "failed", workflow_id: deploy.workflow });
+    expect((await history(sim, "m-digest")).at(-1)).toEqual({
+      event: "fail",
+      from_state: "deploying",
+      to_state: "failed",
+      workflow_id: deploy.workflow,
+    });
     // A failed machine in maintenance is not deployed again.
-    expect((await refusal(sim.call("metal.deploy", { node: "m-digest", profile: "metal.deploy.image-stream", input: {} }))).code).toBe("FAILED_PRECONDITION");
+    expect((await refusal(sim.call("metal.deploy", { node: "m-digest", profile: "metal.deploy.image-stream", input: {} }))).code).toBe(
+      "FAILED_PRECONDITION",
+    );
 
     const recommissioned = await sim.call<{ state: string; maintenance: boolean }>("metal.nodes.recommission", { node: "m-digest" });
     expect(recommissioned).toMatchObject({ state: "commissioning", maintenance: false, maintenanceReason: null, lastError: null });
     const back = await sim.waitForState("m-digest", ["ready", "failed"]);
     expect(back.state, JSON.stringify(back.lastError)).toBe("ready");
     expect(back).toMatchObject({ maintenance: false, maintenanceReason: null, lastError: null, role: null });
-    const commissions = (await rows<{ id: string }>(sim, sql`SELECT id FROM workflows WHERE target = 'm-digest' AND profile_id = 'metal.commission' ORDER BY created_at, id`)).map((r) => r.id);
+    const commissions = (
+      await rows<{ id: string }>(
+        sim,
+        sql`SELECT id FROM workflows WHERE target = 'm-digest' AND profile_id = 'metal.commission' ORDER BY created_at, id`,
+      )
+    ).map((r) => r.id);
     expect(commissions).toHaveLength(2);
     expect((await history(sim, "m-digest")).slice(-4)).toEqual([
       { event: "fail", from_state: "deploying", to_state: "failed", workflow_id: deploy.workflow },
@@ -291,7 +340,11 @@ describe("metal lifecycle on a simulated site", () => {
     const machine = sim.machines[0]!;
     expect((await sim.call<{ state: string }>("metal.nodes.get", { node: "m-life" })).state).toBe("ready");
     expect((await refusal(sim.call("metal.rescue", { node: "m-life" }))).code).toBe("FAILED_PRECONDITION");
-    await sim.call("metal.deploy", { node: "m-life", profile: "metal.deploy.image-stream", input: { image: { url: `${images.url}/images/${image}`, sha256: image } } });
+    await sim.call("metal.deploy", {
+      node: "m-life",
+      profile: "metal.deploy.image-stream",
+      input: { image: { url: `${images.url}/images/${image}`, sha256: image } },
+    });
     expect((await sim.waitForState("m-life", ["deployed", "failed"])).state).toBe("deployed");
     expect((await refusal(sim.call("metal.unrescue", { node: "m-life" }))).code).toBe("FAILED_PRECONDITION");
 
@@ -301,9 +354,12 @@ describe("metal lifecycle on a simulated site", () => {
     expect(rescued.role).toBe("host");
     expect(machine.boots.at(-1)).toBe("pxe");
     expect(machine.disks.disks.get("/dev/sda")!.sha256).toBe(image); // nothing was wiped or written
-    const ramdisk = await rows<{ id: string; state: string; revoked: boolean }>(sim, sql`
+    const ramdisk = await rows<{ id: string; state: string; revoked: boolean }>(
+      sim,
+      sql`
       SELECT id, state, revoked_at IS NOT NULL AS revoked FROM bc_nodes
-      WHERE role = 'ramdisk' AND labels->>'bc.dev/product-uuid' = ${machine.uuid.toLowerCase()} AND revoked_at IS NULL`);
+      WHERE role = 'ramdisk' AND labels->>'bc.dev/product-uuid' = ${machine.uuid.toLowerCase()} AND revoked_at IS NULL`,
+    );
     expect(ramdisk).toEqual([{ id: expect.any(String), state: "connected", revoked: false }]);
 
     const unrescue = await sim.call<{ workflow: string }>("metal.unrescue", { node: "m-life" });
@@ -311,7 +367,10 @@ describe("metal lifecycle on a simulated site", () => {
     expect(back.state, JSON.stringify(back.lastError)).toBe("deployed");
     expect(machine.boots.at(-1)).not.toBe("pxe");
     expect(machine.disks.disks.get("/dev/sda")!.sha256).toBe(image);
-    const after = await rows<{ revoked: boolean }>(sim, sql`SELECT revoked_at IS NOT NULL AS revoked FROM bc_nodes WHERE id = ${ramdisk[0]!.id}`);
+    const after = await rows<{ revoked: boolean }>(
+      sim,
+      sql`SELECT revoked_at IS NOT NULL AS revoked FROM bc_nodes WHERE id = ${ramdisk[0]!.id}`,
+    );
     expect(after).toEqual([{ revoked: true }]);
     expect((await history(sim, "m-life")).slice(-4)).toEqual([
       { event: "rescue", from_state: "deployed", to_state: "rescuing", workflow_id: rescue.workflow },
@@ -328,13 +387,26 @@ describe("metal lifecycle on a simulated site", () => {
     expect((await sim.call<{ state: string }>("metal.nodes.get", { node: "m-digest" })).state).toBe("ready");
     const retired = await sim.call<Record<string, unknown>>("metal.nodes.retire", { node: "m-digest", reason: "motherboard replaced" });
     expect(retired).toMatchObject({ state: "retired", maintenance: false, workflow: null, role: null });
-    expect((await history(sim, "m-digest")).at(-1)).toEqual({ event: "retire", from_state: "ready", to_state: "retired", workflow_id: null });
-    const events = await rows<{ data: { reason: string } }>(sim, sql`SELECT data FROM bc_events WHERE type = 'metal.node.retire' AND subject = 'metal/nodes/m-digest'`);
+    expect((await history(sim, "m-digest")).at(-1)).toEqual({
+      event: "retire",
+      from_state: "ready",
+      to_state: "retired",
+      workflow_id: null,
+    });
+    const events = await rows<{ data: { reason: string } }>(
+      sim,
+      sql`SELECT data FROM bc_events WHERE type = 'metal.node.retire' AND subject = 'metal/nodes/m-digest'`,
+    );
     expect(events.map((e) => e.data.reason)).toEqual(["motherboard replaced"]);
-    const live = await rows<{ id: string }>(sim, sql`SELECT id FROM bc_nodes WHERE labels->>'bc.dev/product-uuid' = ${machine.uuid.toLowerCase()} AND revoked_at IS NULL`);
+    const live = await rows<{ id: string }>(
+      sim,
+      sql`SELECT id FROM bc_nodes WHERE labels->>'bc.dev/product-uuid' = ${machine.uuid.toLowerCase()} AND revoked_at IS NULL`,
+    );
     expect(live).toEqual([]);
     // Retired is the end: no deploy, no second retire, no recommission.
-    expect((await refusal(sim.call("metal.deploy", { node: "m-digest", profile: "metal.deploy.image-stream", input: {} }))).code).toBe("FAILED_PRECONDITION");
+    expect((await refusal(sim.call("metal.deploy", { node: "m-digest", profile: "metal.deploy.image-stream", input: {} }))).code).toBe(
+      "FAILED_PRECONDITION",
+    );
     expect((await refusal(sim.call("metal.nodes.retire", { node: "m-digest" }))).code).toBe("FAILED_PRECONDITION");
     expect((await refusal(sim.call("metal.nodes.recommission", { node: "m-digest" }))).code).toBe("FAILED_PRECONDITION");
 
@@ -373,9 +445,12 @@ describe("a site whose agent joins after its machines were enrolled", () => {
     expect(ready.state, JSON.stringify(ready.lastError)).toBe("ready");
     const events = await history(sim, "m-late");
     expect(events.map((e) => e.event)).toEqual(["commission", "commissioned"]);
-    const targets = await rows<{ node_id: string }>(sim, sql`
+    const targets = await rows<{ node_id: string }>(
+      sim,
+      sql`
       SELECT DISTINCT c.node_id FROM bc_commands c JOIN workflow_steps s ON s.command_id = c.id
-      WHERE s.workflow_id = ${events[0]!.workflow_id} AND c.kind LIKE 'metal.bmc.%'`);
+      WHERE s.workflow_id = ${events[0]!.workflow_id} AND c.kind LIKE 'metal.bmc.%'`,
+    );
     expect(targets).toEqual([{ node_id: siteAgent }]);
   }, 60_000);
 
@@ -383,10 +458,13 @@ describe("a site whose agent joins after its machines were enrolled", () => {
     // Another site's agent vouches for a ramdisk claiming m-late's product UUID; it joins and connects.
     const other = await sim.call<{ token: string }>("siteTokens.create", { site: "other-site" });
     const otherState = new MemoryState();
-    const otherSite = await new AgentClient({ transport: sim.control.transport, state: otherState, baseUrl: sim.control.baseUrl })
-      .join({ attestor: "join-token", evidence: { token: other.token }, role: "site" });
+    const otherSite = await new AgentClient({ transport: sim.control.transport, state: otherState, baseUrl: sim.control.baseUrl }).join({
+      attestor: "join-token",
+      evidence: { token: other.token },
+      role: "site",
+    });
     const otherKey = await importNodeKey((await otherState.loadKey())!);
-    const machine = (await sim.call<{ productUuid: string }>("metal.nodes.get", { node: "m-late" }));
+    const machine = await sim.call<{ productUuid: string }>("metal.nodes.get", { node: "m-late" });
     const ramdiskKey = await generateNodeKey();
     const ramdiskState = new MemoryState();
     await ramdiskState.saveKey(ramdiskKey.privateJwk);
@@ -394,8 +472,13 @@ describe("a site whose agent joins after its machines were enrolled", () => {
     const assertion = { publicKey: ramdiskKey.publicKey, issuedAt: new Date(now).toISOString(), productUuid: machine.productUuid };
     const foreign = new AgentClient({ transport: sim.control.transport, state: ramdiskState, baseUrl: sim.control.baseUrl });
     const joined = await foreign.join({
-      attestor: "discovery", role: "ramdisk",
-      evidence: { siteNodeId: otherSite.nodeId, assertion, signature: await signMessage(otherKey.privateKey, discoveryMessage(otherSite.nodeId, assertion)) },
+      attestor: "discovery",
+      role: "ramdisk",
+      evidence: {
+        siteNodeId: otherSite.nodeId,
+        assertion,
+        signature: await signMessage(otherKey.privateKey, discoveryMessage(otherSite.nodeId, assertion)),
+      },
     });
     void foreign.run().catch(() => {});
     await foreign.waitConnected(10_000);
@@ -418,15 +501,23 @@ describe("the lifecycle state machine (transition)", () => {
   afterAll(() => sim?.stop());
 
   const state = async (id: string) =>
-    (await rows<{ state: string; maintenance: boolean; maintenance_reason: string | null; workflow_id: string | null }>(
-      sim, sql`SELECT state, maintenance, maintenance_reason, workflow_id FROM metal_nodes WHERE id = ${id}`,
-    ))[0]!;
-  const events = (id: string) => count(sim, sql`SELECT count(*)::int AS n FROM bc_events WHERE subject = ${`metal/nodes/${id}`} AND type LIKE 'metal.node.%'`);
+    (
+      await rows<{ state: string; maintenance: boolean; maintenance_reason: string | null; workflow_id: string | null }>(
+        sim,
+        sql`SELECT state, maintenance, maintenance_reason, workflow_id FROM metal_nodes WHERE id = ${id}`,
+      )
+    )[0]!;
+  const events = (id: string) =>
+    count(sim, sql`SELECT count(*)::int AS n FROM bc_events WHERE subject = ${`metal/nodes/${id}`} AND type LIKE 'metal.node.%'`);
 
   it("the same event twice changes the state once; an event from a state it does not leave from writes nothing", async () => {
     // No agent at this site: nothing but this test moves the machine.
     const pool = await agentlessSite(sim, "sm-site");
-    await sim.call("metal.enroll", { id: "m-sm", pool, bmc: { address: sim.machines[0]!.address, username: SIM_BMC_USER, password: SIM_BMC_PASSWORD } });
+    await sim.call("metal.enroll", {
+      id: "m-sm",
+      pool,
+      bmc: { address: sim.machines[0]!.address, username: SIM_BMC_USER, password: SIM_BMC_PASSWORD },
+    });
     const ctx = sim.control.compute!.moduleContext("metal", {}, sim.store);
     const apply = (event: Parameters<typeof transition>[3], patch: Parameters<typeof transition>[4] = {}) =>
       sim.store.transaction((tx) => transition(ctx, tx, "m-sm", event, patch));
@@ -435,7 +526,9 @@ describe("the lifecycle state machine (transition)", () => {
     expect(await apply("commission")).toBe("enrolled");
     expect(await apply("commission")).toBeUndefined();
     expect((await state("m-sm")).state).toBe("commissioning");
-    expect(await history(sim, "m-sm")).toEqual([{ event: "commission", from_state: "enrolled", to_state: "commissioning", workflow_id: null }]);
+    expect(await history(sim, "m-sm")).toEqual([
+      { event: "commission", from_state: "enrolled", to_state: "commissioning", workflow_id: null },
+    ]);
     expect(await events("m-sm")).toBe(eventsAtEnroll + 1);
 
     // Events that do not leave from commissioning: nothing written, their patch not applied.
@@ -447,8 +540,12 @@ describe("the lifecycle state machine (transition)", () => {
     expect(await events("m-sm")).toBe(eventsAtEnroll + 1);
 
     // fail applies its patch once; a second fail neither moves nor rewrites it.
-    expect(await apply("fail", { maintenance: true, reason: "first failure", lastError: { code: "DRIVER_ERROR", message: "first" } })).toBe("commissioning");
-    expect(await apply("fail", { maintenance: true, reason: "second failure", lastError: { code: "DRIVER_ERROR", message: "second" } })).toBeUndefined();
+    expect(await apply("fail", { maintenance: true, reason: "first failure", lastError: { code: "DRIVER_ERROR", message: "first" } })).toBe(
+      "commissioning",
+    );
+    expect(
+      await apply("fail", { maintenance: true, reason: "second failure", lastError: { code: "DRIVER_ERROR", message: "second" } }),
+    ).toBeUndefined();
     expect(await state("m-sm")).toMatchObject({ state: "failed", maintenance: true, maintenance_reason: "first failure" });
     const failed = await sim.call<{ lastError: { message: string } }>("metal.nodes.get", { node: "m-sm" });
     expect(failed.lastError.message).toBe("first");
@@ -458,7 +555,9 @@ describe("the lifecycle state machine (transition)", () => {
   it("two concurrent runners of the same event: exactly one moves the machine", async () => {
     const ctx = sim.control.compute!.moduleContext("metal", {}, sim.store);
     expect((await state("m-sm")).state).toBe("failed");
-    const results = await Promise.all([0, 1, 2].map(() => sim.store.transaction((tx) => transition(ctx, tx, "m-sm", "recommission", { maintenance: false, reason: null }))));
+    const results = await Promise.all(
+      [0, 1, 2].map(() => sim.store.transaction((tx) => transition(ctx, tx, "m-sm", "recommission", { maintenance: false, reason: null }))),
+    );
     expect(results.filter((r) => r !== undefined)).toEqual(["failed"]);
     expect((await history(sim, "m-sm")).map((h) => h.event)).toEqual(["commission", "fail", "recommission"]);
     expect((await state("m-sm")).state).toBe("enrolled");

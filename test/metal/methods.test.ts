@@ -25,7 +25,10 @@ async function refusal(promise: Promise<unknown>): Promise<Refusal> {
 let sim: MetalSim;
 beforeAll(async () => {
   // A second hardware profile, for pools whose profile changes.
-  sim = await createMetalSim({ machines: 3, hardwareProfiles: { "plain-redfish": { drivers: { power: "redfish", management: "redfish", boot: "ipxe", deploy: "image-stream" } } } });
+  sim = await createMetalSim({
+    machines: 3,
+    hardwareProfiles: { "plain-redfish": { drivers: { power: "redfish", management: "redfish", boot: "ipxe", deploy: "image-stream" } } },
+  });
 }, 60_000);
 afterAll(() => sim?.stop());
 
@@ -33,7 +36,8 @@ async function rows<T = Record<string, unknown>>(query: ReturnType<typeof sql>):
   return (await sim.store.db.execute(query)).rows as T[];
 }
 const count = async (query: ReturnType<typeof sql>) => (await rows<{ n: number }>(query))[0]!.n;
-const eventsOf = (subject: string) => rows<{ type: string; data: Record<string, unknown> }>(sql`SELECT type, data FROM bc_events WHERE subject = ${subject} ORDER BY id`);
+const eventsOf = (subject: string) =>
+  rows<{ type: string; data: Record<string, unknown> }>(sql`SELECT type, data FROM bc_events WHERE subject = ${subject} ORDER BY id`);
 
 /**
  * What a refused call must not have written. Events are those of sites, pools, enrollments and
@@ -41,7 +45,9 @@ const eventsOf = (subject: string) => rows<{ type: string; data: Record<string, 
  */
 async function written() {
   const [sites, pools, nodes, transitions, secrets, workflows] = await Promise.all(
-    ["metal_sites", "metal_pools", "metal_nodes", "metal_transitions", "bc_secrets", "workflows"].map((t) => count(sql`SELECT count(*)::int AS n FROM ${sql.identifier(t)}`)),
+    ["metal_sites", "metal_pools", "metal_nodes", "metal_transitions", "bc_secrets", "workflows"].map((t) =>
+      count(sql`SELECT count(*)::int AS n FROM ${sql.identifier(t)}`),
+    ),
   );
   const events = await count(sql`
     SELECT count(*)::int AS n FROM bc_events
@@ -50,7 +56,11 @@ async function written() {
 }
 
 const enroll = (pool: string, address: string, id?: string) =>
-  sim.call<Record<string, any>>("metal.enroll", { pool, ...(id ? { id } : {}), bmc: { address, username: SIM_BMC_USER, password: SIM_BMC_PASSWORD } });
+  sim.call<Record<string, any>>("metal.enroll", {
+    pool,
+    ...(id ? { id } : {}),
+    bmc: { address, username: SIM_BMC_USER, password: SIM_BMC_PASSWORD },
+  });
 
 describe("creating a site or a pool that exists", () => {
   it("metal.sites.create: the same fields again is created: false and writes nothing; other fields are CONFLICT naming them", async () => {
@@ -61,7 +71,11 @@ describe("creating a site or a pool that exists", () => {
 
     for (const other of [{ id: "lab" }, { id: "lab", description: "rack 2" }]) {
       const err = await refusal(sim.call("metal.sites.create", other));
-      expect(err).toMatchObject({ code: "CONFLICT", message: "site lab exists with other fields: description", details: { site: "lab", fields: ["description"] } });
+      expect(err).toMatchObject({
+        code: "CONFLICT",
+        message: "site lab exists with other fields: description",
+        details: { site: "lab", fields: ["description"] },
+      });
     }
     expect(await written()).toEqual(before);
     expect((await sim.call<{ description: string }>("metal.sites.get", { id: "lab" })).description).toBe("rack 1");
@@ -73,20 +87,43 @@ describe("creating a site or a pool that exists", () => {
     expect(await sim.call("metal.pools.create", { id: "lab-metal", site: "lab", policy })).toEqual({ id: "lab-metal", created: true });
     const before = await written();
     // The defaults spelled out are the same fields.
-    expect(await sim.call("metal.pools.create", { id: "lab-metal", site: "lab", class: "metal", agent: "bcd", policy: { ...policy, allowUnverifiedRelease: false, provisioningCidrs: [] } }))
-      .toEqual({ id: "lab-metal", created: false });
+    expect(
+      await sim.call("metal.pools.create", {
+        id: "lab-metal",
+        site: "lab",
+        class: "metal",
+        agent: "bcd",
+        policy: { ...policy, allowUnverifiedRelease: false, provisioningCidrs: [] },
+      }),
+    ).toEqual({ id: "lab-metal", created: false });
     expect(await written()).toEqual(before);
 
-    const opted = await refusal(sim.call("metal.pools.create", { id: "lab-metal", site: "lab", policy: { ...policy, allowUnverifiedRelease: true } }));
-    expect(opted).toMatchObject({ code: "CONFLICT", message: "pool lab-metal exists with other fields: policy.allowUnverifiedRelease", details: { pool: "lab-metal", fields: ["policy.allowUnverifiedRelease"] } });
+    const opted = await refusal(
+      sim.call("metal.pools.create", { id: "lab-metal", site: "lab", policy: { ...policy, allowUnverifiedRelease: true } }),
+    );
+    expect(opted).toMatchObject({
+      code: "CONFLICT",
+      message: "pool lab-metal exists with other fields: policy.allowUnverifiedRelease",
+      details: { pool: "lab-metal", fields: ["policy.allowUnverifiedRelease"] },
+    });
     await sim.call("metal.sites.create", { id: "lab-2" });
-    const moved = await refusal(sim.call("metal.pools.create", { id: "lab-metal", site: "lab-2", policy: { hardwareProfile: "plain-redfish", provisioningCidrs: ["10.0.0.0/24"] } }));
+    const moved = await refusal(
+      sim.call("metal.pools.create", {
+        id: "lab-metal",
+        site: "lab-2",
+        policy: { hardwareProfile: "plain-redfish", provisioningCidrs: ["10.0.0.0/24"] },
+      }),
+    );
     expect(moved.code).toBe("CONFLICT");
     expect(moved.details!.fields).toEqual(["site", "policy.hardwareProfile", "policy.provisioningCidrs"]);
     expect(moved.message).toBe("pool lab-metal exists with other fields: site, policy.hardwareProfile, policy.provisioningCidrs");
 
     const stored = await sim.call<Record<string, any>>("metal.pools.get", { id: "lab-metal" });
-    expect(stored).toMatchObject({ site: "lab", agent: "bcd", policy: { hardwareProfile: "redfish-pxe", allowUnverifiedRelease: false, provisioningCidrs: [] } });
+    expect(stored).toMatchObject({
+      site: "lab",
+      agent: "bcd",
+      policy: { hardwareProfile: "redfish-pxe", allowUnverifiedRelease: false, provisioningCidrs: [] },
+    });
     expect((await eventsOf("metal/pools/lab-metal")).map((e) => e.type)).toEqual(["metal.pool.created"]);
   });
 });
@@ -98,8 +135,13 @@ describe("sites and pools: list, get, update, delete", () => {
     expect(sites.find((s) => s.id === "lab")).toMatchObject({ description: "rack 1", pools: 1, machines: 0, agent: null });
     expect((await refusal(sim.call("metal.sites.get", { id: "no-such-site" }))).code).toBe("NOT_FOUND");
 
-    expect(await sim.call("metal.sites.update", { id: "lab", description: "rack 1, row B" })).toMatchObject({ id: "lab", description: "rack 1, row B" });
-    expect(await sim.call("metal.sites.update", { id: "lab", description: "rack 1, row B" })).toMatchObject({ description: "rack 1, row B" });
+    expect(await sim.call("metal.sites.update", { id: "lab", description: "rack 1, row B" })).toMatchObject({
+      id: "lab",
+      description: "rack 1, row B",
+    });
+    expect(await sim.call("metal.sites.update", { id: "lab", description: "rack 1, row B" })).toMatchObject({
+      description: "rack 1, row B",
+    });
     expect((await eventsOf("metal/sites/lab")).map((e) => e.type)).toEqual(["metal.site.created", "metal.site.updated"]);
     expect(await sim.call("metal.sites.update", { id: "lab", description: null })).toMatchObject({ description: null });
     expect((await refusal(sim.call("metal.sites.update", { id: "no-such-site", description: "x" }))).code).toBe("NOT_FOUND");
@@ -108,22 +150,44 @@ describe("sites and pools: list, get, update, delete", () => {
   it("metal.pools.list filters by site; update replaces the policy, checked like create", async () => {
     const { pools } = await sim.call<{ pools: Record<string, any>[] }>("metal.pools.list", { site: "lab" });
     expect(pools.map((p) => p.id)).toEqual(["lab-metal"]);
-    expect((await sim.call<{ pools: { id: string }[] }>("metal.pools.list", {})).pools.map((p) => p.id)).toEqual(expect.arrayContaining(["lab-metal", sim.site.pool]));
+    expect((await sim.call<{ pools: { id: string }[] }>("metal.pools.list", {})).pools.map((p) => p.id)).toEqual(
+      expect.arrayContaining(["lab-metal", sim.site.pool]),
+    );
 
-    const updated = await sim.call<Record<string, any>>("metal.pools.update", { id: "lab-metal", policy: { hardwareProfile: "redfish-pxe", provisioningCidrs: ["10.0.0.0/24"] } });
+    const updated = await sim.call<Record<string, any>>("metal.pools.update", {
+      id: "lab-metal",
+      policy: { hardwareProfile: "redfish-pxe", provisioningCidrs: ["10.0.0.0/24"] },
+    });
     expect(updated.policy).toEqual({ hardwareProfile: "redfish-pxe", allowUnverifiedRelease: false, provisioningCidrs: ["10.0.0.0/24"] });
-    expect((await eventsOf("metal/pools/lab-metal")).at(-1)).toEqual({ type: "metal.pool.updated", data: { fields: ["policy.provisioningCidrs"] } });
+    expect((await eventsOf("metal/pools/lab-metal")).at(-1)).toEqual({
+      type: "metal.pool.updated",
+      data: { fields: ["policy.provisioningCidrs"] },
+    });
 
-    await sim.call("metal.pools.create", { id: "lab-agentless", site: "lab", agent: "none", policy: { hardwareProfile: "redfish-pxe", allowUnverifiedRelease: true } });
+    await sim.call("metal.pools.create", {
+      id: "lab-agentless",
+      site: "lab",
+      agent: "none",
+      policy: { hardwareProfile: "redfish-pxe", allowUnverifiedRelease: true },
+    });
     const before = await written();
     const badProfile = await refusal(sim.call("metal.pools.update", { id: "lab-metal", policy: { hardwareProfile: "no-such-hardware" } }));
-    expect(badProfile).toMatchObject({ code: "INVALID_ARGUMENT", details: { known: expect.arrayContaining(["redfish-pxe", "plain-redfish"]) } });
+    expect(badProfile).toMatchObject({
+      code: "INVALID_ARGUMENT",
+      details: { known: expect.arrayContaining(["redfish-pxe", "plain-redfish"]) },
+    });
     const noOptIn = await refusal(sim.call("metal.pools.update", { id: "lab-agentless", policy: { hardwareProfile: "redfish-pxe" } }));
     expect(noOptIn.code).toBe("INVALID_ARGUMENT");
     expect(noOptIn.message).toContain("allowUnverifiedRelease");
     expect(await written()).toEqual(before);
-    expect((await refusal(sim.call("metal.pools.update", { id: "no-such-pool", policy: { hardwareProfile: "redfish-pxe" } }))).code).toBe("NOT_FOUND");
-    expect(await sim.call("metal.pools.delete", { id: "lab-agentless" })).toEqual({ id: "lab-agentless", deleted: true, retiredMachines: [] });
+    expect((await refusal(sim.call("metal.pools.update", { id: "no-such-pool", policy: { hardwareProfile: "redfish-pxe" } }))).code).toBe(
+      "NOT_FOUND",
+    );
+    expect(await sim.call("metal.pools.delete", { id: "lab-agentless" })).toEqual({
+      id: "lab-agentless",
+      deleted: true,
+      retiredMachines: [],
+    });
   });
 
   it("a pool holding machines keeps its hardware profile and is not deleted; once they are retired it may change, and its delete takes their rows", async () => {
@@ -144,13 +208,23 @@ describe("sites and pools: list, get, update, delete", () => {
 
     await sim.call("metal.nodes.retire", { node: "m-pooled", reason: "sold" });
     expect((await sim.call<{ machines: number }>("metal.pools.get", { id: "lab-metal" })).machines).toBe(0);
-    expect((await sim.call<Record<string, any>>("metal.pools.update", { id: "lab-metal", policy: { hardwareProfile: "plain-redfish" } })).policy.hardwareProfile).toBe("plain-redfish");
-    expect(await sim.call("metal.pools.delete", { id: "lab-metal" })).toEqual({ id: "lab-metal", deleted: true, retiredMachines: ["m-pooled"] });
+    expect(
+      (await sim.call<Record<string, any>>("metal.pools.update", { id: "lab-metal", policy: { hardwareProfile: "plain-redfish" } })).policy
+        .hardwareProfile,
+    ).toBe("plain-redfish");
+    expect(await sim.call("metal.pools.delete", { id: "lab-metal" })).toEqual({
+      id: "lab-metal",
+      deleted: true,
+      retiredMachines: ["m-pooled"],
+    });
     expect(await count(sql`SELECT count(*)::int AS n FROM metal_nodes WHERE id = 'm-pooled'`)).toBe(0);
     expect(await count(sql`SELECT count(*)::int AS n FROM metal_transitions WHERE node_id = 'm-pooled'`)).toBe(0);
     // The record of what happened stays.
     expect((await eventsOf("metal/nodes/m-pooled")).map((e) => e.type)).toEqual(["metal.node.enrolled", "metal.node.retire"]);
-    expect((await eventsOf("metal/pools/lab-metal")).at(-1)).toEqual({ type: "metal.pool.deleted", data: { retiredMachines: ["m-pooled"] } });
+    expect((await eventsOf("metal/pools/lab-metal")).at(-1)).toEqual({
+      type: "metal.pool.deleted",
+      data: { retiredMachines: ["m-pooled"] },
+    });
     expect((await refusal(sim.call("metal.pools.get", { id: "lab-metal" }))).code).toBe("NOT_FOUND");
     expect((await refusal(sim.call("metal.pools.delete", { id: "lab-metal" }))).code).toBe("NOT_FOUND");
 
@@ -162,8 +236,11 @@ describe("sites and pools: list, get, update, delete", () => {
   it("a site with a live site agent is not deleted until the agent is revoked (nodes.revoke)", async () => {
     await sim.call("metal.sites.create", { id: "edge" });
     const { token } = await sim.call<{ token: string }>("siteTokens.create", { site: "edge" });
-    const agent = await new AgentClient({ transport: sim.control.transport, state: new MemoryState(), baseUrl: sim.control.baseUrl })
-      .join({ attestor: "join-token", evidence: { token }, role: "site" });
+    const agent = await new AgentClient({ transport: sim.control.transport, state: new MemoryState(), baseUrl: sim.control.baseUrl }).join({
+      attestor: "join-token",
+      evidence: { token },
+      role: "site",
+    });
     expect((await sim.call<{ agent: string | null }>("metal.sites.get", { id: "edge" })).agent).toBe(agent.nodeId);
     const err = await refusal(sim.call("metal.sites.delete", { id: "edge" }));
     expect(err).toMatchObject({ code: "FAILED_PRECONDITION", details: { site: "edge", agent: agent.nodeId } });
@@ -181,7 +258,11 @@ describe("one machine per BMC and per product UUID", () => {
     await sim.call("metal.pools.create", { id: "far-metal", site: "far", policy: { hardwareProfile: "redfish-pxe" } });
     const before = await written();
     const address = sim.machines[0]!.address;
-    for (const [pool, given] of [[sim.site.pool, address], [sim.site.pool, `${address}/`], ["far-metal", address]] as const) {
+    for (const [pool, given] of [
+      [sim.site.pool, address],
+      [sim.site.pool, `${address}/`],
+      ["far-metal", address],
+    ] as const) {
       const err = await refusal(enroll(pool, given));
       expect(err.code, given).toBe("CONFLICT");
       expect(err.details).toEqual({ node: "m-one", state: "commissioning" });
@@ -202,11 +283,17 @@ describe("one machine per BMC and per product UUID", () => {
     await sim.enroll(b!, { id: "m-uuid-b" });
     const failed = await sim.waitForState("m-uuid-b", ["failed", "ready"]);
     expect(failed).toMatchObject({ state: "failed", maintenance: true, productUuid: null });
-    expect(failed.lastError).toMatchObject({ code: "CONFLICT", step: "metal.recordInventory", details: { node: "m-uuid-a", productUuid: a!.uuid.toLowerCase() } });
+    expect(failed.lastError).toMatchObject({
+      code: "CONFLICT",
+      step: "metal.recordInventory",
+      details: { node: "m-uuid-a", productUuid: a!.uuid.toLowerCase() },
+    });
     expect((failed.lastError as { message: string }).message).toContain("metal node m-uuid-a");
     expect(failed.maintenanceReason).toContain("m-uuid-a");
     // The index stands behind the check: no write can give two machines in service one UUID.
-    await expect(sim.store.db.execute(sql`UPDATE metal_nodes SET product_uuid = ${a!.uuid.toUpperCase()} WHERE id = 'm-uuid-b'`)).rejects.toThrow();
+    await expect(
+      sim.store.db.execute(sql`UPDATE metal_nodes SET product_uuid = ${a!.uuid.toUpperCase()} WHERE id = 'm-uuid-b'`),
+    ).rejects.toThrow();
 
     // A failed machine leaves maintenance only by recommission.
     const off = await refusal(sim.call("metal.nodes.maintenance", { node: "m-uuid-b", on: false }));
@@ -230,11 +317,15 @@ describe("metal.nodes.maintenance", () => {
     const deploy = await refusal(sim.call("metal.deploy", { node: "m-one", profile: "metal.deploy.image-stream", input: {} }));
     expect(deploy.code).toBe("FAILED_PRECONDITION");
     expect(deploy.message).toContain("fan noise");
-    expect((await sim.call<{ nodes: { id: string }[] }>("metal.nodes.list", { maintenance: true, site: sim.site.id })).nodes.map((n) => n.id)).toContain("m-one");
+    expect(
+      (await sim.call<{ nodes: { id: string }[] }>("metal.nodes.list", { maintenance: true, site: sim.site.id })).nodes.map((n) => n.id),
+    ).toContain("m-one");
 
     const off = await sim.call<Record<string, any>>("metal.nodes.maintenance", { node: "m-one", on: false, reason: "fan replaced" });
     expect(off).toMatchObject({ state: "ready", maintenance: false, maintenanceReason: null });
-    const history = await rows(sql`SELECT event, from_state, to_state, reason FROM metal_transitions WHERE node_id = 'm-one' AND event LIKE 'maintenance.%' ORDER BY id`);
+    const history = await rows(
+      sql`SELECT event, from_state, to_state, reason FROM metal_transitions WHERE node_id = 'm-one' AND event LIKE 'maintenance.%' ORDER BY id`,
+    );
     expect(history).toEqual([
       { event: "maintenance.on", from_state: "ready", to_state: "ready", reason: "fan noise" },
       { event: "maintenance.off", from_state: "ready", to_state: "ready", reason: "fan replaced" },
@@ -269,7 +360,11 @@ describe("metal.nodes.maintenance", () => {
     await sim.call("metal.nodes.maintenance", { node: "m-idle", on: true, reason: "waiting for cabling" });
     // The site's agent joins (it never connects: the commissioning below only has to start).
     const { token } = await sim.call<{ token: string }>("siteTokens.create", { site: "idle" });
-    await new AgentClient({ transport: sim.control.transport, state: new MemoryState(), baseUrl: sim.control.baseUrl }).join({ attestor: "join-token", evidence: { token }, role: "site" });
+    await new AgentClient({ transport: sim.control.transport, state: new MemoryState(), baseUrl: sim.control.baseUrl }).join({
+      attestor: "join-token",
+      evidence: { token },
+      role: "site",
+    });
     await sim.control.compute!.reconcile({}, sim.store);
     expect(await sim.call("metal.nodes.get", { node: "m-idle" })).toMatchObject({ state: "enrolled", maintenance: true, workflow: null });
 
@@ -284,7 +379,10 @@ describe("metal.nodes.maintenance", () => {
 describe("workflows.list", () => {
   it("lists a target's workflows newest first without steps, filters by profile and state, and pages with after", async () => {
     const all = await sim.call<{ workflows: Record<string, any>[]; next: string | null }>("workflows.list", { target: "m-uuid-b" });
-    expect(all.workflows.map((w) => [w.profile, w.state])).toEqual([["metal.commission", "succeeded"], ["metal.commission", "failed"]]);
+    expect(all.workflows.map((w) => [w.profile, w.state])).toEqual([
+      ["metal.commission", "succeeded"],
+      ["metal.commission", "failed"],
+    ]);
     expect(all.workflows[0]).not.toHaveProperty("steps");
     expect(all.workflows[1]).toMatchObject({ target: "m-uuid-b", createdBy: "system:metal", error: { code: "CONFLICT" } });
     expect(all.next).toBeNull();
@@ -292,11 +390,22 @@ describe("workflows.list", () => {
     const first = await sim.call<{ workflows: { id: string }[]; next: string | null }>("workflows.list", { target: "m-uuid-b", limit: 1 });
     expect(first.workflows.map((w) => w.id)).toEqual([all.workflows[0]!.id]);
     expect(first.next).toBe(all.workflows[0]!.id);
-    const second = await sim.call<{ workflows: { id: string }[]; next: string | null }>("workflows.list", { target: "m-uuid-b", limit: 1, after: first.next });
+    const second = await sim.call<{ workflows: { id: string }[]; next: string | null }>("workflows.list", {
+      target: "m-uuid-b",
+      limit: 1,
+      after: first.next,
+    });
     expect(second.workflows.map((w) => w.id)).toEqual([all.workflows[1]!.id]);
 
-    expect((await sim.call<{ workflows: { id: string }[] }>("workflows.list", { target: "m-uuid-b", state: "failed" })).workflows.map((w) => w.id)).toEqual([all.workflows[1]!.id]);
-    const commissions = await sim.call<{ workflows: { profile: string; target: string }[] }>("workflows.list", { profile: "metal.commission", state: "succeeded" });
+    expect(
+      (await sim.call<{ workflows: { id: string }[] }>("workflows.list", { target: "m-uuid-b", state: "failed" })).workflows.map(
+        (w) => w.id,
+      ),
+    ).toEqual([all.workflows[1]!.id]);
+    const commissions = await sim.call<{ workflows: { profile: string; target: string }[] }>("workflows.list", {
+      profile: "metal.commission",
+      state: "succeeded",
+    });
     expect(new Set(commissions.workflows.map((w) => w.target))).toEqual(new Set(["m-one", "m-uuid-a", "m-uuid-b"]));
     expect(commissions.workflows.every((w) => w.profile === "metal.commission")).toBe(true);
     expect((await refusal(sim.call("workflows.list", { after: "wf-nope" }))).code).toBe("NOT_FOUND");

@@ -44,7 +44,11 @@ describe("Talos on an agentless pool, on the dev stack", () => {
     expect(ready.state, JSON.stringify(ready.lastError)).toBe("ready");
     expect(ready.addresses).toEqual([ADDRESS]);
 
-    const { workflow } = await sim.call<{ workflow: string }>("metal.deploy", { node: "talos-1", profile: "talos-1.8", input: { url: TALOS_ISO, tlsSpkiSha256: tls.spkiSha256 } });
+    const { workflow } = await sim.call<{ workflow: string }>("metal.deploy", {
+      node: "talos-1",
+      profile: "talos-1.8",
+      input: { url: TALOS_ISO, tlsSpkiSha256: tls.spkiSha256 },
+    });
     const deployed = await sim.waitForState("talos-1", ["deployed", "failed"], 90_000);
     expect(deployed.state, JSON.stringify(deployed.lastError)).toBe("deployed");
     expect(deployed.role).toBe("host");
@@ -54,7 +58,9 @@ describe("Talos on an agentless pool, on the dev stack", () => {
       WHERE c.origin = ${`workflow:${workflow}`} AND c.kind = 'site.httpProxy' ORDER BY c.id`);
     const rows = relayed.rows as { node_id: string; state: string; url: string; status: string | null }[];
     expect(rows.length).toBeGreaterThan(0);
-    expect(rows.every((r) => r.node_id === sim.site.agentNodeId && r.url === `https://${ADDRESS}:${TALOS_API_PORT}/machine/version`)).toBe(true);
+    expect(rows.every((r) => r.node_id === sim.site.agentNodeId && r.url === `https://${ADDRESS}:${TALOS_API_PORT}/machine/version`)).toBe(
+      true,
+    );
     expect(rows.at(-1)).toMatchObject({ state: "succeeded", status: "200" });
     // The requests reached Talos on the machine's own address, with the pin checked by the site agent.
     expect(talos.seen.filter((r) => r.machine === sim.machines[0]!.id && r.url === "/machine/version").length).toBeGreaterThan(0);
@@ -62,7 +68,9 @@ describe("Talos on an agentless pool, on the dev stack", () => {
     await sim.call("metal.undeploy", { node: "talos-1" });
     const released = await sim.waitForState("talos-1", ["ready", "failed"], 90_000);
     expect(released.state, JSON.stringify(released.lastError)).toBe("ready");
-    const unverified = await sim.store.db.execute(sql`SELECT data->>'event' AS event FROM bc_events WHERE type = 'node.release.unverified' AND subject = 'metal/nodes/talos-1' ORDER BY id`);
+    const unverified = await sim.store.db.execute(
+      sql`SELECT data->>'event' AS event FROM bc_events WHERE type = 'node.release.unverified' AND subject = 'metal/nodes/talos-1' ORDER BY id`,
+    );
     expect(unverified.rows).toEqual([{ event: "commissioned" }, { event: "released" }]);
   }, 300_000);
 });

@@ -80,14 +80,32 @@ describe("bcd", () => {
     expect(none.code).toBe(2);
     expect(none.err).toContain("usage:");
     expect(await inProcess(["help"])).toMatchObject({ code: 0, err: expect.stringContaining("usage:") });
-    expect(await inProcess(["frobnicate", "--state-dir", dir])).toMatchObject({ code: 2, err: expect.stringContaining("unknown command: frobnicate") });
+    expect(await inProcess(["frobnicate", "--state-dir", dir])).toMatchObject({
+      code: 2,
+      err: expect.stringContaining("unknown command: frobnicate"),
+    });
     expect(await inProcess(["run", "--state-dir", dir, "--bogus"])).toMatchObject({ code: 2, err: expect.stringContaining("--bogus") });
     expect(await inProcess(["run"])).toMatchObject({ code: 2, err: expect.stringContaining("--state-dir is required") });
-    expect(await inProcess(["join", "--token", "t", "--role", "node", "--state-dir", dir])).toMatchObject({ code: 2, err: expect.stringContaining("join needs --url") });
-    expect(await inProcess(["join", "--url", "ftp://x", "--token", "t", "--role", "node", "--state-dir", dir])).toMatchObject({ code: 2, err: expect.stringContaining("--url must be http") });
-    expect(await inProcess(["join", "--url", server.url, "--token", "t", "--role", "toaster", "--state-dir", dir])).toMatchObject({ code: 2, err: expect.stringContaining("--role site|node|ramdisk") });
-    expect(await inProcess(["join", "--url", server.url, "--role", "node", "--state-dir", dir])).toMatchObject({ code: 2, err: expect.stringContaining("needs --token") });
-    expect(await inProcess(["run", "--state-dir", dir, "--label", "novalue"])).toMatchObject({ code: 2, err: expect.stringContaining("KEY=VALUE") });
+    expect(await inProcess(["join", "--token", "t", "--role", "node", "--state-dir", dir])).toMatchObject({
+      code: 2,
+      err: expect.stringContaining("join needs --url"),
+    });
+    expect(await inProcess(["join", "--url", "ftp://x", "--token", "t", "--role", "node", "--state-dir", dir])).toMatchObject({
+      code: 2,
+      err: expect.stringContaining("--url must be http"),
+    });
+    expect(await inProcess(["join", "--url", server.url, "--token", "t", "--role", "toaster", "--state-dir", dir])).toMatchObject({
+      code: 2,
+      err: expect.stringContaining("--role site|node|ramdisk"),
+    });
+    expect(await inProcess(["join", "--url", server.url, "--role", "node", "--state-dir", dir])).toMatchObject({
+      code: 2,
+      err: expect.stringContaining("needs --token"),
+    });
+    expect(await inProcess(["run", "--state-dir", dir, "--label", "novalue"])).toMatchObject({
+      code: 2,
+      err: expect.stringContaining("KEY=VALUE"),
+    });
     const notJoined = await inProcess(["run", "--state-dir", path.join(dir, "empty")]);
     expect(notJoined.code).toBe(1);
     expect(notJoined.err).toContain("bcd: run failed: NOT_JOINED");
@@ -111,7 +129,19 @@ describe("bcd", () => {
     const token = server.token();
     const tokenFile = path.join(tempDir(), "token");
     writeFileSync(tokenFile, `${token}\n`);
-    const joined = await bcd(["join", "--url", server.url, "--token-file", tokenFile, "--role", "site", "--state-dir", dir, "--hostname", "edge-7"]);
+    const joined = await bcd([
+      "join",
+      "--url",
+      server.url,
+      "--token-file",
+      tokenFile,
+      "--role",
+      "site",
+      "--state-dir",
+      dir,
+      "--hostname",
+      "edge-7",
+    ]);
     expect(joined.code).toBe(0);
     expect(joined.err).not.toContain(token);
     expect(joined.err).not.toContain('"level":"error"');
@@ -157,7 +187,10 @@ describe("bcd", () => {
 
     second.child.kill("SIGINT");
     expect(await second.exited).toBe(0);
-    const journal = readFileSync(path.join(dir, "journal.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l) as { key: string; state: string });
+    const journal = readFileSync(path.join(dir, "journal.jsonl"), "utf8")
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as { key: string; state: string });
     expect(journal.filter((r) => r.key === "k-ping").map((r) => r.state)).toEqual(["started", "done"]);
   });
 

@@ -21,7 +21,15 @@ afterAll(async () => {
 });
 afterEach(async () => {
   await Promise.all(clients.splice(0).map((c) => c.stop({ graceMs: 50 })));
-  Object.assign(server, { redeliver: true, ackResults: true, answerPings: true, deliver: true, refuse: undefined, unavailableResults: 0, credentialTtlMs: 3_600_000 });
+  Object.assign(server, {
+    redeliver: true,
+    ackResults: true,
+    answerPings: true,
+    deliver: true,
+    refuse: undefined,
+    unavailableResults: 0,
+    credentialTtlMs: 3_600_000,
+  });
 });
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -64,7 +72,14 @@ describe("joining and the hello", () => {
     const hello = server.hellos.filter((h) => h.nodeId === nodeId);
     expect(hello).toHaveLength(1);
     expect(hello[0]!.verified).toBe(true);
-    expect(hello[0]!.frame).toMatchObject({ protocol: PROTOCOL_VERSION, role: "node", version: "9.9.9", bootId: c.bootId, labels, drivers });
+    expect(hello[0]!.frame).toMatchObject({
+      protocol: PROTOCOL_VERSION,
+      role: "node",
+      version: "9.9.9",
+      bootId: c.bootId,
+      labels,
+      drivers,
+    });
   });
 
   it("a hello signed with another key is refused with PROOF_FAILED (and the client keeps trying)", async () => {
@@ -76,7 +91,11 @@ describe("joining and the hello", () => {
     void impostor.run().catch(() => {});
     await server.waitFor(() => server.hellos.filter((h) => h.nodeId === nodeId).length >= 2, 5_000, "two hellos");
     expect(server.hellos.filter((h) => h.nodeId === nodeId).every((h) => !h.verified)).toBe(true);
-    await server.waitFor(() => server.connections.filter((x) => x.closeCode === CloseCode.PROOF_FAILED && x.closedBy === "server").length >= 2, 5_000, "two PROOF_FAILED closes");
+    await server.waitFor(
+      () => server.connections.filter((x) => x.closeCode === CloseCode.PROOF_FAILED && x.closedBy === "server").length >= 2,
+      5_000,
+      "two PROOF_FAILED closes",
+    );
     expect(impostor.connected).toBe(false);
   });
 
@@ -91,18 +110,26 @@ describe("joining and the hello", () => {
 
   it("a refused join throws the server's code and message", async () => {
     const c = client();
-    const err = await c.join({ attestor: "join-token", evidence: { token: "bcjt_not-a-real-token" }, role: "node" }).catch((e: unknown) => e);
+    const err = await c
+      .join({ attestor: "join-token", evidence: { token: "bcjt_not-a-real-token" }, role: "node" })
+      .catch((e: unknown) => e);
     expect(err).toBeInstanceOf(AgentError);
     expect(err).toMatchObject({ code: "UNAUTHENTICATED", status: 401, message: "the join token is invalid, expired or already used" });
     // and a token is single use
     const token = server.token();
     await c.join({ attestor: "join-token", evidence: { token }, role: "node" });
-    await expect(client().join({ attestor: "join-token", evidence: { token }, role: "node" })).rejects.toMatchObject({ code: "UNAUTHENTICATED" });
+    await expect(client().join({ attestor: "join-token", evidence: { token }, role: "node" })).rejects.toMatchObject({
+      code: "UNAUTHENTICATED",
+    });
   });
 
   it("neither the join token nor the credential reaches the logs or the state", async () => {
     const lines: string[] = [];
-    const logger = { info: (m: string, f?: object) => lines.push(m + JSON.stringify(f)), warn: (m: string, f?: object) => lines.push(m + JSON.stringify(f)), error: (m: string, f?: object) => lines.push(m + JSON.stringify(f)) };
+    const logger = {
+      info: (m: string, f?: object) => lines.push(m + JSON.stringify(f)),
+      warn: (m: string, f?: object) => lines.push(m + JSON.stringify(f)),
+      error: (m: string, f?: object) => lines.push(m + JSON.stringify(f)),
+    };
     const state = new MemoryState();
     const token = server.token();
     const c = client({ state, logger, heartbeatMs: 20 });
@@ -160,13 +187,16 @@ describe("commands", () => {
     let most = 0;
     const order = new Map<string, number[]>();
     // One lane per machine, as the site agent's BMC commands are: a slow machine holds up only itself.
-    const work = inLane((body) => String(body.machine), async (body) => {
-      most = Math.max(most, ++running);
-      await sleep(Number(body.ms));
-      order.set(String(body.machine), [...(order.get(String(body.machine)) ?? []), Number(body.n)]);
-      running--;
-      return { n: body.n };
-    });
+    const work = inLane(
+      (body) => String(body.machine),
+      async (body) => {
+        most = Math.max(most, ++running);
+        await sleep(Number(body.ms));
+        order.set(String(body.machine), [...(order.get(String(body.machine)) ?? []), Number(body.n)]);
+        running--;
+        return { n: body.n };
+      },
+    );
     const serial: CommandHandler = async (body) => ({ n: body.n });
     const { nodeId } = await joined({ handlers: { work, serial }, maxConcurrentCommands: 3 });
     const slow = [0, 1, 2].map((n) => server.enqueue(nodeId, { kind: "work", body: { machine: "slow", ms: 150, n } }));
@@ -177,7 +207,8 @@ describe("commands", () => {
     expect(slow.filter((x) => x.result).length).toBeLessThan(3);
     await server.waitFor(() => slow.every((x) => x.result), 5_000, "the slow lane");
     expect(order.get("slow")).toEqual([0, 1, 2]);
-    for (const lane of ["fast-0", "fast-1", "fast-2"]) expect(order.get(lane)).toEqual(fast.map((_, n) => n).filter((n) => `fast-${n % 3}` === lane));
+    for (const lane of ["fast-0", "fast-1", "fast-2"])
+      expect(order.get(lane)).toEqual(fast.map((_, n) => n).filter((n) => `fast-${n % 3}` === lane));
     expect(most).toBeGreaterThan(1);
     expect(most).toBeLessThanOrEqual(3);
     for (const cmd of [...slow, ...fast, plain]) expect(cmd.results).toHaveLength(1);
@@ -298,7 +329,8 @@ describe("connection loss", () => {
     const cmds = Array.from({ length: 40 }, (_, n) => server.enqueue(nodeId, { kind: "step", body: { n } }));
     for (let cut = 0; cut < 8 && !cmds.every((x) => x.result); cut++) {
       await sleep(15);
-      if (cut % 2) server.kill(nodeId); // the network drops (server side)...
+      if (cut % 2)
+        server.kill(nodeId); // the network drops (server side)...
       else c.dropConnection(); // ...or the agent's side
     }
     await server.waitFor(() => cmds.every((x) => x.result), 10_000, "all results");
@@ -457,7 +489,13 @@ describe("credential renewal, refused", () => {
 
   it("renewal is timed by the credential's own lifetime (JWT iat..exp), not a skewed expiresAt", () => {
     const claims = btoa(JSON.stringify({ iat: 1_000, exp: 4_600 })).replace(/=+$/, "");
-    const identity = { nodeId: "n", role: "node" as const, credential: `h.${claims}.s`, expiresAt: "2030-01-01T00:00:00.000Z", obtainedAt: "2026-01-01T00:00:00.000Z" };
+    const identity = {
+      nodeId: "n",
+      role: "node" as const,
+      credential: `h.${claims}.s`,
+      expiresAt: "2030-01-01T00:00:00.000Z",
+      obtainedAt: "2026-01-01T00:00:00.000Z",
+    };
     const from = Date.parse(identity.obtainedAt);
     expect(localExpiry(identity, 0)).toEqual({ from, expires: from + 3_600_000 });
     expect(localExpiry({ ...identity, credential: "opaque" }, 0)).toEqual({ from, expires: Date.parse(identity.expiresAt) });
@@ -467,7 +505,12 @@ describe("credential renewal, refused", () => {
 describe("FakeDaemon", () => {
   it("joins, connects, runs handlers, and reconnects after kill()", async () => {
     for (const transport of [undefined, nodeTransport()]) {
-      const d = new FakeDaemon({ baseUrl: server.url, role: "site", ...(transport ? { transport } : {}), handlers: { "agent.ping": () => ({ pong: true }) } });
+      const d = new FakeDaemon({
+        baseUrl: server.url,
+        role: "site",
+        ...(transport ? { transport } : {}),
+        handlers: { "agent.ping": () => ({ pong: true }) },
+      });
       await d.join(server.token());
       const { nodeId } = await d.connect();
       expect(nodeId).toBe(d.nodeId);

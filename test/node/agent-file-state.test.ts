@@ -72,7 +72,11 @@ describe("FileState", () => {
     for (const f of files) expect(mode(path.join(dir, f))).toBe(0o600);
     // the join token was sent and never written
     for (const f of files) expect(readFileSync(path.join(dir, f), "utf8")).not.toContain(token);
-    expect(JSON.parse(readFileSync(path.join(dir, "key.jwk"), "utf8"))).toMatchObject({ kty: "OKP", crv: "Ed25519", d: expect.any(String) });
+    expect(JSON.parse(readFileSync(path.join(dir, "key.jwk"), "utf8"))).toMatchObject({
+      kty: "OKP",
+      crv: "Ed25519",
+      d: expect.any(String),
+    });
   });
 
   it("a command in flight when the process died is INTERRUPTED in the next one, never rerun", async () => {

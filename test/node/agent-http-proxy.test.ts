@@ -40,7 +40,9 @@ function respond(req: IncomingMessage, res: ServerResponse, body: string) {
   seen.push({ method: req.method ?? "", url: req.url ?? "", headers: req.headers, body });
   switch (req.url) {
     case "/hello":
-      res.writeHead(200, { "content-type": "application/json", "x-machine": "m1", "set-cookie": ["session=abc"] }).end('{"hello":"machine"}');
+      res
+        .writeHead(200, { "content-type": "application/json", "x-machine": "m1", "set-cookie": ["session=abc"] })
+        .end('{"hello":"machine"}');
       return;
     case "/submit":
       res.writeHead(201, { "content-type": "text/plain" }).end(`got ${body.length} bytes`);
@@ -134,7 +136,9 @@ describe("site.httpProxy", () => {
   });
 
   it("refuses a certificate that does not match the pin before sending anything, secrets included", async () => {
-    const e = await agentFailure(run({ url: `${httpsUrl}/submit`, method: "POST", body: "payload", tlsSpkiSha256: wrongPin(), secretHeaders: { "x-token": REF } }));
+    const e = await agentFailure(
+      run({ url: `${httpsUrl}/submit`, method: "POST", body: "payload", tlsSpkiSha256: wrongPin(), secretHeaders: { "x-token": REF } }),
+    );
     expect(e.code).toBe("DRIVER_ERROR");
     expect(e.message).toContain("certificate does not match the pinned SPKI");
     expect(e.message).toContain(`POST ${httpsUrl}/submit`);
@@ -145,7 +149,14 @@ describe("site.httpProxy", () => {
   });
 
   it("POSTs a body and a secret header the server receives; the value is in no answer", async () => {
-    const answer = await run({ url: `${httpsUrl}/submit`, method: "POST", body: "a".repeat(1000), tlsSpkiSha256: pin, headers: { "content-type": "text/plain" }, secretHeaders: { "X-Token": REF } });
+    const answer = await run({
+      url: `${httpsUrl}/submit`,
+      method: "POST",
+      body: "a".repeat(1000),
+      tlsSpkiSha256: pin,
+      headers: { "content-type": "text/plain" },
+      secretHeaders: { "X-Token": REF },
+    });
     expect(answer).toMatchObject({ status: 201, body: "got 1000 bytes" });
     expect(seen).toHaveLength(1);
     expect(seen[0]).toMatchObject({ method: "POST", url: "/submit", body: "a".repeat(1000) });
@@ -189,7 +200,9 @@ describe("site.httpProxy", () => {
     const closed = createServer();
     const port = await listen(closed);
     await stop(closed);
-    const refused = await agentFailure(run({ url: `http://127.0.0.1:${port}/x`, method: "PUT", body: "b", secretHeaders: { "x-token": REF } }));
+    const refused = await agentFailure(
+      run({ url: `http://127.0.0.1:${port}/x`, method: "PUT", body: "b", secretHeaders: { "x-token": REF } }),
+    );
     expect(refused.code).toBe("DRIVER_ERROR");
     expect(refused.message).toContain(`PUT http://127.0.0.1:${port}/x failed`);
     expect(refused.message).toContain("ECONNREFUSED");
@@ -223,7 +236,10 @@ describe("site.httpProxy", () => {
       [{ url: `${httpUrl}/hello`, secretHeaders: { Connection: REF } }, /secretHeaders\.Connection:/],
       [{ url: `${httpUrl}/hello`, headers: { "x-a": "1\r\nx-injected: 1" } }, /headers\.x-a: the value of the header x-a holds CR, LF/],
       [{ url: `${httpUrl}/hello`, headers: { "bad name": "1" } }, /not an HTTP token/],
-      [{ url: `${httpUrl}/hello`, headers: { "X-Token": "1" }, secretHeaders: { "x-token": REF } }, /secretHeaders\.x-token: the header x-token is given twice/],
+      [
+        { url: `${httpUrl}/hello`, headers: { "X-Token": "1" }, secretHeaders: { "x-token": REF } },
+        /secretHeaders\.x-token: the header x-token is given twice/,
+      ],
       [{ url: `${httpUrl}/hello`, secretHeaders: { "x-token": SECRET } }, /secretHeaders\.x-token: must be a secret:\/\/<id> reference/],
       [{ url: `${httpsUrl}/hello` }, /tlsSpkiSha256: required for https:/],
       [{ url: `${httpUrl}/hello`, tlsSpkiSha256: pin }, /tlsSpkiSha256: only for https:/],
@@ -233,8 +249,15 @@ describe("site.httpProxy", () => {
       [{ url: `${httpUrl}/hello`, timeoutMs: 60_001 }, /timeoutMs:/],
       [{ url: `${httpUrl}/hello`, maxResponseBytes: 48 * 1024 + 1 }, /maxResponseBytes:/],
       [{ url: `${httpUrl}/hello`, followRedirects: true }, /followRedirects/],
-      [{ url: `${httpUrl}/hello`, secretHeaders: { "x-token": "secret://absent" } }, /site\.httpProxy: the command carries no value for secret:\/\/absent/],
-      [{ url: `${httpUrl}/hello`, secretHeaders: { "x-token": REF } }, /secretHeaders\.x-token \(secret:\/\/talos-token\): the value of the header x-token holds CR, LF/, ctx({ [REF]: `${SECRET}\r\nx-injected: 1` })],
+      [
+        { url: `${httpUrl}/hello`, secretHeaders: { "x-token": "secret://absent" } },
+        /site\.httpProxy: the command carries no value for secret:\/\/absent/,
+      ],
+      [
+        { url: `${httpUrl}/hello`, secretHeaders: { "x-token": REF } },
+        /secretHeaders\.x-token \(secret:\/\/talos-token\): the value of the header x-token holds CR, LF/,
+        ctx({ [REF]: `${SECRET}\r\nx-injected: 1` }),
+      ],
     ];
     for (const [body, message, context] of refusals) {
       const e = await agentFailure(run(body, context));

@@ -24,7 +24,15 @@ function setup() {
   ]);
   const handlers = ramdiskHandlers({ disks, productUuid: UUID });
   const run = (kind: string, body: Record<string, unknown> = {}) =>
-    handlers[kind]!(body, { id: "c1", key: "k1", kind, seq: 1, attested: true, deadline: null, signal: new AbortController().signal } as CommandContext) as Promise<any>;
+    handlers[kind]!(body, {
+      id: "c1",
+      key: "k1",
+      kind,
+      seq: 1,
+      attested: true,
+      deadline: null,
+      signal: new AbortController().signal,
+    } as CommandContext) as Promise<any>;
   return { disks, run };
 }
 

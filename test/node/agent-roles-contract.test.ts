@@ -11,7 +11,9 @@ import { afterAll, describe, expect, it } from "vitest";
 
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 // Loaded by URL: the script is plain .mjs without type declarations.
-const { findImports } = (await import(pathToFileURL(path.join(repoRoot, "scripts/check-deps.mjs")).href)) as { findImports(src: string): { specifier: string; line: number }[] };
+const { findImports } = (await import(pathToFileURL(path.join(repoRoot, "scripts/check-deps.mjs")).href)) as {
+  findImports(src: string): { specifier: string; line: number }[];
+};
 
 const roles = readdirSync(path.join(repoRoot, "agent/roles"))
   .filter((f) => f.endsWith(".ts"))
@@ -49,7 +51,9 @@ function loadedBy(file: string): string[] {
     await import(${JSON.stringify(pathToFileURL(path.join(repoRoot, file)).href)});
     console.log(JSON.stringify([...loaded]));`;
   const out = execFileSync(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { cwd: repoRoot, encoding: "utf8" });
-  return (JSON.parse(out.trim().split("\n").at(-1)!) as string[]).filter((u) => u.startsWith("file:")).map((u) => path.relative(repoRoot, fileURLToPath(u)).split(path.sep).join("/"));
+  return (JSON.parse(out.trim().split("\n").at(-1)!) as string[])
+    .filter((u) => u.startsWith("file:"))
+    .map((u) => path.relative(repoRoot, fileURLToPath(u)).split(path.sep).join("/"));
 }
 
 const temps: string[] = [];
@@ -57,16 +61,21 @@ afterAll(() => temps.forEach((d) => rmSync(d, { recursive: true, force: true }))
 
 describe("a role loads only the contract module", () => {
   it("there are roles to check", () => {
-    expect(roles).toEqual(expect.arrayContaining(["agent/roles/site.ts", "agent/roles/boot.ts", "agent/roles/ramdisk.ts", "agent/roles/http-proxy.ts"]));
+    expect(roles).toEqual(
+      expect.arrayContaining(["agent/roles/site.ts", "agent/roles/boot.ts", "agent/roles/ramdisk.ts", "agent/roles/http-proxy.ts"]),
+    );
   });
 
   // The roles that implement handlers (the others are helpers: tls-pin, image-cache).
-  it.each(["agent/roles/site.ts", "agent/roles/boot.ts", "agent/roles/ramdisk.ts", "agent/roles/http-proxy.ts", "agent/roles/redfish.ts"])("importing %s loads agent/contracts.ts and not agent/client.ts", (role) => {
-    const loaded = loadedBy(role);
-    expect(loaded).toContain(role);
-    expect(loaded).toContain("agent/contracts.ts");
-    expect(loaded).not.toContain("agent/client.ts");
-  });
+  it.each(["agent/roles/site.ts", "agent/roles/boot.ts", "agent/roles/ramdisk.ts", "agent/roles/http-proxy.ts", "agent/roles/redfish.ts"])(
+    "importing %s loads agent/contracts.ts and not agent/client.ts",
+    (role) => {
+      const loaded = loadedBy(role);
+      expect(loaded).toContain(role);
+      expect(loaded).toContain("agent/contracts.ts");
+      expect(loaded).not.toContain("agent/client.ts");
+    },
+  );
 
   it.each(roles)("no import of %s, type-only ones included, reaches agent/client.ts", (role) => {
     const files = reachable(repoRoot, role);
@@ -89,6 +98,11 @@ describe("a role loads only the contract module", () => {
       writeFileSync(path.join(root, rel), text);
     }
     expect(reachable(root, "agent/roles/clean.ts").has("agent/client.ts")).toBe(false);
-    expect([...reachable(root, "agent/roles/leaky.ts")]).toEqual(["agent/roles/leaky.ts", "agent/contracts.ts", "agent/testing.ts", "agent/client.ts"]);
+    expect([...reachable(root, "agent/roles/leaky.ts")]).toEqual([
+      "agent/roles/leaky.ts",
+      "agent/contracts.ts",
+      "agent/testing.ts",
+      "agent/client.ts",
+    ]);
   });
 });

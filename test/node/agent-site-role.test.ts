@@ -22,7 +22,10 @@ afterEach(async () => {
   await Promise.all(cleanups.splice(0).map((stop) => stop()));
 });
 
-async function emulator(faults?: Parameters<typeof startRedfishEmulator>[0]["faults"], machine: Omit<MachineOptions, "id"> = {}): Promise<RedfishEmulator> {
+async function emulator(
+  faults?: Parameters<typeof startRedfishEmulator>[0]["faults"],
+  machine: Omit<MachineOptions, "id"> = {},
+): Promise<RedfishEmulator> {
   const emu = await startRedfishEmulator({ machines: [{ ...machine, id: "abc" }], username: USER, password: PASS, faults });
   cleanups.push(() => emu.stop());
   return emu;
@@ -39,7 +42,10 @@ function run(emu: RedfishEmulator, kind: string, extra: Record<string, unknown> 
 }
 
 const posts = (emu: RedfishEmulator, suffix: string) => emu.requests.filter((r) => r.method === "POST" && r.path.endsWith(suffix)).length;
-const writes = (emu: RedfishEmulator) => emu.requests.filter((r) => r.method !== "GET").map((r) => `${r.method} ${r.path.replace(/^\/redfish\/v1\/Systems\/abc/, "")} ${r.status}`);
+const writes = (emu: RedfishEmulator) =>
+  emu.requests
+    .filter((r) => r.method !== "GET")
+    .map((r) => `${r.method} ${r.path.replace(/^\/redfish\/v1\/Systems\/abc/, "")} ${r.status}`);
 
 describe("site role: Redfish", () => {
   it("inspects the system, its manager's firmware, its virtual media and its storage", async () => {
@@ -95,9 +101,15 @@ describe("site role: Redfish", () => {
     const m = emu.machines.get("abc")!;
     await run(emu, "metal.bmc.power", { action: "on" });
     const wanted = { BootMode: "Uefi", SriovGlobalEnable: true, ProcTurboMode: "Disabled" };
-    expect(await run(emu, "metal.bmc.bios", { attributes: wanted })).toEqual({ pending: { SriovGlobalEnable: true, ProcTurboMode: "Disabled" }, applied: false });
+    expect(await run(emu, "metal.bmc.bios", { attributes: wanted })).toEqual({
+      pending: { SriovGlobalEnable: true, ProcTurboMode: "Disabled" },
+      applied: false,
+    });
     // Only what differs is sent; a retry does not send it again.
-    expect(await run(emu, "metal.bmc.bios", { attributes: wanted })).toEqual({ pending: { SriovGlobalEnable: true, ProcTurboMode: "Disabled" }, applied: false });
+    expect(await run(emu, "metal.bmc.bios", { attributes: wanted })).toEqual({
+      pending: { SriovGlobalEnable: true, ProcTurboMode: "Disabled" },
+      applied: false,
+    });
     expect(writes(emu)).toEqual(["POST /Actions/ComputerSystem.Reset 204", "PATCH /Bios/Settings 204"]);
     expect(m.biosPending).toEqual({ SriovGlobalEnable: true, ProcTurboMode: "Disabled" });
     expect(m.biosSettings).toEqual({ BootMode: "Uefi", SriovGlobalEnable: false, ProcTurboMode: "Enabled" });
@@ -115,7 +127,10 @@ describe("site role: Redfish", () => {
 
     // A value already staged by someone else is reported with what is asked.
     m.biosPending = { BootMode: "Legacy" };
-    expect(await run(emu, "metal.bmc.bios", { attributes: { ProcTurboMode: "Enabled" } })).toEqual({ pending: { BootMode: "Legacy", ProcTurboMode: "Enabled" }, applied: false });
+    expect(await run(emu, "metal.bmc.bios", { attributes: { ProcTurboMode: "Enabled" } })).toEqual({
+      pending: { BootMode: "Legacy", ProcTurboMode: "Enabled" },
+      applied: false,
+    });
   });
 
   it("reports an attribute the BIOS does not know as DRIVER_ERROR naming the BMC, and stages nothing", async () => {
@@ -124,7 +139,9 @@ describe("site role: Redfish", () => {
     const address = `${emu.url}/redfish/v1/Systems/abc`;
     const e = await agentFailure(run(emu, "metal.bmc.bios", { attributes: { SriovGlobalEnable: true, NoSuchKnob: "On" } }));
     expect(e.code).toBe("DRIVER_ERROR");
-    expect(e.message).toBe(`BMC ${address} answered 400 Bad Request to PATCH /redfish/v1/Systems/abc/Bios/Settings: The property NoSuchKnob is not a known BIOS attribute.`);
+    expect(e.message).toBe(
+      `BMC ${address} answered 400 Bad Request to PATCH /redfish/v1/Systems/abc/Bios/Settings: The property NoSuchKnob is not a known BIOS attribute.`,
+    );
     expect(e.message).not.toContain(PASS);
     const typed = await agentFailure(run(emu, "metal.bmc.bios", { attributes: { SriovGlobalEnable: "yes" } }));
     expect(typed.code).toBe("DRIVER_ERROR");
@@ -133,7 +150,10 @@ describe("site role: Redfish", () => {
 
     const before = emu.requests.length;
     for (const attributes of [{}, { BootMode: ["Uefi"] }, { BootMode: null }, "BootMode=Uefi"]) {
-      expect(await agentFailure(run(emu, "metal.bmc.bios", { attributes }))).toMatchObject({ code: "INVALID_ARGUMENT", message: expect.stringContaining("attributes") });
+      expect(await agentFailure(run(emu, "metal.bmc.bios", { attributes }))).toMatchObject({
+        code: "INVALID_ARGUMENT",
+        message: expect.stringContaining("attributes"),
+      });
     }
     const client = new RedfishClient({ address, username: USER, password: PASS });
     expect(await agentFailure(client.applyBiosSettings({}))).toMatchObject({ code: "INVALID_ARGUMENT" });
@@ -143,15 +163,23 @@ describe("site role: Redfish", () => {
   it("configures RAID: creates a volume, keeps a matching one, replaces another", async () => {
     const emu = await emulator(undefined, { drives: 4 });
     const m = emu.machines.get("abc")!;
-    expect(await run(emu, "metal.bmc.raid", { level: "RAID1", drives: 2 })).toEqual({ volume: { id: "Volume.1", level: "RAID1", drives: 2 } });
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID1", drives: 2 })).toEqual({
+      volume: { id: "Volume.1", level: "RAID1", drives: 2 },
+    });
     expect(m.storage.volumes).toMatchObject([{ id: "Volume.1", raidType: "RAID1", drives: ["Disk.Bay.0", "Disk.Bay.1"] }]);
-    expect(await run(emu, "metal.bmc.raid", { level: "RAID1", drives: 2 })).toEqual({ volume: { id: "Volume.1", level: "RAID1", drives: 2 } });
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID1", drives: 2 })).toEqual({
+      volume: { id: "Volume.1", level: "RAID1", drives: 2 },
+    });
     expect(writes(emu)).toEqual(["POST /Storage/RAID.Integrated.1/Volumes 201"]);
 
     // Another level, or the same level over other drives: every volume goes, one is made.
     expect(await run(emu, "metal.bmc.raid", { level: "RAID10" })).toEqual({ volume: { id: "Volume.2", level: "RAID10", drives: 4 } });
-    expect(await run(emu, "metal.bmc.raid", { level: "RAID10", drives: "all" })).toEqual({ volume: { id: "Volume.2", level: "RAID10", drives: 4 } });
-    expect(await run(emu, "metal.bmc.raid", { level: "RAID5", drives: 3 })).toEqual({ volume: { id: "Volume.3", level: "RAID5", drives: 3 } });
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID10", drives: "all" })).toEqual({
+      volume: { id: "Volume.2", level: "RAID10", drives: 4 },
+    });
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID5", drives: 3 })).toEqual({
+      volume: { id: "Volume.3", level: "RAID5", drives: 3 },
+    });
     expect(m.storage.volumes).toMatchObject([{ id: "Volume.3", raidType: "RAID5", drives: ["Disk.Bay.0", "Disk.Bay.1", "Disk.Bay.2"] }]);
     expect(writes(emu)).toEqual([
       "POST /Storage/RAID.Integrated.1/Volumes 201",
@@ -163,15 +191,34 @@ describe("site role: Redfish", () => {
 
     // Two volumes (made elsewhere): one that fits is kept, and nothing else is touched.
     m.storage.volumes.push({ id: "Volume.7", name: "scratch", raidType: "RAID0", drives: ["Disk.Bay.3"], capacityBytes: 1 });
-    expect(await run(emu, "metal.bmc.raid", { level: "RAID0", drives: 1 })).toEqual({ volume: { id: "Volume.7", level: "RAID0", drives: 1 } });
-    expect((await run(emu, "metal.bmc.inspect")).storage).toEqual({ drives: 4, volumes: [{ id: "Volume.3", level: "RAID5" }, { id: "Volume.7", level: "RAID0" }] });
-    expect(await run(emu, "metal.bmc.raid", { level: "RAID1", drives: 2 })).toEqual({ volume: { id: "Volume.4", level: "RAID1", drives: 2 } });
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID0", drives: 1 })).toEqual({
+      volume: { id: "Volume.7", level: "RAID0", drives: 1 },
+    });
+    expect((await run(emu, "metal.bmc.inspect")).storage).toEqual({
+      drives: 4,
+      volumes: [
+        { id: "Volume.3", level: "RAID5" },
+        { id: "Volume.7", level: "RAID0" },
+      ],
+    });
+    expect(await run(emu, "metal.bmc.raid", { level: "RAID1", drives: 2 })).toEqual({
+      volume: { id: "Volume.4", level: "RAID1", drives: 2 },
+    });
     expect(m.storage.volumes.map((v) => v.id)).toEqual(["Volume.4"]);
   });
 
   it("refuses drive counts that do not fit the level or the machine", async () => {
     const emu = await emulator(undefined, { drives: 2 });
-    for (const [level, drives] of [["RAID1", 3], ["RAID1", 1], ["RAID5", 2], ["RAID10", 3], ["RAID10", 5], ["RAID0", 0], ["RAID6", 2], ["RAID1", "some"]] as const) {
+    for (const [level, drives] of [
+      ["RAID1", 3],
+      ["RAID1", 1],
+      ["RAID5", 2],
+      ["RAID10", 3],
+      ["RAID10", 5],
+      ["RAID0", 0],
+      ["RAID6", 2],
+      ["RAID1", "some"],
+    ] as const) {
       const e = await agentFailure(run(emu, "metal.bmc.raid", { level, drives }));
       expect(e.code).toBe("INVALID_ARGUMENT");
       expect(e.message).toMatch(/^metal\.bmc\.raid: (drives|level)/);
@@ -179,7 +226,13 @@ describe("site role: Redfish", () => {
     expect(emu.requests).toEqual([]); // refused before asking the BMC
 
     // Counts that fit the level but not this machine: refused once its drives are known, nothing written.
-    for (const [level, drives] of [["RAID5", "all"], ["RAID10", "all"], ["RAID10", 4], ["RAID10", 6], ["RAID0", 3]] as const) {
+    for (const [level, drives] of [
+      ["RAID5", "all"],
+      ["RAID10", "all"],
+      ["RAID10", 4],
+      ["RAID10", 6],
+      ["RAID0", 3],
+    ] as const) {
       const e = await agentFailure(run(emu, "metal.bmc.raid", { level, drives }));
       expect(e.code).toBe("INVALID_ARGUMENT");
       expect(e.message).toContain(`BMC ${emu.url}/redfish/v1/Systems/abc has 2 drive`);
@@ -189,7 +242,10 @@ describe("site role: Redfish", () => {
 
     const bare = await emulator(undefined, { drives: 0 });
     const none = await agentFailure(run(bare, "metal.bmc.raid", { level: "RAID1", drives: 2 }));
-    expect(none).toMatchObject({ code: "UNSUPPORTED", message: `BMC ${bare.url}/redfish/v1/Systems/abc has no storage resource (Storage); no RAID to configure` });
+    expect(none).toMatchObject({
+      code: "UNSUPPORTED",
+      message: `BMC ${bare.url}/redfish/v1/Systems/abc has no storage resource (Storage); no RAID to configure`,
+    });
   });
 
   it("powers on, off and cycles by desired state, resetting only when needed", async () => {
@@ -256,7 +312,9 @@ describe("site role: Redfish", () => {
     const emu = await emulator({ errorRate: 1 });
     const e503 = await agentFailure(run(emu, "metal.bmc.inspect"));
     expect(e503.code).toBe("DRIVER_ERROR");
-    expect(e503.message).toMatch(/^BMC http:\/\/127\.0\.0\.1:\d+\/redfish\/v1\/Systems\/abc answered 503 Service Unavailable to GET .*temporarily unavailable/);
+    expect(e503.message).toMatch(
+      /^BMC http:\/\/127\.0\.0\.1:\d+\/redfish\/v1\/Systems\/abc answered 503 Service Unavailable to GET .*temporarily unavailable/,
+    );
     expect(emu.requests).toHaveLength(1);
 
     emu.setFaults({ dropRate: 1 });
@@ -273,7 +331,10 @@ describe("site role: Redfish", () => {
 
   it("ends a request when the command's signal aborts, with the signal's reason", async () => {
     const emu = await emulator({ delayMs: 500 });
-    for (const reason of [new AgentError("DEADLINE_EXCEEDED", "the deadline passed"), new AgentError("INTERRUPTED", "the agent is stopping")]) {
+    for (const reason of [
+      new AgentError("DEADLINE_EXCEEDED", "the deadline passed"),
+      new AgentError("INTERRUPTED", "the agent is stopping"),
+    ]) {
       const controller = new AbortController();
       const t0 = performance.now();
       const pending = agentFailure(run(emu, "metal.bmc.inspect", {}, ctx("metal.bmc.inspect", undefined, controller.signal)));
@@ -294,7 +355,9 @@ describe("site role: Redfish", () => {
       `ftp://127.0.0.1:${port}/redfish/v1/Systems/abc`,
       "not a url",
     ]) {
-      const e = await agentFailure(handlers["metal.bmc.inspect"]!({ bmc: { address, username: USER, password: REF } }, ctx("metal.bmc.inspect")) as Promise<unknown>);
+      const e = await agentFailure(
+        handlers["metal.bmc.inspect"]!({ bmc: { address, username: USER, password: REF } }, ctx("metal.bmc.inspect")) as Promise<unknown>,
+      );
       expect(e.code).toBe("INVALID_ARGUMENT");
       expect(e.message).not.toContain(PASS);
     }
@@ -307,15 +370,23 @@ describe("site role: Redfish", () => {
     expect(missing).toMatchObject({ code: "INVALID_ARGUMENT", message: `the command carries no value for ${REF}` });
 
     const plain = await agentFailure(
-      siteHandlers()["metal.bmc.inspect"]!({ bmc: { address: `${emu.url}/redfish/v1/Systems/abc`, username: USER, password: PASS } }, ctx("metal.bmc.inspect")) as Promise<unknown>,
+      siteHandlers()["metal.bmc.inspect"]!(
+        { bmc: { address: `${emu.url}/redfish/v1/Systems/abc`, username: USER, password: PASS } },
+        ctx("metal.bmc.inspect"),
+      ) as Promise<unknown>,
     );
     expect(plain.code).toBe("INVALID_ARGUMENT");
     expect(plain.message).toContain("bmc.password");
     expect(plain.message).not.toContain(PASS);
 
-    expect(await agentFailure(run(emu, "metal.bmc.power", { action: "reboot" }))).toMatchObject({ code: "INVALID_ARGUMENT", message: expect.stringContaining("action") });
+    expect(await agentFailure(run(emu, "metal.bmc.power", { action: "reboot" }))).toMatchObject({
+      code: "INVALID_ARGUMENT",
+      message: expect.stringContaining("action"),
+    });
     expect(await agentFailure(run(emu, "metal.bmc.boot", { device: "floppy" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
-    expect(await agentFailure(run(emu, "metal.bmc.media.insert", { url: "file:///etc/passwd" }))).toMatchObject({ code: "INVALID_ARGUMENT" });
+    expect(await agentFailure(run(emu, "metal.bmc.media.insert", { url: "file:///etc/passwd" }))).toMatchObject({
+      code: "INVALID_ARGUMENT",
+    });
     expect(emu.requests).toEqual([]);
   });
 
@@ -330,18 +401,54 @@ describe("site role: Redfish", () => {
     const bmc = { address, username: USER, password: REF };
     await handlers["metal.bmc.power"]!({ bmc, action: "on" }, ctx("metal.bmc.power"));
     await agentFailure(handlers["metal.bmc.inspect"]!({ bmc }, ctx("metal.bmc.inspect", { [REF]: wrong })) as Promise<unknown>);
-    await agentFailure(handlers["metal.bmc.inspect"]!({ bmc: { ...bmc, address: `http://${USER}:${PASS}@127.0.0.1:${port}/redfish/v1/Systems/abc` } }, ctx("metal.bmc.inspect")) as Promise<unknown>);
+    await agentFailure(
+      handlers["metal.bmc.inspect"]!(
+        { bmc: { ...bmc, address: `http://${USER}:${PASS}@127.0.0.1:${port}/redfish/v1/Systems/abc` } },
+        ctx("metal.bmc.inspect"),
+      ) as Promise<unknown>,
+    );
     await agentFailure(handlers["metal.bmc.inspect"]!({ bmc: { ...bmc, password: PASS } }, ctx("metal.bmc.inspect")) as Promise<unknown>);
 
     expect(lines).toEqual([
       { level: "info", message: "bmc operation", kind: "metal.bmc.power", bmc: address, outcome: "ok", durationMs: expect.any(Number) },
-      { level: "warn", message: "bmc operation failed", kind: "metal.bmc.inspect", bmc: address, outcome: "DRIVER_ERROR", durationMs: expect.any(Number), error: expect.stringContaining("answered 401") },
+      {
+        level: "warn",
+        message: "bmc operation failed",
+        kind: "metal.bmc.inspect",
+        bmc: address,
+        outcome: "DRIVER_ERROR",
+        durationMs: expect.any(Number),
+        error: expect.stringContaining("answered 401"),
+      },
       // A refused address is not logged: it may hold a credential (this one does).
-      { level: "warn", message: "bmc operation failed", kind: "metal.bmc.inspect", bmc: undefined, outcome: "INVALID_ARGUMENT", durationMs: expect.any(Number), error: expect.stringContaining("carries a username or password") },
-      { level: "warn", message: "bmc operation failed", kind: "metal.bmc.inspect", bmc: undefined, outcome: "INVALID_ARGUMENT", durationMs: expect.any(Number), error: expect.stringContaining("bmc.password") },
+      {
+        level: "warn",
+        message: "bmc operation failed",
+        kind: "metal.bmc.inspect",
+        bmc: undefined,
+        outcome: "INVALID_ARGUMENT",
+        durationMs: expect.any(Number),
+        error: expect.stringContaining("carries a username or password"),
+      },
+      {
+        level: "warn",
+        message: "bmc operation failed",
+        kind: "metal.bmc.inspect",
+        bmc: undefined,
+        outcome: "INVALID_ARGUMENT",
+        durationMs: expect.any(Number),
+        error: expect.stringContaining("bmc.password"),
+      },
     ]);
     const logged = JSON.stringify(lines);
-    for (const secret of [PASS, wrong, USER, Buffer.from(`${USER}:${PASS}`).toString("base64"), Buffer.from(`${USER}:${wrong}`).toString("base64")]) expect(logged).not.toContain(secret);
+    for (const secret of [
+      PASS,
+      wrong,
+      USER,
+      Buffer.from(`${USER}:${PASS}`).toString("base64"),
+      Buffer.from(`${USER}:${wrong}`).toString("base64"),
+    ])
+      expect(logged).not.toContain(secret);
   });
 
   it("sends Basic auth to the BMC only: a link to another origin is not followed", async () => {
@@ -349,20 +456,34 @@ describe("site role: Redfish", () => {
     const json = (body: unknown) => new Response(JSON.stringify(body), { status: 200, headers: { "content-type": "application/json" } });
     const fakeFetch = async (url: string, init: RequestInit) => {
       seen.push({ url, authorization: (init.headers as Record<string, string>).authorization });
-      return json({ Id: "abc", PowerState: "On", Links: { ManagedBy: [{ "@odata.id": "https://elsewhere.example/redfish/v1/Managers/x" }] } });
+      return json({
+        Id: "abc",
+        PowerState: "On",
+        Links: { ManagedBy: [{ "@odata.id": "https://elsewhere.example/redfish/v1/Managers/x" }] },
+      });
     };
-    const client = new RedfishClient({ address: "https://bmc.example:8443/redfish/v1/Systems/abc/", username: USER, password: PASS }, { fetch: fakeFetch });
+    const client = new RedfishClient(
+      { address: "https://bmc.example:8443/redfish/v1/Systems/abc/", username: USER, password: PASS },
+      { fetch: fakeFetch },
+    );
     expect(client.address).toBe("https://bmc.example:8443/redfish/v1/Systems/abc");
     const e = await agentFailure(client.inspect());
     expect(e.code).toBe("DRIVER_ERROR");
     expect(e.message).toContain("outside the BMC");
-    expect(seen).toEqual([{ url: "https://bmc.example:8443/redfish/v1/Systems/abc", authorization: `Basic ${Buffer.from(`${USER}:${PASS}`).toString("base64")}` }]);
+    expect(seen).toEqual([
+      {
+        url: "https://bmc.example:8443/redfish/v1/Systems/abc",
+        authorization: `Basic ${Buffer.from(`${USER}:${PASS}`).toString("base64")}`,
+      },
+    ]);
   });
 });
 
 describe("site role: network boot", () => {
   it("renders an iPXE script", () => {
-    expect(ipxeScript({ kernelUrl: "http://10.0.0.1/vmlinuz", initrdUrl: "http://10.0.0.1/initrd.img", cmdline: "console=ttyS0 ip=dhcp" })).toBe(
+    expect(
+      ipxeScript({ kernelUrl: "http://10.0.0.1/vmlinuz", initrdUrl: "http://10.0.0.1/initrd.img", cmdline: "console=ttyS0 ip=dhcp" }),
+    ).toBe(
       "#!ipxe\nkernel http://10.0.0.1/vmlinuz initrd=initrd console=ttyS0 ip=dhcp\ninitrd --name initrd http://10.0.0.1/initrd.img\nboot\n",
     );
   });

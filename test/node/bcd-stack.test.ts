@@ -28,7 +28,11 @@ afterAll(async () => {
 });
 
 async function api(name: string, input: object) {
-  const res = await fetch(`${stack.url}/v1/${name}`, { method: "POST", headers: { authorization: `Bearer ${stack.adminKey}`, "content-type": "application/json" }, body: JSON.stringify(input) });
+  const res = await fetch(`${stack.url}/v1/${name}`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${stack.adminKey}`, "content-type": "application/json" },
+    body: JSON.stringify(input),
+  });
   return { status: res.status, body: (await res.json()) as any };
 }
 
@@ -37,28 +41,51 @@ async function eventually<T>(read: () => Promise<T>, done: (v: T) => boolean, wh
   for (;;) {
     const value = await read();
     if (done(value)) return value;
-    if (Date.now() > deadline) throw new Error(`${what} did not happen within ${ms} ms; last: ${JSON.stringify(value)}\nbcd said:\n${bcdOutput}`);
+    if (Date.now() > deadline)
+      throw new Error(`${what} did not happen within ${ms} ms; last: ${JSON.stringify(value)}\nbcd said:\n${bcdOutput}`);
     await new Promise((r) => setTimeout(r, 200));
   }
 }
 
 it("joins with a site token, connects, runs a command, drives a BMC for commissioning, and disconnects on SIGTERM", async () => {
   const token = (await api("siteTokens.create", { site: "lab" })).body.token as string;
-  bcd = spawn(process.execPath, [path.join(repoRoot, "node_modules", "tsx", "dist", "cli.mjs"), path.join(repoRoot, "agent", "bcd.ts"), "start", "--url", stack.url, "--role", "site", "--state-dir", stateDir], {
-    cwd: repoRoot,
-    env: { ...process.env, BC_JOIN_TOKEN: token },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
+  bcd = spawn(
+    process.execPath,
+    [
+      path.join(repoRoot, "node_modules", "tsx", "dist", "cli.mjs"),
+      path.join(repoRoot, "agent", "bcd.ts"),
+      "start",
+      "--url",
+      stack.url,
+      "--role",
+      "site",
+      "--state-dir",
+      stateDir,
+    ],
+    {
+      cwd: repoRoot,
+      env: { ...process.env, BC_JOIN_TOKEN: token },
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
   bcd.stdout!.on("data", (d) => (bcdOutput += d));
   bcd.stderr!.on("data", (d) => (bcdOutput += d));
 
-  const site = await eventually(async () => (await api("nodes.list", { role: "site" })).body.nodes as any[], (nodes) => nodes.some((n) => n.state === "connected"), "the site agent connecting");
+  const site = await eventually(
+    async () => (await api("nodes.list", { role: "site" })).body.nodes as any[],
+    (nodes) => nodes.some((n) => n.state === "connected"),
+    "the site agent connecting",
+  );
   const node = site.find((n) => n.state === "connected");
   expect(node.labels["bc.dev/site"]).toBe("lab");
 
   const created = await api("commands.create", { node: node.id, kind: "agent.ping", body: {} });
   expect(created.status).toBe(200);
-  const done = await eventually(async () => (await api("commands.get", { id: created.body.id })).body, (c) => c.state === "succeeded", "the ping's result");
+  const done = await eventually(
+    async () => (await api("commands.get", { id: created.body.id })).body,
+    (c) => c.state === "succeeded",
+    "the ping's result",
+  );
   expect(done.result).toMatchObject({ pong: true });
 
   // The token reached neither the state directory nor anything bcd printed.
@@ -72,14 +99,26 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
   try {
     const system = [...bmc.machines.values()][0]!;
     expect((await api("metal.sites.create", { id: "lab" })).status).toBe(200);
-    expect((await api("metal.pools.create", { id: "lab-metal", site: "lab", policy: { hardwareProfile: "redfish-pxe" } })).status).toBe(200);
-    const enrolled = await api("metal.enroll", { id: "m-1", pool: "lab-metal", bmc: { address: `${bmc.url}/redfish/v1/Systems/${system.id}`, username: "admin", password: BMC_PASSWORD } });
+    expect((await api("metal.pools.create", { id: "lab-metal", site: "lab", policy: { hardwareProfile: "redfish-pxe" } })).status).toBe(
+      200,
+    );
+    const enrolled = await api("metal.enroll", {
+      id: "m-1",
+      pool: "lab-metal",
+      bmc: { address: `${bmc.url}/redfish/v1/Systems/${system.id}`, username: "admin", password: BMC_PASSWORD },
+    });
     expect(enrolled.body).toMatchObject({ state: "commissioning" });
     // No ramdisk will boot here (no PXE): commissioning gets as far as the power cycle and waits.
-    await eventually(async () => system.powerHistory, (h) => h.includes("On"), "the power cycle through bcd");
+    await eventually(
+      async () => system.powerHistory,
+      (h) => h.includes("On"),
+      "the power cycle through bcd",
+    );
     const workflow = (await api("workflows.get", { id: enrolled.body.workflow })).body;
     expect(workflow.steps[0]).toMatchObject({ name: "inspect", attempts: [{ state: "succeeded", output: { uuid: system.uuid } }] });
-    expect(bmc.requests.some((r) => r.method === "POST" && r.path.endsWith("/Actions/ComputerSystem.Reset") && r.status === 204)).toBe(true);
+    expect(bmc.requests.some((r) => r.method === "POST" && r.path.endsWith("/Actions/ComputerSystem.Reset") && r.status === 204)).toBe(
+      true,
+    );
     for (const file of fs.readdirSync(stateDir)) expect(fs.readFileSync(path.join(stateDir, file), "utf8")).not.toContain(BMC_PASSWORD);
     expect(bcdOutput).not.toContain(BMC_PASSWORD);
   } finally {
@@ -89,5 +128,9 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
   bcd.kill("SIGTERM");
   const code = await new Promise<number | null>((resolve) => bcd!.once("exit", (c) => resolve(c)));
   expect(code).toBe(0);
-  await eventually(async () => (await api("nodes.get", { node: node.id })).body.state, (s) => s === "disconnected", "the disconnection being recorded");
+  await eventually(
+    async () => (await api("nodes.get", { node: node.id })).body.state,
+    (s) => s === "disconnected",
+    "the disconnection being recorded",
+  );
 }, 120_000);

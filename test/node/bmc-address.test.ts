@@ -71,13 +71,24 @@ function controlPlane(address: string): { ok: boolean; message?: string } {
 }
 
 const REF = "secret://bmc-1";
-const ctx = { id: "c1", key: "k1", kind: "metal.bmc.inspect", seq: 1, attested: false, deadline: null, signal: new AbortController().signal, secrets: { [REF]: "hunter2" } } as CommandContext;
+const ctx = {
+  id: "c1",
+  key: "k1",
+  kind: "metal.bmc.inspect",
+  seq: 1,
+  attested: false,
+  deadline: null,
+  signal: new AbortController().signal,
+  secrets: { [REF]: "hunter2" },
+} as CommandContext;
 
 /** The site agent's answer: its handler, with a BMC that answers every request 503 (reached means accepted). */
 async function agent(address: string): Promise<{ ok: boolean; message?: string; requests: number }> {
   let requests = 0;
   const bmc: FetchLike = async () => (requests++, new Response("", { status: 503 }));
-  const e = await agentFailure(siteHandlers({ fetch: bmc })["metal.bmc.inspect"]!({ bmc: { address, username: "admin", password: REF } }, ctx) as Promise<unknown>);
+  const e = await agentFailure(
+    siteHandlers({ fetch: bmc })["metal.bmc.inspect"]!({ bmc: { address, username: "admin", password: REF } }, ctx) as Promise<unknown>,
+  );
   if (e.code === "DRIVER_ERROR") return { ok: true, requests };
   expect(e.code, JSON.stringify(address)).toBe("INVALID_ARGUMENT");
   return { ok: false, message: e.message, requests };
@@ -105,7 +116,10 @@ describe("one BMC address validator for the control plane and the site agent", (
       ok: true,
       address: { origin: "https://[fd00::5]:8443", systemPath: "/redfish/v1/Systems/a%20b", systemId: "a b", https: true },
     });
-    expect(parseBmcAddress("http://10.0.0.5/redfish/v1/Managers/1")).toEqual({ ok: false, problem: "must name a system (/redfish/v1/Systems/<id>), not http://10.0.0.5/redfish/v1/Managers/1" });
+    expect(parseBmcAddress("http://10.0.0.5/redfish/v1/Managers/1")).toEqual({
+      ok: false,
+      problem: "must name a system (/redfish/v1/Systems/<id>), not http://10.0.0.5/redfish/v1/Managers/1",
+    });
     expect(parseBmcAddress(42)).toEqual({ ok: false, problem: "is missing" });
   });
 });

@@ -19,14 +19,18 @@ afterAll(() => {
 
 /** Spawns the emulator and resolves with what it printed once it is serving. */
 function emulator(args: string[]): Promise<{ child: ChildProcess; output: string }> {
-  const child = spawn(process.execPath, [path.join(repoRoot, "node_modules", "tsx", "dist", "cli.mjs"), path.join(repoRoot, "scripts", "bmc-emulator.ts"), ...args], { cwd: repoRoot, stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn(
+    process.execPath,
+    [path.join(repoRoot, "node_modules", "tsx", "dist", "cli.mjs"), path.join(repoRoot, "scripts", "bmc-emulator.ts"), ...args],
+    { cwd: repoRoot, stdio: ["ignore", "pipe", "pipe"] },
+  );
   children.push(child);
   let output = "";
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`the emulator did not start:\n${output}`)), 30_000);
     const seen = (d: Buffer) => {
       output += d;
-      if (output.includes("Ctrl-C stops it.")) clearTimeout(timer), resolve({ child, output });
+      if (output.includes("Ctrl-C stops it.")) (clearTimeout(timer), resolve({ child, output }));
     };
     child.stdout!.on("data", seen);
     child.stderr!.on("data", seen);
@@ -73,12 +77,26 @@ it("serves simulated systems over TLS, prints how to reach and trust them, and s
   // The default password is random, and printed; the plain emulator's systems have UUIDs of their own.
   const plainAddress = field(plain.output, /^ {2}(http:\/\/127\.0\.0\.1:\d+\/redfish\/v1\/Systems\/node-1)$/m);
   const plainPassword = field(plain.output, /^ {2}password (\S+)$/m);
-  const plainSystem = (await (await fetch(plainAddress, { headers: { authorization: `Basic ${Buffer.from(`admin:${plainPassword}`).toString("base64")}` } })).json()) as { UUID: string };
+  const plainSystem = (await (
+    await fetch(plainAddress, { headers: { authorization: `Basic ${Buffer.from(`admin:${plainPassword}`).toString("base64")}` } })
+  ).json()) as { UUID: string };
   expect(new Set([first.json.UUID, second.json.UUID, plainSystem.UUID]).size).toBe(3);
 
   // The site agent reaches it with the printed pin.
-  const ctx = { id: "c1", key: "k1", kind: "metal.bmc.inspect", seq: 1, attested: false, deadline: null, signal: new AbortController().signal, secrets: { "secret://emu": "emulated-Pa55" } } as CommandContext;
-  const inspected = (await siteHandlers()["metal.bmc.inspect"]!({ bmc: { address: addresses[1], username: "ops", password: "secret://emu", tls: { spkiSha256: pin } } }, ctx)) as { systemId: string; uuid: string };
+  const ctx = {
+    id: "c1",
+    key: "k1",
+    kind: "metal.bmc.inspect",
+    seq: 1,
+    attested: false,
+    deadline: null,
+    signal: new AbortController().signal,
+    secrets: { "secret://emu": "emulated-Pa55" },
+  } as CommandContext;
+  const inspected = (await siteHandlers()["metal.bmc.inspect"]!(
+    { bmc: { address: addresses[1], username: "ops", password: "secret://emu", tls: { spkiSha256: pin } } },
+    ctx,
+  )) as { systemId: string; uuid: string };
   expect(inspected).toMatchObject({ systemId: "node-2", uuid: second.json.UUID });
 
   for (const { child } of [tls, plain]) {

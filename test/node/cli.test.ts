@@ -73,18 +73,53 @@ describe("arguments from a method's input schema", () => {
   };
 
   it("coerces by type, sets nested keys from dotted flags, and fills node from the first argument", async () => {
-    expect(await body(["m-1", "--count", "3", "--ratio", "0.5", "--force", "--roles", "admin", "--roles", "viewer", "--bmc.address", "https://10.0.0.5", "--bmc.port=443", "--input.image.url", "http://x/i"])).toEqual({
-      node: "m-1", count: 3, ratio: 0.5, force: true, roles: ["admin", "viewer"], bmc: { address: "https://10.0.0.5", port: 443 }, input: { image: { url: "http://x/i" } },
+    expect(
+      await body([
+        "m-1",
+        "--count",
+        "3",
+        "--ratio",
+        "0.5",
+        "--force",
+        "--roles",
+        "admin",
+        "--roles",
+        "viewer",
+        "--bmc.address",
+        "https://10.0.0.5",
+        "--bmc.port=443",
+        "--input.image.url",
+        "http://x/i",
+      ]),
+    ).toEqual({
+      node: "m-1",
+      count: 3,
+      ratio: 0.5,
+      force: true,
+      roles: ["admin", "viewer"],
+      bmc: { address: "https://10.0.0.5", port: 443 },
+      input: { image: { url: "http://x/i" } },
     });
-    expect(await body(["--force", "false", "--node", "m-2", "--roles", '["a","b"]', "--input", '{"a":1}'])).toEqual({ node: "m-2", force: false, roles: ["a", "b"], input: { a: 1 } });
+    expect(await body(["--force", "false", "--node", "m-2", "--roles", '["a","b"]', "--input", '{"a":1}'])).toEqual({
+      node: "m-2",
+      force: false,
+      roles: ["a", "b"],
+      input: { a: 1 },
+    });
     // --body gives the whole body (here from stdin); flags are laid over it.
-    expect(await body(["--body", "-", "--count", "2"], '{"node":"m-3","count":1,"bmc":{"address":"a"}}')).toEqual({ node: "m-3", count: 2, bmc: { address: "a" } });
+    expect(await body(["--body", "-", "--count", "2"], '{"node":"m-3","count":1,"bmc":{"address":"a"}}')).toEqual({
+      node: "m-3",
+      count: 2,
+      bmc: { address: "a" },
+    });
   });
 
   it("refuses unknown flags with the known ones, and values of the wrong type", async () => {
-    await expect(body(["--nod", "m-1"])).rejects.toThrow("unknown flag --nod for demo run; its flags: --node, --count, --ratio, --force, --roles, --bmc, --bmc.address, --bmc.port, --input");
+    await expect(body(["--nod", "m-1"])).rejects.toThrow(
+      "unknown flag --nod for demo run; its flags: --node, --count, --ratio, --force, --roles, --bmc, --bmc.address, --bmc.port, --input",
+    );
     await expect(body(["--bmc.user", "x"])).rejects.toThrow("unknown flag --bmc.user");
-    await expect(body(["--count", "2.5"])).rejects.toThrow("--count takes a whole number, not \"2.5\"");
+    await expect(body(["--count", "2.5"])).rejects.toThrow('--count takes a whole number, not "2.5"');
     await expect(body(["--input", "{nope"])).rejects.toThrow("--input takes JSON");
     await expect(body(["m-1", "m-2"])).rejects.toThrow("takes at most one argument");
   });
@@ -92,21 +127,47 @@ describe("arguments from a method's input schema", () => {
 
 describe("the workflow progress view", () => {
   // workflows.get answers as a poller sees a flaky step: failed, retried, failed, retried, succeeded.
-  const base = { id: "wf-1", profile: "acme.flaky", version: "1", target: "n-1", error: null, createdAt: "2026-01-01T00:00:00.000Z", finishedAt: null };
+  const base = {
+    id: "wf-1",
+    profile: "acme.flaky",
+    version: "1",
+    target: "n-1",
+    error: null,
+    createdAt: "2026-01-01T00:00:00.000Z",
+    finishedAt: null,
+  };
   const attempt = (n: number, state: string, extra: Partial<WorkflowView["steps"][number]["attempts"][number]> = {}) => ({
-    attempt: n, state, error: null, commandId: null, polls: 0, startedAt: state === "scheduled" ? null : `2026-01-01T00:00:0${n}.000Z`, finishedAt: null, ...extra,
+    attempt: n,
+    state,
+    error: null,
+    commandId: null,
+    polls: 0,
+    startedAt: state === "scheduled" ? null : `2026-01-01T00:00:0${n}.000Z`,
+    finishedAt: null,
+    ...extra,
   });
   const answer = (state: string, attempts: ReturnType<typeof attempt>[], finishedAt: string | null = null): WorkflowView => ({
-    ...base, state, finishedAt, steps: [{ position: 0, name: "acme.flaky", step: "acme.flaky", attempts }],
+    ...base,
+    state,
+    finishedAt,
+    steps: [{ position: 0, name: "acme.flaky", step: "acme.flaky", attempts }],
   });
-  const failed = (n: number) => attempt(n, "failed", { error: { code: "DRIVER_ERROR", message: `the widget API answered 503 (attempt ${n})` }, finishedAt: `2026-01-01T00:00:0${n}.500Z` });
+  const failed = (n: number) =>
+    attempt(n, "failed", {
+      error: { code: "DRIVER_ERROR", message: `the widget API answered 503 (attempt ${n})` },
+      finishedAt: `2026-01-01T00:00:0${n}.500Z`,
+    });
   const answers = [
     answer("running", [attempt(1, "ready")]),
     answer("running", [failed(1), attempt(2, "scheduled")]),
     answer("running", [failed(1), attempt(2, "not_ready", { error: { code: "NOT_READY", message: "the widget is drying" }, polls: 1 })]),
     answer("running", [failed(1), attempt(2, "not_ready", { error: { code: "NOT_READY", message: "the widget is drying" }, polls: 2 })]),
     answer("running", [failed(1), failed(2), attempt(3, "scheduled")]),
-    answer("succeeded", [failed(1), failed(2), attempt(3, "succeeded", { finishedAt: "2026-01-01T00:00:04.000Z" })], "2026-01-01T00:00:04.000Z"),
+    answer(
+      "succeeded",
+      [failed(1), failed(2), attempt(3, "succeeded", { finishedAt: "2026-01-01T00:00:04.000Z" })],
+      "2026-01-01T00:00:04.000Z",
+    ),
   ];
 
   it("prints each attempt and retry with its error, once, as it happens", () => {
@@ -182,7 +243,10 @@ describe("better-compute against the local stack", () => {
     const whoami = await cli(["iam", "whoami"], connected());
     expect(whoami.code).toBe(0);
     expect(whoami.stdout).toBe(`principal: apikey:${stack.adminKey.split("_")[1]}\nroles: admin\n`);
-    expect(JSON.parse((await cli(["iam", "whoami", "--json"], connected())).stdout)).toEqual({ principal: `apikey:${stack.adminKey.split("_")[1]}`, roles: ["admin"] });
+    expect(JSON.parse((await cli(["iam", "whoami", "--json"], connected())).stdout)).toEqual({
+      principal: `apikey:${stack.adminKey.split("_")[1]}`,
+      roles: ["admin"],
+    });
 
     const nodes = await cli(["nodes", "list", "--role", "site"], connected());
     expect(nodes.code).toBe(0);
@@ -246,9 +310,31 @@ describe("better-compute against the local stack", () => {
     expect(help.stdout).toContain("Paint a widget");
     expect(help.stdout).toMatch(/--spec\.depth +number, required/);
 
-    const painted = await cli(["widgets", "paint", "w-1", "--color", "red", "--coats", "3", "--glossy", "--tags", "a", "--tags", "b", "--spec.depth", "2.5", "--json"], env);
+    const painted = await cli(
+      [
+        "widgets",
+        "paint",
+        "w-1",
+        "--color",
+        "red",
+        "--coats",
+        "3",
+        "--glossy",
+        "--tags",
+        "a",
+        "--tags",
+        "b",
+        "--spec.depth",
+        "2.5",
+        "--json",
+      ],
+      env,
+    );
     expect(painted.code, painted.stderr).toBe(0);
-    expect(JSON.parse(painted.stdout)).toEqual({ widget: { id: "w-1", color: "red", coats: 3, glossy: true, tags: ["a", "b"], spec: { depth: 2.5 } }, by: `apikey:${stack.adminKey.split("_")[1]}` });
+    expect(JSON.parse(painted.stdout)).toEqual({
+      widget: { id: "w-1", color: "red", coats: 3, glossy: true, tags: ["a", "b"], spec: { depth: 2.5 } },
+      by: `apikey:${stack.adminKey.split("_")[1]}`,
+    });
 
     // The server refuses what the schema refuses, with its typed error.
     const wrong = await cli(["widgets", "paint", "w-2", "--color", "green", "--coats", "1", "--spec.depth", "1"], env);
@@ -258,7 +344,22 @@ describe("better-compute against the local stack", () => {
 
   it("metal enroll and deploy wait for the machine, showing each step; workflows watch replays a workflow", async () => {
     const machine = sim.machines[0]!;
-    const enroll = await cli(["metal", "enroll", "m-cli", "--pool", "cli-site-pool", "--bmc.address", machine.address, "--bmc.username", SIM_BMC_USER, "--bmc.password", SIM_BMC_PASSWORD], connected());
+    const enroll = await cli(
+      [
+        "metal",
+        "enroll",
+        "m-cli",
+        "--pool",
+        "cli-site-pool",
+        "--bmc.address",
+        machine.address,
+        "--bmc.username",
+        SIM_BMC_USER,
+        "--bmc.password",
+        SIM_BMC_PASSWORD,
+      ],
+      connected(),
+    );
     expect(enroll.code, enroll.stdout + enroll.stderr).toBe(0);
     expect(enroll.stdout).toMatch(/workflow wf-\S+: metal\.commission@1 on m-cli/);
     expect(enroll.stdout).toMatch(/✔ \[\d+\] disk\.wipe succeeded/);
@@ -266,13 +367,20 @@ describe("better-compute against the local stack", () => {
     expect(enroll.stdout + enroll.stderr).not.toContain(SIM_BMC_PASSWORD);
 
     const url = `${images.url}/images/${image}`;
-    const deploy = await cli(["metal", "deploy", "m-cli", "--profile", "metal.deploy.image-stream", "--input.image.url", url, "--input.image.sha256", image], connected());
+    const deploy = await cli(
+      ["metal", "deploy", "m-cli", "--profile", "metal.deploy.image-stream", "--input.image.url", url, "--input.image.sha256", image],
+      connected(),
+    );
     expect(deploy.code, deploy.stdout + deploy.stderr).toBe(0);
     const lines = deploy.stdout.trimEnd().split("\n");
     const workflow = /^workflow: (wf-\S+)$/m.exec(deploy.stdout)![1]!;
     expect(lines).toContain("machine m-cli: deploying");
     expect(deploy.stdout).toMatch(/\n {2}▸ \[\d+\] image\.write started\n(.*\n)? {2}✔ \[\d+\] image\.write succeeded \(\d+\.\d s\)\n/);
-    expect(lines.slice(-3)).toEqual([expect.stringMatching(`^✔ workflow ${workflow} succeeded`), "machine m-cli: deploying → deployed", "✔ machine m-cli is deployed"]);
+    expect(lines.slice(-3)).toEqual([
+      expect.stringMatching(`^✔ workflow ${workflow} succeeded`),
+      "machine m-cli: deploying → deployed",
+      "✔ machine m-cli is deployed",
+    ]);
     expect(machine.disks.disks.get("/dev/sda")!.sha256).toBe(image);
 
     const watch = await cli(["workflows", "watch", workflow], connected());
@@ -289,7 +397,18 @@ describe("better-compute against the local stack", () => {
     expect(undeploy.stderr).toContain("✔ machine m-cli is ready");
 
     const wrongDigest = "0".repeat(64);
-    const deploy = await cli(["metal", "deploy", "m-cli", "--profile", "metal.deploy.image-stream", "--input", JSON.stringify({ image: { url: `${images.url}/images/${image}`, sha256: wrongDigest } })], connected());
+    const deploy = await cli(
+      [
+        "metal",
+        "deploy",
+        "m-cli",
+        "--profile",
+        "metal.deploy.image-stream",
+        "--input",
+        JSON.stringify({ image: { url: `${images.url}/images/${image}`, sha256: wrongDigest } }),
+      ],
+      connected(),
+    );
     expect(deploy.code).toBe(1);
     expect(deploy.stdout).toMatch(/✖ \[\d+\] image\.write failed: DRIVER_ERROR .*digest/);
     expect(deploy.stdout).toMatch(/✖ workflow wf-\S+ failed/);
@@ -301,7 +420,9 @@ describe("better-compute against the local stack", () => {
     expect(noWait.code).toBe(0);
     expect(noWait.stdout).not.toContain("machine m-cli:");
     const ready = await cli(["workflows", "list", "--json"], connected());
-    const commission = (JSON.parse(ready.stdout) as { workflows: { id: string; profile: string }[] }).workflows.find((w) => w.profile === "metal.commission")!;
+    const commission = (JSON.parse(ready.stdout) as { workflows: { id: string; profile: string }[] }).workflows.find(
+      (w) => w.profile === "metal.commission",
+    )!;
     expect((await cli(["workflows", "watch", commission.id], connected())).code).toBe(0);
     expect((await cli(["metal", "nodes", "get", "m-cli", "--json"], connected())).stdout).toContain('"state": "ready"');
   });
@@ -317,7 +438,14 @@ async function servePluginApi(stack: Stack): Promise<{ url: string; stop(): Prom
     action: "widgets.paint",
     readOnly: true,
     description: "Paint a widget (answers what it was asked)",
-    input: z.object({ id: z.string(), color: z.enum(["red", "blue"]), coats: z.number().int(), glossy: z.boolean().optional(), tags: z.array(z.string()).default([]), spec: z.object({ depth: z.number() }) }),
+    input: z.object({
+      id: z.string(),
+      color: z.enum(["red", "blue"]),
+      coats: z.number().int(),
+      glossy: z.boolean().optional(),
+      tags: z.array(z.string()).default([]),
+      spec: z.object({ depth: z.number() }),
+    }),
     output: z.object({ widget: z.record(z.string(), z.unknown()), by: z.string() }),
     handler: async (ctx, input) => ({ widget: input, by: ctx.principal.id }),
   });
@@ -328,7 +456,11 @@ async function servePluginApi(stack: Stack): Promise<{ url: string; stop(): Prom
   const server = http.createServer(async (req, res) => {
     const chunks: Buffer[] = [];
     for await (const chunk of req) chunks.push(chunk as Buffer);
-    const request = new Request(`http://127.0.0.1${req.url}`, { method: req.method, headers: req.headers as Record<string, string>, ...(req.method === "POST" ? { body: Buffer.concat(chunks) } : {}) });
+    const request = new Request(`http://127.0.0.1${req.url}`, {
+      method: req.method,
+      headers: req.headers as Record<string, string>,
+      ...(req.method === "POST" ? { body: Buffer.concat(chunks) } : {}),
+    });
     const response = await compute.fetch(request, env);
     res.writeHead(response.status, Object.fromEntries(response.headers));
     res.end(Buffer.from(await response.arrayBuffer()));

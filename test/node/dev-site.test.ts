@@ -51,7 +51,12 @@ function waitFor(pattern: RegExp, ms: number, what: string): Promise<RegExpExecA
 it("shows three simulated machines ready, and the banner's deploy command takes one to deployed", async () => {
   const port = await freePort();
   // Its own process group, so Ctrl-C (SIGINT to the group) reaches npm, tsx, wrangler and bcd.
-  dev = spawn("npm", ["run", "dev"], { cwd: repoRoot, env: { ...process.env, PORT: String(port), BC_DATA_DIR: baseDir, DATABASE_URL: "" }, detached: true, stdio: ["ignore", "pipe", "pipe"] });
+  dev = spawn("npm", ["run", "dev"], {
+    cwd: repoRoot,
+    env: { ...process.env, PORT: String(port), BC_DATA_DIR: baseDir, DATABASE_URL: "" },
+    detached: true,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
   dev.stdout!.on("data", (d) => (output += d));
   dev.stderr!.on("data", (d) => (output += d));
 
@@ -63,7 +68,9 @@ it("shows three simulated machines ready, and the banner's deploy command takes 
   const key = /admin API key \(new, kept in [^)]*\): (bck_\S+)/.exec(output)![1]!;
   expect(output).toMatch(/REAL {7}the control plane: .*wrangler dev's workerd, Postgres \(PGlite\)/);
   expect(output).toMatch(/the site agent \(a bcd process, node n-\S+, state in /);
-  expect(output).toMatch(/SIMULATED {2}3 machines and their disks \(in memory\), their BMCs \(a Redfish emulator at http:\/\/127\.0\.0\.1:\d+\)/);
+  expect(output).toMatch(
+    /SIMULATED {2}3 machines and their disks \(in memory\), their BMCs \(a Redfish emulator at http:\/\/127\.0\.0\.1:\d+\)/,
+  );
   expect(output).toContain("PXE/DHCP: a ramdisk's discovery join is vouched for with the site agent's key");
   expect(output).toContain("npx better-compute metal nodes list");
   const machines = /^ {2}machines in pool dev-pool: (.*) \(enrolled/m.exec(output)![1]!.split(", ");
@@ -78,11 +85,24 @@ it("shows three simulated machines ready, and the banner's deploy command takes 
   const printed = new RegExp(`npx better-compute metal deploy (${node}) --profile (\\S+) --input '([^']+)'`).exec(output);
   expect(printed, output).not.toBeNull();
   expect(output).toContain(`npx better-compute metal undeploy ${node}`);
-  const cli = spawn(process.execPath, [path.join(repoRoot, "scripts", "better-compute.mjs"), "metal", "deploy", printed![1]!, "--profile", printed![2]!, "--input", printed![3]!], {
-    cwd: repoRoot,
-    env: { ...process.env, BC_DATA_DIR: devDir, BC_URL: "", BC_API_KEY: "" },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
+  const cli = spawn(
+    process.execPath,
+    [
+      path.join(repoRoot, "scripts", "better-compute.mjs"),
+      "metal",
+      "deploy",
+      printed![1]!,
+      "--profile",
+      printed![2]!,
+      "--input",
+      printed![3]!,
+    ],
+    {
+      cwd: repoRoot,
+      env: { ...process.env, BC_DATA_DIR: devDir, BC_URL: "", BC_API_KEY: "" },
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
   let cliOutput = "";
   cli.stdout!.on("data", (d) => (cliOutput += d));
   cli.stderr!.on("data", (d) => (cliOutput += d));
@@ -92,7 +112,11 @@ it("shows three simulated machines ready, and the banner's deploy command takes 
   expect(cliOutput).toMatch(/deployed/);
 
   await waitFor(new RegExp(`^ {2}${node} {2}deploying → deployed$`, "m"), 30_000, "the machine deployed");
-  const res = await fetch(`http://127.0.0.1:${port}/v1/metal.nodes.list`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body: JSON.stringify({ pool: "dev-pool" }) });
+  const res = await fetch(`http://127.0.0.1:${port}/v1/metal.nodes.list`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ pool: "dev-pool" }),
+  });
   const nodes = ((await res.json()) as { nodes: { id: string; state: string }[] }).nodes;
   expect(nodes.find((n) => n.id === node)?.state).toBe("deployed");
 

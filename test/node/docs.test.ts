@@ -16,7 +16,8 @@ const DOCUMENTED_URL = "http://127.0.0.1:8787";
 const ACCEPTED_REASONS = [/^needs a Cloudflare account/, /^runs on the machine being managed/];
 const SHELL = /^```(sh|bash|shell|console)\b/;
 /** What a runnable block must never do here: reinstall this checkout, start a second stack, deploy. */
-const NEVER_RUN = /\bnpm (ci|install|start|test)\b|\bnpm run (dev|bcd|migrate|mint-key|deploy)\b|\bwrangler (deploy|secret)\b|\bbcd (start|run|join)\b/;
+const NEVER_RUN =
+  /\bnpm (ci|install|start|test)\b|\bnpm run (dev|bcd|migrate|mint-key|deploy)\b|\bwrangler (deploy|secret)\b|\bbcd (start|run|join)\b/;
 
 interface Block {
   file: string;
@@ -42,7 +43,14 @@ function shellBlocks(file: string): Block[] {
   return blocks;
 }
 
-const files = ["README.md", ...fs.readdirSync(path.join(repoRoot, "docs")).filter((f) => f.endsWith(".md")).sort().map((f) => `docs/${f}`)];
+const files = [
+  "README.md",
+  ...fs
+    .readdirSync(path.join(repoRoot, "docs"))
+    .filter((f) => f.endsWith(".md"))
+    .sort()
+    .map((f) => `docs/${f}`),
+];
 const blocksByFile = new Map(files.map((f) => [f, shellBlocks(f)]));
 
 describe("every shell block in the docs", () => {
@@ -51,12 +59,19 @@ describe("every shell block in the docs", () => {
       const where = `${block.file}:${block.line}`;
       if (!block.skipped) {
         const commands = block.text.replace(/(^|\s)#.*$/gm, ""); // what a comment mentions is not run
-        expect(NEVER_RUN.exec(commands)?.[0], `${where} would run this in the checkout: mark it "# not run here: <the test that runs it>"`).toBeUndefined();
+        expect(
+          NEVER_RUN.exec(commands)?.[0],
+          `${where} would run this in the checkout: mark it "# not run here: <the test that runs it>"`,
+        ).toBeUndefined();
         continue;
       }
       const named = /\btest\/[\w./-]+\.test\.ts\b/.exec(block.skipped)?.[0];
       if (named) expect(fs.existsSync(path.join(repoRoot, named)), `${where} names ${named}, which does not exist`).toBe(true);
-      else expect(ACCEPTED_REASONS.some((r) => r.test(block.skipped!)), `${where}: "${block.skipped}" names no test that runs it`).toBe(true);
+      else
+        expect(
+          ACCEPTED_REASONS.some((r) => r.test(block.skipped!)),
+          `${where}: "${block.skipped}" names no test that runs it`,
+        ).toBe(true);
     }
   });
 
@@ -86,7 +101,10 @@ describe("every shell block in the docs", () => {
         ].join("\n");
         const result = await runBash(script, { KEY: stack.adminKey, BC_URL: stack.url, BC_API_KEY: stack.adminKey, BC_DATA_DIR: dataDir });
         const failedAt = [...result.stderr.matchAll(/::block (\S+)/g)].pop()?.[1];
-        expect(result.code, `${file} failed in the block at ${failedAt}:\n${result.stdout.slice(-3000)}\n${result.stderr.slice(-3000)}`).toBe(0);
+        expect(
+          result.code,
+          `${file} failed in the block at ${failedAt}:\n${result.stdout.slice(-3000)}\n${result.stderr.slice(-3000)}`,
+        ).toBe(0);
       }, 300_000);
     }
   });

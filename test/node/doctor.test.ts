@@ -47,7 +47,18 @@ function doctor(args: string[] = [], env: Record<string, string> = {}): Promise<
     execFile(
       process.execPath,
       [path.join(repoRoot, "scripts/better-compute.mjs"), "doctor", ...args],
-      { cwd: tmp, env: { ...process.env, DATABASE_URL: pglite.connectionString, BC_SECRET: SECRET, BC_DATA_DIR: emptyDataDir, BC_DB_WS_PROXY: "", ...env }, timeout: 60_000 },
+      {
+        cwd: tmp,
+        env: {
+          ...process.env,
+          DATABASE_URL: pglite.connectionString,
+          BC_SECRET: SECRET,
+          BC_DATA_DIR: emptyDataDir,
+          BC_DB_WS_PROXY: "",
+          ...env,
+        },
+        timeout: 60_000,
+      },
       (err, stdout, stderr) => resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
     );
   });
@@ -67,7 +78,10 @@ function wranglerCopy(name: string, change: (toml: string) => string): string {
   const changed = change(original);
   expect(changed).not.toBe(original);
   const file = path.join(tmp, name);
-  fs.writeFileSync(file, changed.replace(/^main = "(.*)"$/m, (_, main: string) => `main = "${path.join(repoRoot, main)}"`));
+  fs.writeFileSync(
+    file,
+    changed.replace(/^main = "(.*)"$/m, (_, main: string) => `main = "${path.join(repoRoot, main)}"`),
+  );
   return file;
 }
 
@@ -75,7 +89,8 @@ describe("better-compute doctor", () => {
   it("passes on the default deployment, and says so for each check", async () => {
     const human = await doctor();
     expect(human.code, human.stdout + human.stderr).toBe(0);
-    for (const check of ["config", "durable objects", "cron", "BC_SECRET", "database", "migrations", "iam"]) expect(human.stdout).toContain(`✔ ${check}:`);
+    for (const check of ["config", "durable objects", "cron", "BC_SECRET", "database", "migrations", "iam"])
+      expect(human.stdout).toContain(`✔ ${check}:`);
     expect(human.stdout).toContain("no errors");
     // Never a secret: not BC_SECRET, not the database password.
     expect(human.stdout).not.toContain(SECRET);
@@ -101,7 +116,9 @@ describe("better-compute doctor", () => {
     const weak = await doctor(["--json"], { BC_SECRET: patterned });
     expect(weak.code).toBe(1);
     expect(weak.stdout).not.toContain(patterned);
-    expect(errors(JSON.parse(weak.stdout).findings)).toMatchObject([{ check: "BC_SECRET", message: expect.stringContaining("low-entropy") }]);
+    expect(errors(JSON.parse(weak.stdout).findings)).toMatchObject([
+      { check: "BC_SECRET", message: expect.stringContaining("low-entropy") },
+    ]);
   });
 
   it("finds a migration changed after it was applied, and one not applied", async () => {
@@ -111,26 +128,35 @@ describe("better-compute doctor", () => {
     try {
       const changed = await findings();
       expect(changed.code).toBe(1);
-      expect(errors(changed.findings)).toMatchObject([{ check: "migrations", message: expect.stringContaining(`changed after they were applied: ${name}`) }]);
+      expect(errors(changed.findings)).toMatchObject([
+        { check: "migrations", message: expect.stringContaining(`changed after they were applied: ${name}`) },
+      ]);
     } finally {
       await store.db.execute(sql`UPDATE bc_migrations SET sha256 = ${sha256} WHERE name = ${name}`);
     }
 
     const last = compute.migrations().at(-1)!.name;
-    const [row] = (await store.db.execute(sql`DELETE FROM bc_migrations WHERE name = ${last} RETURNING sha256, applied_at`)).rows as { sha256: string; applied_at: string }[];
+    const [row] = (await store.db.execute(sql`DELETE FROM bc_migrations WHERE name = ${last} RETURNING sha256, applied_at`)).rows as {
+      sha256: string;
+      applied_at: string;
+    }[];
     try {
       const run = await doctor();
       expect(run.code).toBe(1);
       expect(run.stdout).toContain(`✖ migrations: 1 not applied: ${last}`);
       expect(run.stdout).toContain("fix: DATABASE_URL=… npm run migrate");
     } finally {
-      await store.db.execute(sql`INSERT INTO bc_migrations (name, sha256, applied_at) VALUES (${last}, ${row!.sha256}, ${row!.applied_at})`);
+      await store.db.execute(
+        sql`INSERT INTO bc_migrations (name, sha256, applied_at) VALUES (${last}, ${row!.sha256}, ${row!.applied_at})`,
+      );
     }
     expect((await findings()).code).toBe(0);
   });
 
   it("finds a wrangler.toml without the NODE binding, and one without a cron trigger", async () => {
-    const noNode = wranglerCopy("no-node.toml", (toml) => toml.replace('[[durable_objects.bindings]]\nname = "NODE"\nclass_name = "NodeDO"\n', ""));
+    const noNode = wranglerCopy("no-node.toml", (toml) =>
+      toml.replace('[[durable_objects.bindings]]\nname = "NODE"\nclass_name = "NodeDO"\n', ""),
+    );
     const withoutNode = await doctor(["--wrangler", noNode]);
     expect(withoutNode.code).toBe(1);
     expect(withoutNode.stdout).toContain("✖ durable objects: no Durable Object binding NODE");
@@ -139,7 +165,9 @@ describe("better-compute doctor", () => {
     const noCron = wranglerCopy("no-cron.toml", (toml) => toml.replace(/\[triggers\]\ncrons = .*\n/, ""));
     const withoutCron = await findings(["--wrangler", noCron]);
     expect(withoutCron.code).toBe(1);
-    expect(errors(withoutCron.findings)).toMatchObject([{ check: "cron", message: expect.stringContaining("no cron trigger"), fix: expect.stringContaining("[triggers]") }]);
+    expect(errors(withoutCron.findings)).toMatchObject([
+      { check: "cron", message: expect.stringContaining("no cron trigger"), fix: expect.stringContaining("[triggers]") },
+    ]);
   });
 
   it("finds an unreachable database without printing its password", async () => {
@@ -163,11 +191,17 @@ export const compute = betterCompute({ plugins: [definePlugin({ id: "acme", migr
     );
     const run = await findings(["--config", config]);
     expect(run.code).toBe(1);
-    expect(errors(run.findings)).toContainEqual(expect.objectContaining({ check: "config", message: expect.stringContaining("INVALID_CONFIG migration metal/0001_mine of module acme is named for another module") }));
+    expect(errors(run.findings)).toContainEqual(
+      expect.objectContaining({
+        check: "config",
+        message: expect.stringContaining("INVALID_CONFIG migration metal/0001_mine of module acme is named for another module"),
+      }),
+    );
   });
 
   it("finds a deployment without an unrevoked admin key", async () => {
-    const revoked = (await store.db.execute(sql`UPDATE bc_api_keys SET revoked_at = compute_now() WHERE revoked_at IS NULL RETURNING id`)).rows as { id: string }[];
+    const revoked = (await store.db.execute(sql`UPDATE bc_api_keys SET revoked_at = compute_now() WHERE revoked_at IS NULL RETURNING id`))
+      .rows as { id: string }[];
     try {
       const run = await doctor();
       expect(run.code).toBe(1);

@@ -66,7 +66,10 @@ describe("the local cron", () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-cron-config-"));
     try {
       const config = path.join(dir, "wrangler.toml");
-      fs.writeFileSync(config, fs.readFileSync(path.join(repoRoot, "wrangler.toml"), "utf8").replace('crons = ["* * * * *"]', 'crons = ["0 3 * * MON"]'));
+      fs.writeFileSync(
+        config,
+        fs.readFileSync(path.join(repoRoot, "wrangler.toml"), "utf8").replace('crons = ["* * * * *"]', 'crons = ["0 3 * * MON"]'),
+      );
       const dataDir = path.join(dir, "data");
       const started = startStack({ dataDir, wranglerConfig: config });
       await expect(started).rejects.toBeInstanceOf(StackRefusedError);

@@ -6,13 +6,24 @@
 // (asynchronous resets, no BIOS, no volume creation, Continuous-only overrides, a failing Storage,
 // CapacityBytes required).
 import { afterEach, describe, expect, it } from "vitest";
-import { startRedfishEmulator, type BmcQuirks, type MachineOptions, type PowerState, type RedfishEmulator, type RedfishFaults } from "../../agent/testing/redfish-emulator.ts";
+import {
+  startRedfishEmulator,
+  type BmcQuirks,
+  type MachineOptions,
+  type PowerState,
+  type RedfishEmulator,
+  type RedfishFaults,
+} from "../../agent/testing/redfish-emulator.ts";
 
 const USER = "root";
 const PASS = "s3cret-Pa55word-xyz";
 const running: RedfishEmulator[] = [];
 
-async function start(machines: number | MachineOptions[] = 2, faults?: RedfishFaults, onPowerChange?: Parameters<typeof startRedfishEmulator>[0]["onPowerChange"]) {
+async function start(
+  machines: number | MachineOptions[] = 2,
+  faults?: RedfishFaults,
+  onPowerChange?: Parameters<typeof startRedfishEmulator>[0]["onPowerChange"],
+) {
   const emu = await startRedfishEmulator({ machines, username: USER, password: PASS, faults, onPowerChange });
   running.push(emu);
   return emu;
@@ -64,7 +75,12 @@ describe("redfish emulator", () => {
     expect(systems.json.Members.map((m: any) => m["@odata.id"])).toEqual(["/redfish/v1/Systems/a", "/redfish/v1/Systems/b"]);
 
     const a = await call(emu, "GET", "/redfish/v1/Systems/a/");
-    expect(a.json).toMatchObject({ Id: "a", UUID: "11111111-2222-4333-8444-555555555555", PowerState: "Off", BiosVersion: emu.machines.get("a")!.biosVersion });
+    expect(a.json).toMatchObject({
+      Id: "a",
+      UUID: "11111111-2222-4333-8444-555555555555",
+      PowerState: "Off",
+      BiosVersion: emu.machines.get("a")!.biosVersion,
+    });
     expect(a.json.Boot["BootSourceOverrideTarget@Redfish.AllowableValues"]).toEqual(["None", "Pxe", "Cd", "Hdd"]);
     const mgrPath = a.json.Links.ManagedBy[0]["@odata.id"];
     const mgr = await call(emu, "GET", mgrPath);
@@ -175,7 +191,14 @@ describe("redfish emulator", () => {
 
     await call(emu, "POST", `${sys}/Actions/ComputerSystem.Reset`, { ResetType: "On" });
     expect((await call(emu, "PATCH", settings, { Attributes: { SriovGlobalEnable: true } })).status).toBe(204);
-    expect((await call(emu, "PATCH", settings, { Attributes: { ProcTurboMode: "Disabled" }, "@Redfish.SettingsApplyTime": { ApplyTime: "OnReset" } })).status).toBe(204);
+    expect(
+      (
+        await call(emu, "PATCH", settings, {
+          Attributes: { ProcTurboMode: "Disabled" },
+          "@Redfish.SettingsApplyTime": { ApplyTime: "OnReset" },
+        })
+      ).status,
+    ).toBe(204);
     expect((await call(emu, "GET", settings)).json.Attributes).toEqual({ SriovGlobalEnable: true, ProcTurboMode: "Disabled" });
     expect(m.biosPending).toEqual({ SriovGlobalEnable: true, ProcTurboMode: "Disabled" });
     expect((await call(emu, "GET", bios)).json.Attributes.SriovGlobalEnable).toBe(false); // not yet: the machine has not restarted
@@ -188,7 +211,10 @@ describe("redfish emulator", () => {
     const wrongType = await call(emu, "PATCH", settings, { Attributes: { SriovGlobalEnable: "yes" } });
     expect(wrongType.status).toBe(400);
     expect(wrongType.json.error.code).toBe("Base.1.8.PropertyValueTypeError");
-    expect((await call(emu, "PATCH", settings, { Attributes: { BootMode: "Legacy" }, "@Redfish.SettingsApplyTime": { ApplyTime: "Immediate" } })).status).toBe(400);
+    expect(
+      (await call(emu, "PATCH", settings, { Attributes: { BootMode: "Legacy" }, "@Redfish.SettingsApplyTime": { ApplyTime: "Immediate" } }))
+        .status,
+    ).toBe(400);
     expect((await call(emu, "PATCH", settings, { Attrs: {} })).status).toBe(400);
     expect((await call(emu, "PATCH", settings, { Attributes: [] })).status).toBe(400);
     expect(m.biosPending).toEqual({ SriovGlobalEnable: true, ProcTurboMode: "Disabled" });
@@ -233,12 +259,30 @@ describe("redfish emulator", () => {
     await expect(startRedfishEmulator({ machines: [{ drives: 2.5 }] })).rejects.toThrow(/drives must be an integer/);
 
     const link = (i: number) => ({ "@odata.id": drives[i] });
-    const created = await fetch(emu.url + vols, { method: "POST", headers: { ...auth(), "content-type": "application/json" }, body: JSON.stringify({ RAIDType: "RAID1", Drives: [link(0), link(1)], Name: "boot" }) });
+    const created = await fetch(emu.url + vols, {
+      method: "POST",
+      headers: { ...auth(), "content-type": "application/json" },
+      body: JSON.stringify({ RAIDType: "RAID1", Drives: [link(0), link(1)], Name: "boot" }),
+    });
     expect(created.status).toBe(201);
     const v1 = (await created.json()) as any;
     expect(created.headers.get("location")).toBe(`${vols}/Volume.1`);
-    expect(v1).toMatchObject({ Id: "Volume.1", Name: "boot", RAIDType: "RAID1", CapacityBytes: m.storage.drives[0]!.capacityBytes, Links: { Drives: [link(0), link(1)] } });
-    expect(m.storage.volumes).toEqual([{ id: "Volume.1", name: "boot", raidType: "RAID1", drives: ["Disk.Bay.0", "Disk.Bay.1"], capacityBytes: m.storage.drives[0]!.capacityBytes }]);
+    expect(v1).toMatchObject({
+      Id: "Volume.1",
+      Name: "boot",
+      RAIDType: "RAID1",
+      CapacityBytes: m.storage.drives[0]!.capacityBytes,
+      Links: { Drives: [link(0), link(1)] },
+    });
+    expect(m.storage.volumes).toEqual([
+      {
+        id: "Volume.1",
+        name: "boot",
+        raidType: "RAID1",
+        drives: ["Disk.Bay.0", "Disk.Bay.1"],
+        capacityBytes: m.storage.drives[0]!.capacityBytes,
+      },
+    ]);
     expect((await call(emu, "GET", drives[1]!)).json.Links.Volumes).toEqual([{ "@odata.id": `${vols}/Volume.1` }]);
     expect((await call(emu, "GET", vols)).json.Members).toEqual([{ "@odata.id": `${vols}/Volume.1` }]);
 
@@ -256,7 +300,10 @@ describe("redfish emulator", () => {
     await refused({ RAIDType: "RAID0", Drives: [link(2), link(2)] }, "PropertyValueConflict");
     await refused({ RAIDType: "RAID0", Drives: [] }, "PropertyValueConflict");
     await refused({ RAIDType: "RAID6", Drives: [link(2), link(3)] }, "PropertyValueNotInList");
-    await refused({ RAIDType: "RAID0", Drives: [{ "@odata.id": "/redfish/v1/Systems/default/Storage/RAID.Integrated.1/Drives/Disk.Bay.0" }] }, "PropertyValueNotInList");
+    await refused(
+      { RAIDType: "RAID0", Drives: [{ "@odata.id": "/redfish/v1/Systems/default/Storage/RAID.Integrated.1/Drives/Disk.Bay.0" }] },
+      "PropertyValueNotInList",
+    );
     await refused({ Drives: [link(2)] }, "PropertyMissing");
     await refused({ RAIDType: "RAID0", Drives: [link(2)], Colour: "red" }, "PropertyUnknown");
     expect(m.storage.volumes).toHaveLength(1);
@@ -313,7 +360,11 @@ describe("redfish emulator", () => {
 
   it("answers every call 503 with errorRate 1", async () => {
     const emu = await start(1, { errorRate: 1 });
-    for (const [m, p, b] of [["GET", "/redfish/v1"], ["GET", "/redfish/v1/Systems"], ["POST", "/redfish/v1/Systems/node-1/Actions/ComputerSystem.Reset", { ResetType: "On" }]] as const) {
+    for (const [m, p, b] of [
+      ["GET", "/redfish/v1"],
+      ["GET", "/redfish/v1/Systems"],
+      ["POST", "/redfish/v1/Systems/node-1/Actions/ComputerSystem.Reset", { ResetType: "On" }],
+    ] as const) {
       const r = await call(emu, m, p, b);
       expect(r.status).toBe(503);
       expect(r.json.error.code).toBe("Base.1.8.ServiceTemporarilyUnavailable");
@@ -364,7 +415,13 @@ describe("redfish emulator", () => {
 
   it("resetDelayMs: a reset is answered at once and applied later, through PoweringOn/PoweringOff", async () => {
     const hooked: string[] = [];
-    const emu = await startRedfishEmulator({ machines: [{ id: "q" }], username: USER, password: PASS, quirks: { resetDelayMs: 1000 }, onPowerChange: (m, from, to) => void hooked.push(`${from}>${to}`) });
+    const emu = await startRedfishEmulator({
+      machines: [{ id: "q" }],
+      username: USER,
+      password: PASS,
+      quirks: { resetDelayMs: 1000 },
+      onPowerChange: (m, from, to) => void hooked.push(`${from}>${to}`),
+    });
     running.push(emu);
     const m = emu.machines.get("q")!;
     const reset = (t: string) => call(emu, "POST", "/redfish/v1/Systems/q/Actions/ComputerSystem.Reset", { ResetType: t });
@@ -405,9 +462,15 @@ describe("redfish emulator", () => {
 
   it("continuousBootOnly: a Once override is accepted and recorded as Continuous", async () => {
     const emu = await quirky({ continuousBootOnly: true });
-    const p = await call(emu, "PATCH", "/redfish/v1/Systems/q", { Boot: { BootSourceOverrideTarget: "Pxe", BootSourceOverrideEnabled: "Once" } });
+    const p = await call(emu, "PATCH", "/redfish/v1/Systems/q", {
+      Boot: { BootSourceOverrideTarget: "Pxe", BootSourceOverrideEnabled: "Once" },
+    });
     expect(p.status).toBe(200);
-    expect(p.json.Boot).toMatchObject({ BootSourceOverrideTarget: "Pxe", BootSourceOverrideEnabled: "Continuous", "BootSourceOverrideEnabled@Redfish.AllowableValues": ["Disabled", "Continuous"] });
+    expect(p.json.Boot).toMatchObject({
+      BootSourceOverrideTarget: "Pxe",
+      BootSourceOverrideEnabled: "Continuous",
+      "BootSourceOverrideEnabled@Redfish.AllowableValues": ["Disabled", "Continuous"],
+    });
     await call(emu, "POST", "/redfish/v1/Systems/q/Actions/ComputerSystem.Reset", { ResetType: "On" });
     expect(emu.machines.get("q")!.boot).toEqual({ target: "Pxe", enabled: "Continuous" }); // not consumed by the boot
   });
@@ -415,7 +478,11 @@ describe("redfish emulator", () => {
   it("failingStorage: everything under Storage answers 500; the system still links it", async () => {
     const emu = await quirky({ failingStorage: true }, { drives: 2 });
     expect((await call(emu, "GET", "/redfish/v1/Systems/q")).json.Storage).toEqual({ "@odata.id": "/redfish/v1/Systems/q/Storage" });
-    for (const path of ["/redfish/v1/Systems/q/Storage", "/redfish/v1/Systems/q/Storage/RAID.Integrated.1", "/redfish/v1/Systems/q/Storage/RAID.Integrated.1/Volumes"]) {
+    for (const path of [
+      "/redfish/v1/Systems/q/Storage",
+      "/redfish/v1/Systems/q/Storage/RAID.Integrated.1",
+      "/redfish/v1/Systems/q/Storage/RAID.Integrated.1/Volumes",
+    ]) {
       const r = await call(emu, "GET", path);
       expect([r.status, r.json.error.code]).toEqual([500, "Base.1.8.InternalError"]);
     }
@@ -429,10 +496,16 @@ describe("redfish emulator", () => {
     const vols = "/redfish/v1/Systems/q/Storage/RAID.Integrated.1/Volumes";
     const drives = [0, 1].map((i) => ({ "@odata.id": `/redfish/v1/Systems/q/Storage/RAID.Integrated.1/Drives/Disk.Bay.${i}` }));
     const missing = await call(emu, "POST", vols, { RAIDType: "RAID1", Links: { Drives: drives } });
-    expect([missing.status, missing.json.error.code, missing.json.error["@Message.ExtendedInfo"][0].MessageArgs]).toEqual([400, "Base.1.8.PropertyMissing", ["CapacityBytes"]]);
+    expect([missing.status, missing.json.error.code, missing.json.error["@Message.ExtendedInfo"][0].MessageArgs]).toEqual([
+      400,
+      "Base.1.8.PropertyMissing",
+      ["CapacityBytes"],
+    ]);
     const both = await call(emu, "POST", vols, { RAIDType: "RAID1", Drives: drives, Links: { Drives: drives }, CapacityBytes: 1 });
     expect([both.status, both.json.error.code]).toEqual([400, "Base.1.8.PropertyValueConflict"]);
-    expect((await call(emu, "POST", vols, { RAIDType: "RAID1", Links: { Drives: drives, Chassis: [] }, CapacityBytes: 1 })).status).toBe(400);
+    expect((await call(emu, "POST", vols, { RAIDType: "RAID1", Links: { Drives: drives, Chassis: [] }, CapacityBytes: 1 })).status).toBe(
+      400,
+    );
     const size = m.storage.drives[0]!.capacityBytes;
     const made = await call(emu, "POST", vols, { Name: "os", RAIDType: "RAID1", Links: { Drives: drives }, CapacityBytes: size });
     expect(made.status).toBe(201);

@@ -32,7 +32,14 @@ describe("registration", () => {
     });
     expect(compute.registry.modules.map((m) => m.id)).toEqual(["core", "agents", "acme"]);
     expect([...compute.registry.methods.keys()]).toContain("acme.ping");
-    expect([...compute.registry.extensions.keys()].sort()).toEqual(["attestor:discovery@1", "attestor:join-token@1", "attestor:provisioned@1", "driver:redfish@1", "scheduler-plugin:rack-spread@1", "sink:warehouse@1"]);
+    expect([...compute.registry.extensions.keys()].sort()).toEqual([
+      "attestor:discovery@1",
+      "attestor:join-token@1",
+      "attestor:provisioned@1",
+      "driver:redfish@1",
+      "scheduler-plugin:rack-spread@1",
+      "sink:warehouse@1",
+    ]);
     expect(compute.registry.byContract("driver")).toEqual([redfish]);
   });
 
@@ -42,12 +49,16 @@ describe("registration", () => {
     expect(err.message).toContain("driver:redfish@1");
     expect(err.details).toEqual({ duplicate: "driver:redfish@1" });
     // Another version of the same driver is a different registration.
-    expect(() => betterCompute({ drivers: [driver, defineDriver({ id: "redfish", version: "2", kinds: ["power"], runsOn: "site" })] })).not.toThrow();
+    expect(() =>
+      betterCompute({ drivers: [driver, defineDriver({ id: "redfish", version: "2", kinds: ["power"], runsOn: "site" })] }),
+    ).not.toThrow();
   });
 
   it("refuses a module registered twice, even under another version", () => {
     expect(refusal(() => betterCompute({ plugins: [acme(), acme()] })).message).toContain("module:acme@1");
-    expect(refusal(() => betterCompute({ modules: [defineModule({ id: "acme" })], plugins: [acme({ version: "2" })] })).message).toContain("acme");
+    expect(refusal(() => betterCompute({ modules: [defineModule({ id: "acme" })], plugins: [acme({ version: "2" })] })).message).toContain(
+      "acme",
+    );
   });
 
   it("refuses a module that takes the core module's id", () => {
@@ -95,7 +106,9 @@ describe("registration", () => {
 
   it("refuses ids and names it cannot route or key", () => {
     refusal(() => definePlugin({ id: "Acme Widgets" }));
-    refusal(() => defineMethod({ name: "ping", action: "acme.ping", input: z.object({}), output: z.object({}), handler: async () => ({}) }));
+    refusal(() =>
+      defineMethod({ name: "ping", action: "acme.ping", input: z.object({}), output: z.object({}), handler: async () => ({}) }),
+    );
     refusal(() => defineDriver({ id: "", kinds: ["power"], runsOn: "site" }));
     refusal(() => betterCompute({ limits: { maxBodyBytes: 0 } }));
   });

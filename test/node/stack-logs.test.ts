@@ -19,7 +19,11 @@ afterAll(async () => {
 });
 
 it("shows every 5xx as one line with its request id, and keeps info logs and request lines out", async () => {
-  const res = await fetch(`${stack.url}/v1/acme.explode`, { method: "POST", headers: { authorization: `Bearer ${stack.adminKey}`, "content-type": "application/json" }, body: "{}" });
+  const res = await fetch(`${stack.url}/v1/acme.explode`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${stack.adminKey}`, "content-type": "application/json" },
+    body: "{}",
+  });
   expect(res.status).toBe(500);
   const requestId = res.headers.get("x-request-id");
   expect(requestId).toBeTruthy();

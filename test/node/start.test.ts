@@ -85,7 +85,11 @@ async function expectStopped(url: string, dir = dataDir) {
 const mode = (file: string) => fs.statSync(file).mode & 0o777;
 
 const listModules = (url: string, key: string) =>
-  fetch(`${url}/v1/modules.list`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body: "{}" });
+  fetch(`${url}/v1/modules.list`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: "{}",
+  });
 
 describe("npm start", () => {
   let firstKey = "";
@@ -127,7 +131,11 @@ describe("npm start", () => {
     try {
       expect(stack.key).toBe(firstKey);
       expect(stack.output()).toMatch(/admin API key \(reused from [^)]*admin-key; --new-admin-key mints another\)/);
-      const nodes = await fetch(`${stack.url}/v1/nodes.list`, { method: "POST", headers: { authorization: `Bearer ${stack.key}`, "content-type": "application/json" }, body: JSON.stringify({ state: "connected" }) });
+      const nodes = await fetch(`${stack.url}/v1/nodes.list`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${stack.key}`, "content-type": "application/json" },
+        body: JSON.stringify({ state: "connected" }),
+      });
       const connected = ((await nodes.json()) as { nodes: { labels: Record<string, string> }[] }).nodes;
       expect(connected.filter((n) => n.labels["bc.dev/simulated"] === "true")).toHaveLength(2);
     } finally {
@@ -164,11 +172,15 @@ describe("npm start", () => {
 
   it("reports a port held by another program the same way", async () => {
     const server = net.createServer();
-    const port = await new Promise<number>((resolve) => server.listen(0, "127.0.0.1", () => resolve((server.address() as net.AddressInfo).port)));
+    const port = await new Promise<number>((resolve) =>
+      server.listen(0, "127.0.0.1", () => resolve((server.address() as net.AddressInfo).port)),
+    );
     try {
       const busy = await npmStartRefused({ port, dataDir: otherDir });
       expect(busy.code).toBe(1);
-      expect(busy.output).toContain(`port ${port} on 127.0.0.1 is already in use (another stack, or another program); stop it or choose another port`);
+      expect(busy.output).toContain(
+        `port ${port} on 127.0.0.1 is already in use (another stack, or another program); stop it or choose another port`,
+      );
       expect(fs.readdirSync(otherDir)).toEqual([]);
     } finally {
       await new Promise((r) => server.close(r));

@@ -19,7 +19,12 @@ const mark = (id: string) =>
 
 export const chaosSteps = definePlugin({
   id: "chaos-steps",
-  migrations: [{ name: "chaos-steps/0001_runs", sql: "CREATE TABLE IF NOT EXISTS chaos_runs (id serial PRIMARY KEY, workflow_id text NOT NULL, step text NOT NULL)" }],
+  migrations: [
+    {
+      name: "chaos-steps/0001_runs",
+      sql: "CREATE TABLE IF NOT EXISTS chaos_runs (id serial PRIMARY KEY, workflow_id text NOT NULL, step text NOT NULL)",
+    },
+  ],
   commands: [
     { kind: "chaos.inventory", input: z.object({}), roles: ["node"] },
     { kind: "chaos.wipe", input: z.object({ disk: z.string() }), attested: true, destructive: true, roles: ["node"] },
@@ -28,7 +33,13 @@ export const chaosSteps = definePlugin({
     mark("chaos.prepare"),
     mark("chaos.plan"),
     mark("chaos.report"),
-    defineStep({ id: "chaos.inventory", runsOn: "node", sends: ["chaos.inventory"], input: z.object({}), command: { kind: "chaos.inventory" } }),
+    defineStep({
+      id: "chaos.inventory",
+      runsOn: "node",
+      sends: ["chaos.inventory"],
+      input: z.object({}),
+      command: { kind: "chaos.inventory" },
+    }),
     defineStep({
       id: "chaos.wipe",
       runsOn: "node",

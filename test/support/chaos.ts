@@ -16,7 +16,11 @@ interface Armed {
 // The test file and the Worker it drives load this module separately (the test through
 // vitest's module runner, the Worker from its bundle), in one isolate: the state lives on
 // globalThis so both see the same switch.
-const state = ((globalThis as Record<symbol, unknown>)[Symbol.for("better-compute.chaos")] ??= { armed: undefined, count: 0, hit: false }) as {
+const state = ((globalThis as Record<symbol, unknown>)[Symbol.for("better-compute.chaos")] ??= {
+  armed: undefined,
+  count: 0,
+  hit: false,
+}) as {
   armed: Armed | undefined;
   count: number;
   /** The boundary the last arm() chose was reached (plain data: the test polls it). */

@@ -30,11 +30,23 @@ export const renderAutoinstallIso = defineStep({
   id: "autoinstall.renderIso",
   runsOn: "control-plane",
   description: "Render a per-machine autoinstall ISO holding a single-use provisioned join token",
-  input: z.object({ machine: z.string(), productUuid: z.string(), hostname: z.string().regex(/^[a-z0-9-]{1,63}$/).default("ubuntu") }),
+  input: z.object({
+    machine: z.string(),
+    productUuid: z.string(),
+    hostname: z
+      .string()
+      .regex(/^[a-z0-9-]{1,63}$/)
+      .default("ubuntu"),
+  }),
   run: async (ctx, input) => {
     // Only the machine with this product UUID can join with the token.
     const minted = await ctx.store.transaction((tx) =>
-      ctx.pki.mintJoinToken(tx, { role: "node", labels: { "bc.dev/machine": input.machine }, expect: { productUuid: input.productUuid }, ttlSeconds: 3600 }),
+      ctx.pki.mintJoinToken(tx, {
+        role: "node",
+        labels: { "bc.dev/machine": input.machine },
+        expect: { productUuid: input.productUuid },
+        ttlSeconds: 3600,
+      }),
     );
     const iso = `ISO9660 (simulated)\n/autoinstall/user-data:\n${renderTemplate(USER_DATA, { hostname: input.hostname, token: minted.token })}`;
     const sha256 = await sha256Hex(iso);

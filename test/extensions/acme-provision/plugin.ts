@@ -78,7 +78,9 @@ const awaitRackAgent = defineStep({
   deadlineSeconds: 7200,
   run: async (ctx, input) => {
     // Registered before looking, so an agent connecting in between still wakes the workflow.
-    await ctx.store.transaction((tx) => ctx.nodes.wakeWhenConnected(tx, { workflowId: ctx.workflow.id, role: "node", labels: { "acme/rack": input.rack } }));
+    await ctx.store.transaction((tx) =>
+      ctx.nodes.wakeWhenConnected(tx, { workflowId: ctx.workflow.id, role: "node", labels: { "acme/rack": input.rack } }),
+    );
     const found = await ctx.store.db.execute(sql`
       SELECT id FROM bc_nodes WHERE role = 'node' AND state = 'connected' AND revoked_at IS NULL AND labels->>'acme/rack' = ${input.rack} LIMIT 1`);
     const agent = (found.rows[0] as { id: string } | undefined)?.id;

@@ -7,7 +7,13 @@ import { z } from "zod";
 import { definePlugin } from "better-compute";
 import { defineMethod, notFound, resourceId } from "better-compute/core";
 
-const rack = z.object({ id: z.string(), site: z.string(), slots: z.number(), position: z.object({ row: z.string(), column: z.number() }), labels: z.record(z.string(), z.string()) });
+const rack = z.object({
+  id: z.string(),
+  site: z.string(),
+  slots: z.number(),
+  position: z.object({ row: z.string(), column: z.number() }),
+  labels: z.record(z.string(), z.string()),
+});
 
 const racksCreate = defineMethod({
   name: "racks.create",

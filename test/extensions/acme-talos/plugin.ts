@@ -18,13 +18,20 @@ export const waitTalosReady = defineStep({
   // The declaration puts the relayed kind in the workflow's record (and quorum batch): site.httpProxy is destructive.
   relays: ["site"],
   sends: ["site.httpProxy"],
-  input: z.object({ addresses: z.array(z.string()).min(1, "the machine has no recorded address: commission it first"), tlsSpkiSha256: spki }),
+  input: z.object({
+    addresses: z.array(z.string()).min(1, "the machine has no recorded address: commission it first"),
+    tlsSpkiSha256: spki,
+  }),
   pollSeconds: 1,
   deadlineSeconds: 900,
   run: async (ctx, input) => {
     const address = input.addresses[0]!;
     const host = address.includes(":") ? `[${address}]` : address;
-    const answer = await httpViaSite(ctx, { url: `https://${host}:${TALOS_API_PORT}/machine/version`, tlsSpkiSha256: input.tlsSpkiSha256, poll: true });
+    const answer = await httpViaSite(ctx, {
+      url: `https://${host}:${TALOS_API_PORT}/machine/version`,
+      tlsSpkiSha256: input.tlsSpkiSha256,
+      poll: true,
+    });
     if (!answer.ok) stepNotReady(`Talos at ${host} is not answering yet (${answer.error.code}: ${answer.error.message})`);
     if (answer.status !== 200) stepNotReady(`Talos at ${host} answered ${answer.status}`);
     const version = z.object({ version: z.string() }).parse(JSON.parse(answer.body));
@@ -36,7 +43,8 @@ export const talosProfile = defineProfile({
   id: "talos-1.8",
   target: "metal",
   role: "host",
-  description: "Boot the Talos ISO (input.url) through the BMC and wait until the Talos API answers with the pinned key (input.tlsSpkiSha256)",
+  description:
+    "Boot the Talos ISO (input.url) through the BMC and wait until the Talos API answers with the pinned key (input.tlsSpkiSha256)",
   steps: [
     { step: "media.insert" },
     { step: "management.setBootDevice", name: "boot.cd", input: { device: "cd" } },
@@ -45,4 +53,9 @@ export const talosProfile = defineProfile({
   ],
 });
 
-export const acmeTalos = definePlugin({ id: "acme-talos", description: "Talos Linux on agentless metal pools", extensions: [waitTalosReady], profiles: [talosProfile] });
+export const acmeTalos = definePlugin({
+  id: "acme-talos",
+  description: "Talos Linux on agentless metal pools",
+  extensions: [waitTalosReady],
+  profiles: [talosProfile],
+});

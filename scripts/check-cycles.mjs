@@ -11,9 +11,8 @@
 import { existsSync, readFileSync, realpathSync, statSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { stripComments, walk } from "./check-deps.mjs";
+import { CODE_EXT, stripComments, walk } from "./check-deps.mjs";
 
-const CODE_EXT = /\.(ts|mts|cts|tsx|js|mjs|cjs)$/;
 const TRY_EXT = [".ts", ".mts", ".tsx", ".js", ".mjs", ".cjs"];
 
 // Static imports and re-exports at the start of a line (so an import quoted inside a string

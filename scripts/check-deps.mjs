@@ -9,7 +9,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 const SKIP_DIRS = new Set(["node_modules", ".data", ".wrangler", ".git"]);
-const CODE_EXT = /\.(ts|mts|cts|tsx|js|mjs|cjs)$/;
+export const CODE_EXT = /\.(ts|mts|cts|tsx|js|mjs|cjs)$/;
 // Everything core must never depend on.
 const NOT_FOR_CORE = ["plugins", "workers", "durable-objects", "agent", "test", "examples", "bench", "scripts"];
 // Directories whose subdirectories are modules in their own right.

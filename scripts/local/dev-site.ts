@@ -168,27 +168,35 @@ async function joinedSiteAgent(
   }
 }
 
-/** Polls the pool's machines every second and prints each state change; one line once all the enrolled ones are ready. */
+const EVENTS_PAGE = 500;
+
+/** Prints each machine's transitions as they are recorded; one line once all the enrolled ones are ready. */
 function watchMachines(sim: MetalSim, enrolled: ReadonlyMap<string, string>, print: (line: string) => void): () => void {
   const known = new Map(enrolled);
   const nodes = [...enrolled.keys()];
   let allReady = false;
   let lastProblem = "";
   let stopped = false;
+  let after: string | undefined;
   const poll = async () => {
     try {
-      const { nodes: listed } = await sim.call<{ nodes: { id: string; state: string; lastError?: unknown }[] }>("metal.nodes.list", {
-        pool: sim.site.pool,
-      });
-      for (const node of listed) {
-        const before = known.get(node.id);
-        if (before === node.state) continue;
-        known.set(node.id, node.state);
-        const why =
-          node.state === "failed" && node.lastError
-            ? `  (${typeof node.lastError === "string" ? node.lastError : JSON.stringify(node.lastError)})`
-            : "";
-        print(`  ${node.id}  ${before === undefined ? "" : `${before} → `}${node.state}${why}`);
+      // Every transition from the event record, in order: a fast one (ready → deploying → deployed
+      // within a second) is not lost between two polls, as it would be to a poll of the states.
+      for (;;) {
+        const page = await sim.call<{ events: { id: string; subject: string | null; data: Record<string, unknown> }[] }>("events.list", {
+          type: "metal.node.*",
+          limit: EVENTS_PAGE,
+          ...(after ? { after } : {}),
+        });
+        for (const event of page.events) {
+          after = event.id;
+          const id = event.subject?.replace(/^metal\/nodes\//, "");
+          const { from, to, reason } = event.data;
+          if (!id || !known.has(id) || typeof from !== "string" || typeof to !== "string" || from === to) continue;
+          known.set(id, to);
+          print(`  ${id}  ${from} → ${to}${to === "failed" && typeof reason === "string" ? `  (${reason})` : ""}`);
+        }
+        if (page.events.length < EVENTS_PAGE) break;
       }
       if (!allReady && nodes.every((id) => known.get(id) === "ready")) {
         allReady = true;
@@ -197,7 +205,7 @@ function watchMachines(sim: MetalSim, enrolled: ReadonlyMap<string, string>, pri
       lastProblem = "";
     } catch (err) {
       const problem = err instanceof Error ? err.message : String(err);
-      if (!stopped && problem !== lastProblem) print(`  could not list the machines: ${problem}`);
+      if (!stopped && problem !== lastProblem) print(`  could not read the machines' transitions (events.list): ${problem}`);
       lastProblem = problem;
     }
   };

@@ -20,19 +20,7 @@ import {
   type MetalState,
 } from "../../plugins/metal/lifecycle.ts";
 import { ATTEMPT_MOVES, ATTEMPT_STATES } from "../../plugins/provision/engine.ts";
-
-type Refusal = { code: string; message: string; details?: Record<string, any> };
-
-/** The refusal a call ends in (fails the test when the call succeeds). */
-async function refusal(promise: Promise<unknown>): Promise<Refusal> {
-  const outcome = await promise.then(
-    (value) => ({ ok: true as const, value }),
-    (err: unknown) => ({ ok: false as const, err: err as Refusal }),
-  );
-  if (outcome.ok) throw new Error(`expected a refusal, got ${JSON.stringify(outcome.value)}`);
-  // callApi's message is "<method>: <code>: <message>".
-  return { ...outcome.err, message: outcome.err.message.replace(/^[\w.]+: [A-Z_]+: /, "") };
-}
+import { refusal } from "../support/refusal.ts";
 
 describe("the lifecycle table", () => {
   it("settles every transitional state by an event of the reconciler's that leaves from it, to a state no workflow drives; fail leaves from each", () => {

@@ -8,19 +8,7 @@ import { createMetalSim, SIM_BMC_PASSWORD, SIM_BMC_USER, type MetalSim } from "b
 import { AgentClient } from "../../agent/client.ts";
 import { MemoryState } from "../../agent/state.ts";
 import { transition } from "../../plugins/metal/lifecycle.ts";
-
-type Refusal = { code: string; message: string; details?: Record<string, any> };
-
-/** The refusal a call ends in (fails the test when the call succeeds). */
-async function refusal(promise: Promise<unknown>): Promise<Refusal> {
-  const outcome = await promise.then(
-    (value) => ({ ok: true as const, value }),
-    (err: unknown) => ({ ok: false as const, err: err as Refusal }),
-  );
-  if (outcome.ok) throw new Error(`expected a refusal, got ${JSON.stringify(outcome.value)}`);
-  // callApi's message is "<method>: <code>: <message>".
-  return { ...outcome.err, message: outcome.err.message.replace(/^[\w.]+: [A-Z_]+: /, "") };
-}
+import { refusal } from "../support/refusal.ts";
 
 let sim: MetalSim;
 beforeAll(async () => {

@@ -14,6 +14,7 @@ import { httpProxyHandlers } from "../../agent/roles/http-proxy.ts";
 import { spkiSha256 } from "../../agent/roles/tls-pin.ts";
 import { selfSignedCertificate } from "../../agent/testing/tls.ts";
 import { agentFailure } from "../support/agent-error.ts";
+import { commandContext } from "../support/command-context.ts";
 
 const KIND = "site.httpProxy";
 const SECRET = "tok-Zq83-very-secret-value";
@@ -112,7 +113,7 @@ beforeEach(() => {
 });
 
 function ctx(secrets: Record<string, string> = { [REF]: SECRET }, signal = new AbortController().signal) {
-  return { id: "c1", key: "k1", kind: KIND, seq: 1, attested: false, deadline: null, signal, secrets } as CommandContext;
+  return commandContext(KIND, secrets, signal);
 }
 
 function run(body: Record<string, unknown>, context = ctx(), options?: Parameters<typeof httpProxyHandlers>[0]) {

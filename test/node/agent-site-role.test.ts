@@ -5,13 +5,14 @@
 // image cache over HTTP. BMCs that behave like real ones: redfish-real-world.test.ts; TLS: bmc-tls.test.ts.
 import { createHash } from "node:crypto";
 import { afterEach, describe, expect, it } from "vitest";
-import { AgentError, type CommandContext } from "../../agent/client.ts";
+import { AgentError } from "../../agent/client.ts";
 import { ipxeScript } from "../../agent/roles/boot.ts";
 import { createImageCache } from "../../agent/roles/image-cache.ts";
 import { RedfishClient } from "../../agent/roles/redfish.ts";
 import { siteHandlers } from "../../agent/roles/site.ts";
 import { startRedfishEmulator, type MachineOptions, type RedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
 import { agentFailure } from "../support/agent-error.ts";
+import { commandContext } from "../support/command-context.ts";
 
 const USER = "bmc-operator-7";
 const PASS = "s3cret-Pa55word-xyz";
@@ -32,7 +33,7 @@ async function emulator(
 }
 
 function ctx(kind: string, secrets: Record<string, string> | undefined = { [REF]: PASS }, signal = new AbortController().signal) {
-  return { id: "c1", key: "k1", kind, seq: 1, attested: false, deadline: null, signal, secrets } as CommandContext;
+  return commandContext(kind, secrets, signal);
 }
 
 /** Run a site command kind against the emulator's machine "abc". */

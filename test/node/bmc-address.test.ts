@@ -4,11 +4,12 @@
 // must give the same answer, with the same message. The agent refuses nothing the control plane
 // accepted, and accepts nothing it refused.
 import { describe, expect, it } from "vitest";
-import type { CommandContext, FetchLike } from "../../agent/client.ts";
+import type { FetchLike } from "../../agent/client.ts";
 import { siteHandlers } from "../../agent/roles/site.ts";
 import { MAX_BMC_ADDRESS_LENGTH, parseBmcAddress } from "../../plugins/metal/bmc-address.ts";
 import { redfishDriver } from "../../plugins/metal/steps.ts";
 import { agentFailure } from "../support/agent-error.ts";
+import { commandContext } from "../support/command-context.ts";
 
 const SYSTEMS = "/redfish/v1/Systems/";
 const longId = (total: number) => `https://10.0.0.5${SYSTEMS}${"a".repeat(total - `https://10.0.0.5${SYSTEMS}`.length)}`;
@@ -71,16 +72,7 @@ function controlPlane(address: string): { ok: boolean; message?: string } {
 }
 
 const REF = "secret://bmc-1";
-const ctx = {
-  id: "c1",
-  key: "k1",
-  kind: "metal.bmc.inspect",
-  seq: 1,
-  attested: false,
-  deadline: null,
-  signal: new AbortController().signal,
-  secrets: { [REF]: "hunter2" },
-} as CommandContext;
+const ctx = commandContext("metal.bmc.inspect", { [REF]: "hunter2" });
 
 /** The site agent's answer: its handler, with a BMC that answers every request 503 (reached means accepted). */
 async function agent(address: string): Promise<{ ok: boolean; message?: string; requests: number }> {

@@ -8,9 +8,9 @@ import { existsSync, readFileSync } from "node:fs";
 import { request } from "node:https";
 import path from "node:path";
 import { afterAll, expect, it } from "vitest";
-import type { CommandContext } from "../../agent/client.ts";
 import { siteHandlers } from "../../agent/roles/site.ts";
 import { repoRoot } from "../../scripts/local/node-store.ts";
+import { commandContext } from "../support/command-context.ts";
 
 const children: ChildProcess[] = [];
 afterAll(() => {
@@ -83,16 +83,7 @@ it("serves simulated systems over TLS, prints how to reach and trust them, and s
   expect(new Set([first.json.UUID, second.json.UUID, plainSystem.UUID]).size).toBe(3);
 
   // The site agent reaches it with the printed pin.
-  const ctx = {
-    id: "c1",
-    key: "k1",
-    kind: "metal.bmc.inspect",
-    seq: 1,
-    attested: false,
-    deadline: null,
-    signal: new AbortController().signal,
-    secrets: { "secret://emu": "emulated-Pa55" },
-  } as CommandContext;
+  const ctx = commandContext("metal.bmc.inspect", { "secret://emu": "emulated-Pa55" });
   const inspected = (await siteHandlers()["metal.bmc.inspect"]!(
     { bmc: { address: addresses[1], username: "ops", password: "secret://emu", tls: { spkiSha256: pin } } },
     ctx,

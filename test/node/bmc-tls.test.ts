@@ -7,13 +7,13 @@
 // certificates made by the openssl CLI.
 import { sql } from "drizzle-orm";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import type { CommandContext } from "../../agent/client.ts";
 import { RedfishClient } from "../../agent/roles/redfish.ts";
 import { siteHandlers } from "../../agent/roles/site.ts";
 import { startRedfishEmulator, type RedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
 import { selfSignedCertificate, type SelfSignedCertificate } from "../../agent/testing/tls.ts";
 import { createMetalSim, type MetalSim } from "better-compute/testing/metal";
 import { agentFailure } from "../support/agent-error.ts";
+import { commandContext } from "../support/command-context.ts";
 
 const USER = "root";
 const PASS = "tls-Pa55word-never-sent";
@@ -39,17 +39,7 @@ async function emulator(cert: SelfSignedCertificate | null = bmcCert, machines =
   return { emu, address: `${emu.url}/redfish/v1/Systems/node-1` };
 }
 
-const ctx = (kind: string) =>
-  ({
-    id: "c1",
-    key: "k1",
-    kind,
-    seq: 1,
-    attested: false,
-    deadline: null,
-    signal: new AbortController().signal,
-    secrets: { [REF]: PASS },
-  }) as CommandContext;
+const ctx = (kind: string) => commandContext(kind, { [REF]: PASS });
 
 function run(address: string, tls: unknown, kind = "metal.bmc.inspect", extra: Record<string, unknown> = {}) {
   const body = { bmc: { address, username: USER, password: REF, ...(tls === undefined ? {} : { tls }) }, ...extra };

@@ -12,6 +12,7 @@ import { siteHandlers } from "../../agent/roles/site.ts";
 import { startRedfishEmulator, type BmcQuirks, type MachineOptions, type RedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
 import { createMetalSim, type MetalSim } from "better-compute/testing/metal";
 import { agentFailure } from "../support/agent-error.ts";
+import { commandContext } from "../support/command-context.ts";
 
 const USER = "root";
 const PASS = "real-world-Pa55word";
@@ -134,16 +135,7 @@ describe("the Redfish client against BMCs as they are", () => {
 
     const logged: Array<[string, Record<string, unknown> | undefined]> = [];
     const log = { info() {}, warn: (message: string, fields?: Record<string, unknown>) => void logged.push([message, fields]), error() {} };
-    const ctx = {
-      id: "c1",
-      key: "k1",
-      kind: "metal.bmc.boot",
-      seq: 1,
-      attested: false,
-      deadline: null,
-      signal: new AbortController().signal,
-      secrets: { "secret://q": PASS },
-    };
+    const ctx = commandContext("metal.bmc.boot", { "secret://q": PASS });
     await siteHandlers({ log })["metal.bmc.boot"]!({ bmc: { address, username: USER, password: "secret://q" }, device: "cd" }, ctx);
     expect(logged).toEqual([
       [

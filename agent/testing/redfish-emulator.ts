@@ -204,6 +204,16 @@ class HttpError extends Error {
   }
 }
 
+/** Redfish's answer to a value the property does not take. */
+function notInList(property: string, value: unknown): HttpError {
+  return new HttpError(
+    400,
+    "PropertyValueNotInList",
+    `The value ${JSON.stringify(value)} for the property ${property} is not in the list of acceptable values.`,
+    [String(value), property],
+  );
+}
+
 function errorBody(e: HttpError): unknown {
   return {
     error: {
@@ -510,22 +520,10 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         let enabled = m.boot.enabled;
         for (const [k, v] of Object.entries(b)) {
           if (k === "BootSourceOverrideTarget") {
-            if (!BOOT_TARGETS.includes(v as BootTarget))
-              throw new HttpError(
-                400,
-                "PropertyValueNotInList",
-                `The value ${JSON.stringify(v)} for the property ${k} is not in the list of acceptable values.`,
-                [String(v), k],
-              );
+            if (!BOOT_TARGETS.includes(v as BootTarget)) throw notInList(k, v);
             target = v as BootTarget;
           } else if (k === "BootSourceOverrideEnabled") {
-            if (!BOOT_ENABLED.includes(v as BootEnabled))
-              throw new HttpError(
-                400,
-                "PropertyValueNotInList",
-                `The value ${JSON.stringify(v)} for the property ${k} is not in the list of acceptable values.`,
-                [String(v), k],
-              );
+            if (!BOOT_ENABLED.includes(v as BootEnabled)) throw notInList(k, v);
             // A Continuous-only BMC takes a Once without complaint and records Continuous.
             enabled = v === "Once" && m.quirks.continuousBootOnly ? "Continuous" : (v as BootEnabled);
           } else if (k !== "BootSourceOverrideMode") {
@@ -643,13 +641,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       if (k === "Attributes") continue;
       if (k === "@Redfish.SettingsApplyTime") {
         const at = (v as { ApplyTime?: unknown } | null)?.ApplyTime;
-        if (at !== "OnReset")
-          throw new HttpError(
-            400,
-            "PropertyValueNotInList",
-            `The value ${JSON.stringify(at)} for the property ApplyTime is not in the list of acceptable values.`,
-            [String(at), "ApplyTime"],
-          );
+        if (at !== "OnReset") throw notInList("ApplyTime", at);
         continue;
       }
       throw new HttpError(400, "PropertyUnknown", `The property ${k} is not a known or patchable property.`, [k]);
@@ -848,13 +840,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       throw new HttpError(400, "PropertyMissing", "The property RAIDType is a required property and must be included in the request.", [
         "RAIDType",
       ]);
-    if (!RAID_TYPES.includes(level as RaidType))
-      throw new HttpError(
-        400,
-        "PropertyValueNotInList",
-        `The value ${JSON.stringify(level)} for the property RAIDType is not in the list of acceptable values.`,
-        [String(level), "RAIDType"],
-      );
+    if (!RAID_TYPES.includes(level as RaidType)) throw notInList("RAIDType", level);
     const links = body.Links;
     if (links !== undefined && (typeof links !== "object" || links === null || Array.isArray(links)))
       throw new HttpError(400, "PropertyValueTypeError", "The value for the property Links must be an object.", ["Links"]);

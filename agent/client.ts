@@ -13,12 +13,12 @@
 // FakeDaemon inside workerd.
 import { FrameError, type AgentFrame } from "../core/protocol.ts";
 import { AgentError, type AgentLogger, type AgentTransport, type CommandHandler } from "./contracts.ts";
-import { Credentials, type CredentialsOptions } from "./credentials.ts";
+import { Credentials, type CredentialsOptions, type JoinOptions } from "./credentials.ts";
 import { Emitter, redactingLogger, silentLogger, zeroCounters, type AgentCounters, type AgentEvents, type Plumbing } from "./events.ts";
 import { Executor, type ExecutorOptions } from "./executor.ts";
 import { Outbox, type OutboxOptions } from "./outbox.ts";
 import { Session, type SessionFrame, type SessionOptions } from "./session.ts";
-import type { AgentIdentity, AgentStateStore, Role } from "./state.ts";
+import type { AgentIdentity, AgentStateStore } from "./state.ts";
 
 // What code outside agent/ imported from this file before it was split.
 export {
@@ -153,13 +153,7 @@ export class AgentClient {
    * save the identity it answers. The evidence (a join token...) is sent once and never stored
    * or logged. A refusal throws an AgentError with the server's code and message.
    */
-  join(opts: {
-    baseUrl?: string;
-    attestor: string;
-    evidence: Record<string, unknown>;
-    role: Role;
-    hostname?: string;
-  }): Promise<AgentIdentity> {
+  join(opts: JoinOptions): Promise<AgentIdentity> {
     return this.#credentials.join(opts);
   }
 

@@ -39,6 +39,16 @@ interface CredentialsDeps extends Plumbing {
 /** What a renewal answers: the new credential (the join response's shape is accepted too). */
 const renewResponse = z.object({ credential: z.string(), expiresAt: z.string(), nodeId: z.string().optional() });
 
+/** What a join sends: the attestor's evidence (a join token...) is sent once, never stored or logged. */
+export interface JoinOptions {
+  /** The control plane's URL; default the client's baseUrl. */
+  baseUrl?: string;
+  attestor: string;
+  evidence: Record<string, unknown>;
+  role: Role;
+  hostname?: string;
+}
+
 export class Credentials {
   readonly #opts: CredentialsOptions;
   readonly #deps: CredentialsDeps;
@@ -61,13 +71,7 @@ export class Credentials {
   }
 
   /** See AgentClient.join. */
-  async join(opts: {
-    baseUrl?: string;
-    attestor: string;
-    evidence: Record<string, unknown>;
-    role: Role;
-    hostname?: string;
-  }): Promise<AgentIdentity> {
+  async join(opts: JoinOptions): Promise<AgentIdentity> {
     const baseUrl = opts.baseUrl ?? this.#opts.baseUrl;
     if (!baseUrl) throw new AgentError("INVALID_ARGUMENT", "join needs the control plane URL");
     const key = await this.#loadOrCreateKey();

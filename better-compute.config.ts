@@ -3,8 +3,10 @@
 import { betterCompute } from "better-compute";
 import { metalModule } from "better-compute/metal";
 import { provisionModule } from "better-compute/provision";
+import { vps } from "better-compute/vps";
 
 export const compute = betterCompute({
-  modules: [provisionModule(), metalModule()],
+  // vps({ providers: [...] }): no provider is registered by default (docs/vps.md).
+  modules: [provisionModule(), metalModule(), vps()],
   plugins: [],
 });

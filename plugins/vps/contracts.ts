@@ -49,6 +49,11 @@ export interface ProviderServer {
   status: ServerStatus;
   /** Public addresses, when assigned. */
   addresses: string[];
+  /**
+   * A create that was cut short half-way (a provider that needs several calls to make one server):
+   * find() still returns it, and calling create() again for the same instance finishes it.
+   */
+  incomplete?: boolean;
 }
 
 /**

@@ -69,10 +69,10 @@ export class ProviderHttp {
   async request<T = any>(method: string, path: string, request: HttpRequest = {}): Promise<HttpResponse<T>> {
     const o = this.#o;
     const maxAttempts = o.maxAttempts ?? 4;
-    const now = o.now ?? Date.now;
+    const clockMs = o.now ?? Date.now;
     const sleep = o.sleep ?? ((ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms)));
     for (let attempt = 1; ; attempt++) {
-      await this.#waitForWindow(now, sleep);
+      await this.#waitForWindow(clockMs, sleep);
       let response: Response;
       try {
         this.calls++;
@@ -83,6 +83,9 @@ export class ProviderHttp {
           signal: AbortSignal.timeout(o.timeoutMs ?? 30_000),
         });
       } catch (err) {
+        // Only a network failure or a timeout is the provider's; anything else (a replay's
+        // unexpected request, a bug) is not retried.
+        if (!isNetworkFailure(err)) throw err;
         // No answer: the request may or may not have reached the provider.
         const failure = { failure: "transient" as const, message: `${method} ${path}: ${this.#scrub(errorText(err))}` };
         if (attempt < maxAttempts && IDEMPOTENT.has(method)) {
@@ -91,19 +94,19 @@ export class ProviderHttp {
         }
         throw providerError(o.provider, failure.failure, failure.message, { retryAfterSeconds: backoffMs(attempt) / 1000 });
       }
-      this.#noteWindow(response, now);
+      this.#noteWindow(response, clockMs);
       const body = await readBody(response);
       if (response.status < 400 || request.accept?.includes(response.status))
         return { status: response.status, body: body as T, headers: response.headers };
 
       const classified = o.classify(response, body);
-      const waitSeconds = classified.retryAfterSeconds ?? retryAfter(response, now) ?? backoffMs(attempt) / 1000;
+      const waitSeconds = classified.retryAfterSeconds ?? retryAfter(response, clockMs) ?? backoffMs(attempt) / 1000;
       if (classified.retryAfterSeconds !== undefined && classified.reason && /rate/i.test(classified.reason)) {
-        this.#pausedUntil = Math.max(this.#pausedUntil, now() + waitSeconds * 1000);
+        this.#pausedUntil = Math.max(this.#pausedUntil, clockMs() + waitSeconds * 1000);
       }
       const retryable = classified.failure === "transient" && (IDEMPOTENT.has(method) || classified.refused === true);
       if (retryable && attempt < maxAttempts && waitSeconds <= (o.maxWaitSeconds ?? 30)) {
-        if (this.#pausedUntil <= now()) await sleep(waitSeconds * 1000);
+        if (this.#pausedUntil <= clockMs()) await sleep(waitSeconds * 1000);
         continue;
       }
       throw providerError(o.provider, classified.failure, `${method} ${path}: ${this.#scrub(classified.message)}`, {
@@ -115,8 +118,8 @@ export class ProviderHttp {
   }
 
   /** Waits out a spent rate-limit window, or says when to come back if that is too long. */
-  async #waitForWindow(now: () => number, sleep: (ms: number) => Promise<void>): Promise<void> {
-    const wait = this.#pausedUntil - now();
+  async #waitForWindow(clockMs: () => number, sleep: (ms: number) => Promise<void>): Promise<void> {
+    const wait = this.#pausedUntil - clockMs();
     if (wait <= 0) return;
     if (wait > (this.#o.maxWaitSeconds ?? 30) * 1000) {
       throw providerError(this.#o.provider, "transient", "the rate limit is spent until its window resets", {
@@ -127,9 +130,9 @@ export class ProviderHttp {
     await sleep(wait);
   }
 
-  #noteWindow(response: Response, now: () => number): void {
+  #noteWindow(response: Response, clockMs: () => number): void {
     const window = this.#o.rateLimit?.(response);
-    if (window && window.remaining <= 0 && window.resetAt > now()) this.#pausedUntil = Math.max(this.#pausedUntil, window.resetAt);
+    if (window && window.remaining <= 0 && window.resetAt > clockMs()) this.#pausedUntil = Math.max(this.#pausedUntil, window.resetAt);
   }
 
   #url(path: string, query: HttpRequest["query"]): string {
@@ -167,13 +170,13 @@ export class ProviderHttp {
 const backoffMs = (attempt: number) => Math.min(30_000, 500 * 2 ** (attempt - 1));
 
 /** Retry-After in seconds or as an HTTP date. */
-function retryAfter(response: Response, now: () => number): number | undefined {
+function retryAfter(response: Response, clockMs: () => number): number | undefined {
   const header = response.headers.get("retry-after");
   if (!header) return undefined;
   const seconds = Number(header);
   if (Number.isFinite(seconds)) return Math.max(0, seconds);
   const at = Date.parse(header);
-  return Number.isNaN(at) ? undefined : Math.max(0, (at - now()) / 1000);
+  return Number.isNaN(at) ? undefined : Math.max(0, (at - clockMs()) / 1000);
 }
 
 async function readBody(response: Response): Promise<unknown> {
@@ -185,5 +188,9 @@ async function readBody(response: Response): Promise<unknown> {
     return text;
   }
 }
+
+/** fetch rejects with a TypeError when the network fails, and a DOMException when the timeout aborts it. */
+const isNetworkFailure = (err: unknown) =>
+  err instanceof TypeError || (err instanceof Error && (err.name === "TimeoutError" || err.name === "AbortError"));
 
 const errorText = (err: unknown) => (err instanceof Error ? err.message : String(err));

@@ -1,4 +1,4 @@
-// The docs smoke test: every shell block in README.md and docs/*.md runs here, against a started
+// The docs smoke test: every shell block in README.md and docs/**/*.md runs here, against a started
 // stack, as a reader would paste it (the blocks of one file in order, in one shell, so a variable
 // or function one block defines serves the next). A block that cannot run here says why on its
 // first line, `# not run here: <reason>`, and the reason names the test that runs it instead
@@ -46,10 +46,10 @@ function shellBlocks(file: string): Block[] {
 const files = [
   "README.md",
   ...fs
-    .readdirSync(path.join(repoRoot, "docs"))
+    .readdirSync(path.join(repoRoot, "docs"), { recursive: true, encoding: "utf8" })
     .filter((f) => f.endsWith(".md"))
     .sort()
-    .map((f) => `docs/${f}`),
+    .map((f) => `docs/${f.split(path.sep).join("/")}`),
 ];
 const blocksByFile = new Map(files.map((f) => [f, shellBlocks(f)]));
 

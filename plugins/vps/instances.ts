@@ -1,0 +1,396 @@
+// A tenant's instances: what the methods write is the record and the desired state; the
+// vps.instances reconciler (reconciler.ts) makes the provider's servers follow it. A create is
+// checked against the tenant's quota in the pool, under the quota row's lock, before anything is
+// written. A tenant's member sees its own instances only (another tenant's are NOT_FOUND).
+import { sql } from "drizzle-orm";
+import { z } from "zod";
+import {
+  ComputeError,
+  conflict,
+  defineMethod,
+  notFound,
+  resourceId,
+  type MethodContext,
+  type MethodDefinition,
+  type Tx,
+} from "better-compute/core";
+import { iso, isoOrNull, refuseOtherFields, scopeOf, slug, tenantFor } from "./methods.ts";
+import { pgTextArray, quotaSizes, usageOf, type Sizes } from "./tenants.ts";
+
+export const INSTANCE_STATES = [
+  "pending",
+  "creating",
+  "starting",
+  "running",
+  "stopping",
+  "stopped",
+  "deleting",
+  "deleted",
+  "failed",
+] as const;
+export type InstanceState = (typeof INSTANCE_STATES)[number];
+export type Desired = "running" | "stopped" | "deleted";
+
+const instance = z.object({
+  id: z.string(),
+  tenant: z.string(),
+  pool: z.string(),
+  flavor: z.string(),
+  name: z.string(),
+  state: z.enum(INSTANCE_STATES),
+  desired: z.enum(["running", "stopped", "deleted"]),
+  /** The provider's id for the server, once it has one. */
+  providerId: z.string().nullable(),
+  addresses: z.array(z.string()),
+  /** Names of the SSH keys it was created with. */
+  sshKeys: z.array(z.string()),
+  vcpus: z.number(),
+  memoryMiB: z.number(),
+  diskGiB: z.number(),
+  rebootRequested: z.boolean(),
+  /** The last provider failure ({ code, message, failure, ... }), cleared once a call succeeds. */
+  lastError: z.record(z.string(), z.unknown()).nullable(),
+  /** When the reconciler looks at it next (null: at its next pass). */
+  nextAttemptAt: z.string().nullable(),
+  createdAt: z.string(),
+  updatedAt: z.string(),
+  stateChangedAt: z.string(),
+});
+
+export interface InstanceRow {
+  id: string;
+  tenant_id: string;
+  pool_id: string;
+  flavor_id: string;
+  name: string;
+  ssh_keys: { name: string; publicKey: string }[];
+  state: InstanceState;
+  desired: Desired;
+  provider_id: string | null;
+  addresses: string[] | string;
+  pending_op: { id: string; call: string; startedAt: string } | null;
+  reboot_requested_at: string | null;
+  lease_until: string | null;
+  attempts: number;
+  next_attempt_at: string | null;
+  last_error: Record<string, unknown> | null;
+  vcpus: number;
+  memory_mib: number;
+  disk_gib: number;
+  created_at: string;
+  updated_at: string;
+  state_changed_at: string;
+}
+
+const toInstance = (r: InstanceRow) => ({
+  id: r.id,
+  tenant: r.tenant_id,
+  pool: r.pool_id,
+  flavor: r.flavor_id,
+  name: r.name,
+  state: r.state,
+  desired: r.desired,
+  providerId: r.provider_id,
+  addresses: pgTextArray(r.addresses),
+  sshKeys: r.ssh_keys.map((k) => k.name),
+  vcpus: r.vcpus,
+  memoryMiB: r.memory_mib,
+  diskGiB: r.disk_gib,
+  rebootRequested: r.reboot_requested_at !== null,
+  lastError: r.last_error,
+  nextAttemptAt: isoOrNull(r.next_attempt_at),
+  createdAt: iso(r.created_at),
+  updatedAt: iso(r.updated_at),
+  stateChangedAt: iso(r.state_changed_at),
+});
+
+/** An RFC 1123 host name label. */
+const hostname = z.string().regex(/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/, "a host name: lower-case letters, digits and dashes, at most 63");
+
+/** The instance as the caller may see it: another tenant's is NOT_FOUND, as if it did not exist. */
+async function loadInstance(ctx: MethodContext, tx: Tx, id: string, forUpdate = false): Promise<InstanceRow> {
+  const scope = await scopeOf(ctx, tx);
+  const rows = await tx.execute(sql`
+    SELECT * FROM vps_instances WHERE id = ${id} AND (${scope.tenant ?? null}::text IS NULL OR tenant_id = ${scope.tenant ?? null})
+    ${forUpdate ? sql`FOR UPDATE` : sql``}`);
+  const found = rows.rows[0] as InstanceRow | undefined;
+  if (!found) throw notFound(`instance ${id} does not exist`);
+  return found;
+}
+
+const SIZE_FIELDS = ["instances", "vcpus", "memoryMiB", "diskGiB"] as const;
+
+export function instanceMethods(): MethodDefinition<any, any>[] {
+  const create = defineMethod({
+    name: "vps.instances.create",
+    action: "vps.instances.create",
+    resource: (input) => `vps/pools/${input.pool}`,
+    description:
+      "Create an instance of a flavor in a pool offered to the tenant, within its quota (refused over it, before anything is written); the reconciler creates the server. With an id, the same fields again is idempotent",
+    input: z.object({
+      /** The tenant it is for: an operator names it; a tenant's member acts for its own. */
+      tenant: resourceId.optional(),
+      pool: resourceId,
+      flavor: resourceId,
+      /** The server's host name. */
+      name: hostname,
+      /** Names of the tenant's SSH keys (vps.sshKeys.create). */
+      sshKeys: z.array(slug).max(20).default([]),
+      id: slug.optional(),
+    }),
+    output: instance.extend({ created: z.boolean() }),
+    handler: async (ctx, input, tx) => {
+      const tenantId = await tenantFor(ctx, tx, input.tenant);
+      if (input.id) {
+        const stored = (await tx.execute(sql`SELECT * FROM vps_instances WHERE id = ${input.id}`)).rows[0] as InstanceRow | undefined;
+        if (stored) {
+          if (stored.tenant_id !== tenantId) throw conflict(`instance id ${input.id} is taken: pick another`, { id: input.id });
+          refuseOtherFields(
+            "instance",
+            input.id,
+            { pool: stored.pool_id, flavor: stored.flavor_id, name: stored.name, sshKeys: stored.ssh_keys.map((k) => k.name) },
+            { pool: input.pool, flavor: input.flavor, name: input.name, sshKeys: input.sshKeys },
+          );
+          return { ...toInstance(stored), created: false };
+        }
+      }
+      if ((await tx.execute(sql`SELECT 1 FROM vps_pools WHERE id = ${input.pool}`)).rows.length === 0)
+        throw notFound(`pool ${input.pool} does not exist`);
+      const flavor = (await tx.execute(sql`SELECT * FROM vps_flavors WHERE id = ${input.flavor} AND pool_id = ${input.pool}`)).rows[0] as
+        { vcpus: number; memory_mib: number; disk_gib: number } | undefined;
+      if (!flavor) throw notFound(`flavor ${input.flavor} does not exist in pool ${input.pool}`);
+      const keys = input.sshKeys.length
+        ? ((
+            await tx.execute(sql`
+              SELECT name, public_key FROM vps_ssh_keys WHERE tenant_id = ${tenantId} AND name = ANY(${`{${input.sshKeys.join(",")}}`}::text[])`)
+          ).rows as { name: string; public_key: string }[])
+        : [];
+      const missing = input.sshKeys.filter((n) => !keys.some((k) => k.name === n));
+      if (missing.length) throw notFound(`SSH key ${missing.join(", ")} does not exist (vps.sshKeys.create)`, { sshKeys: missing });
+
+      // The quota row's lock orders concurrent creates of the tenant in the pool: each sees the one before.
+      const quotaRow = (
+        await tx.execute(sql`SELECT * FROM vps_quotas WHERE tenant_id = ${tenantId} AND pool_id = ${input.pool} FOR UPDATE`)
+      ).rows[0] as Parameters<typeof quotaSizes>[0] | undefined;
+      if (!quotaRow)
+        throw new ComputeError(
+          "FAILED_PRECONDITION",
+          `pool ${input.pool} is not offered to tenant ${tenantId}: an operator offers it with a quota (vps.quotas.set)`,
+          { tenant: tenantId, pool: input.pool },
+        );
+      const quota = quotaSizes(quotaRow);
+      const usage = await usageOf(tx, tenantId, input.pool);
+      const request: Sizes = { instances: 1, vcpus: flavor.vcpus, memoryMiB: flavor.memory_mib, diskGiB: flavor.disk_gib };
+      const exceeded = SIZE_FIELDS.filter((f) => usage[f] + request[f] > quota[f]);
+      if (exceeded.length)
+        throw new ComputeError(
+          "RESOURCE_EXHAUSTED",
+          `tenant ${tenantId}'s quota in pool ${input.pool} would be exceeded (${exceeded.map((f) => `${f}: ${usage[f]} used + ${request[f]} > ${quota[f]}`).join("; ")})`,
+          { tenant: tenantId, pool: input.pool, exceeded, quota, usage, request },
+        );
+
+      const id = input.id ?? `i-${crypto.randomUUID().replaceAll("-", "").slice(0, 12)}`;
+      const sshKeys = input.sshKeys.map((name) => ({ name, publicKey: keys.find((k) => k.name === name)!.public_key }));
+      const inserted = await tx.execute(sql`
+        INSERT INTO vps_instances (id, tenant_id, pool_id, flavor_id, name, ssh_keys, state, desired, vcpus, memory_mib, disk_gib, next_attempt_at)
+        VALUES (${id}, ${tenantId}, ${input.pool}, ${input.flavor}, ${input.name}, ${JSON.stringify(sshKeys)}::jsonb, 'pending', 'running',
+                ${flavor.vcpus}, ${flavor.memory_mib}, ${flavor.disk_gib}, compute_now())
+        ON CONFLICT DO NOTHING RETURNING *`);
+      const row = inserted.rows[0] as InstanceRow | undefined;
+      // Another call took the id between the look above and this insert.
+      if (!row) throw conflict(`instance id ${id} is taken: pick another`, { id });
+      await ctx.events.publish(tx, {
+        type: "vps.instance.created",
+        subject: `vps/instances/${id}`,
+        data: { tenant: tenantId, pool: input.pool, flavor: input.flavor, name: input.name },
+      });
+      return { ...toInstance(row), created: true };
+    },
+  });
+
+  const get = defineMethod({
+    name: "vps.instances.get",
+    action: "vps.instances.get",
+    readOnly: true,
+    resource: (input) => `vps/instances/${input.id}`,
+    input: z.object({ id: resourceId }),
+    output: instance,
+    handler: async (ctx, input, tx) => toInstance(await loadInstance(ctx, tx, input.id)),
+  });
+
+  const list = defineMethod({
+    name: "vps.instances.list",
+    action: "vps.instances.list",
+    readOnly: true,
+    description: "Instances by id (deleted ones only when state: deleted is asked for), paged; a tenant sees its own",
+    input: z.object({
+      tenant: resourceId.optional(),
+      pool: resourceId.optional(),
+      state: z.enum(INSTANCE_STATES).optional(),
+      limit: z.number().int().min(1).max(500).default(100),
+      after: resourceId.optional(),
+    }),
+    output: z.object({ instances: z.array(instance), next: z.string().nullable() }),
+    handler: async (ctx, input, tx) => {
+      const scope = await scopeOf(ctx, tx);
+      if (scope.tenant !== undefined && input.tenant !== undefined && input.tenant !== scope.tenant) return { instances: [], next: null };
+      const tenantId = scope.tenant ?? input.tenant ?? null;
+      if (input.after) await loadInstance(ctx, tx, input.after);
+      const rows = await tx.execute(sql`
+        SELECT * FROM vps_instances
+        WHERE (${tenantId}::text IS NULL OR tenant_id = ${tenantId})
+          AND (${input.pool ?? null}::text IS NULL OR pool_id = ${input.pool ?? null})
+          AND (${input.state ?? null}::text IS NULL AND state <> 'deleted' OR state = ${input.state ?? null})
+          AND (${input.after ?? null}::text IS NULL OR id > ${input.after ?? null})
+        ORDER BY id LIMIT ${input.limit}`);
+      const instances = (rows.rows as unknown as InstanceRow[]).map(toInstance);
+      return { instances, next: instances.length === input.limit ? instances.at(-1)!.id : null };
+    },
+  });
+
+  /** Sets what the instance should be; the reconciler looks at it at its next pass. */
+  const desire = (name: "start" | "stop", desired: "running" | "stopped") =>
+    defineMethod({
+      name: `vps.instances.${name}`,
+      action: `vps.instances.${name}`,
+      resource: (input) => `vps/instances/${input.id}`,
+      description:
+        name === "start"
+          ? "Power an instance on (and keep it running); the reconciler does it"
+          : "Power an instance off (and keep it off); the reconciler does it",
+      input: z.object({ id: resourceId }),
+      output: instance,
+      handler: async (ctx, input, tx) => {
+        const row = await loadInstance(ctx, tx, input.id, true);
+        refuseIfGone(row, name);
+        if (row.desired === desired) return toInstance(row);
+        const updated = await tx.execute(sql`
+          UPDATE vps_instances SET desired = ${desired}, reboot_requested_at = NULL, next_attempt_at = compute_now(), updated_at = compute_now()
+          WHERE id = ${row.id} RETURNING *`);
+        await ctx.events.publish(tx, {
+          type: "vps.instance.requested",
+          subject: `vps/instances/${row.id}`,
+          data: { action: name, desired },
+        });
+        return toInstance(updated.rows[0] as unknown as InstanceRow);
+      },
+    });
+
+  const reboot = defineMethod({
+    name: "vps.instances.reboot",
+    action: "vps.instances.reboot",
+    resource: (input) => `vps/instances/${input.id}`,
+    description: "Reboot a running instance once (asked again before it happened, still once)",
+    input: z.object({ id: resourceId }),
+    output: instance,
+    handler: async (ctx, input, tx) => {
+      const row = await loadInstance(ctx, tx, input.id, true);
+      refuseIfGone(row, "reboot");
+      if (row.desired !== "running")
+        throw new ComputeError("FAILED_PRECONDITION", `instance ${row.id} is kept ${row.desired}: start it (vps.instances.start)`, {
+          instance: row.id,
+          desired: row.desired,
+        });
+      if (row.reboot_requested_at !== null) return toInstance(row);
+      const updated = await tx.execute(sql`
+        UPDATE vps_instances SET reboot_requested_at = compute_now(), next_attempt_at = compute_now(), updated_at = compute_now()
+        WHERE id = ${row.id} RETURNING *`);
+      await ctx.events.publish(tx, { type: "vps.instance.requested", subject: `vps/instances/${row.id}`, data: { action: "reboot" } });
+      return toInstance(updated.rows[0] as unknown as InstanceRow);
+    },
+  });
+
+  const remove = defineMethod({
+    name: "vps.instances.delete",
+    action: "vps.instances.delete",
+    resource: (input) => `vps/instances/${input.id}`,
+    description:
+      "Delete an instance in any state: the reconciler deletes its server (one still being created is deleted once its create ended); the quota is freed when it is deleted",
+    input: z.object({ id: resourceId }),
+    output: instance,
+    handler: async (ctx, input, tx) => {
+      const row = await loadInstance(ctx, tx, input.id, true);
+      if (row.desired === "deleted" || row.state === "deleted") return toInstance(row);
+      const updated = await tx.execute(sql`
+        UPDATE vps_instances SET desired = 'deleted', reboot_requested_at = NULL, next_attempt_at = compute_now(), updated_at = compute_now()
+        WHERE id = ${row.id} RETURNING *`);
+      await ctx.events.publish(tx, {
+        type: "vps.instance.requested",
+        subject: `vps/instances/${row.id}`,
+        data: { action: "delete", desired: "deleted" },
+      });
+      return toInstance(updated.rows[0] as unknown as InstanceRow);
+    },
+  });
+
+  const history = defineMethod({
+    name: "vps.instances.history",
+    action: "vps.instances.history",
+    readOnly: true,
+    resource: (input) => `vps/instances/${input.instance}`,
+    description: "Every provider call the reconciler made for an instance and its outcome, oldest first, paged",
+    input: z.object({
+      instance: resourceId,
+      limit: z.number().int().min(1).max(500).default(100),
+      after: z
+        .string()
+        .regex(/^\d{1,18}$/, "a history entry's id")
+        .optional(),
+    }),
+    output: z.object({
+      entries: z.array(
+        z.object({
+          id: z.string(),
+          at: z.string(),
+          call: z.string(),
+          outcome: z.enum(["ok", "error"]),
+          detail: z.record(z.string(), z.unknown()),
+        }),
+      ),
+      next: z.string().nullable(),
+    }),
+    handler: async (ctx, input, tx) => {
+      await loadInstance(ctx, tx, input.instance);
+      const rows = await tx.execute(sql`
+        SELECT id::text AS id, at, call, outcome, detail FROM vps_instance_history
+        WHERE instance_id = ${input.instance} AND (${input.after ?? null}::bigint IS NULL OR id > ${input.after ?? null}::bigint)
+        ORDER BY id LIMIT ${input.limit}`);
+      const entries = (
+        rows.rows as { id: string; at: string; call: string; outcome: "ok" | "error"; detail: Record<string, unknown> }[]
+      ).map((r) => ({ id: r.id, at: iso(r.at), call: r.call, outcome: r.outcome, detail: r.detail }));
+      return { entries, next: entries.length === input.limit ? entries.at(-1)!.id : null };
+    },
+  });
+
+  return [create, get, list, desire("start", "running"), desire("stop", "stopped"), reboot, remove, history];
+}
+
+/** A deleted, being-deleted or failed instance takes no power request. */
+function refuseIfGone(row: InstanceRow, what: string): void {
+  if (row.desired === "deleted" || row.state === "deleted")
+    throw new ComputeError(
+      "FAILED_PRECONDITION",
+      `instance ${row.id} is ${row.state === "deleted" ? "deleted" : "being deleted"}: it cannot ${what}`,
+      {
+        instance: row.id,
+        state: row.state,
+      },
+    );
+  if (row.state === "failed")
+    throw new ComputeError(
+      "FAILED_PRECONDITION",
+      `instance ${row.id} failed (${String(row.last_error?.message ?? "no reason recorded")}): delete it and create another`,
+      { instance: row.id, state: row.state },
+    );
+}
+
+export const instanceActions = {
+  "vps.instances.create": "Create instances",
+  "vps.instances.get": "Read an instance",
+  "vps.instances.list": "List instances",
+  "vps.instances.start": "Power instances on",
+  "vps.instances.stop": "Power instances off",
+  "vps.instances.reboot": "Reboot instances",
+  "vps.instances.delete": "Delete instances",
+  "vps.instances.history": "Read an instance's provider calls",
+};

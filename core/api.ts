@@ -6,7 +6,7 @@ import { bodyLimit } from "hono/body-limit";
 import type { MethodDefinition, Module } from "./contracts.ts";
 import type { MethodContext, PlatformContext } from "./context.ts";
 import { ComputeError } from "./errors.ts";
-import { readInput, waitUntil, type AppEnv } from "./http.ts";
+import { hasExecutionContext, readInput, waitUntil, type AppEnv } from "./http.ts";
 import type { IamPort, Principal } from "./iam.ts";
 import type { Registry } from "./registry.ts";
 import type { Bindings } from "./bindings.ts";
@@ -18,6 +18,8 @@ export interface MethodDeps {
   iam: IamPort;
   maxBodyBytes: number;
   moduleContext: (mod: Module, env: Bindings, store: Store, principal?: Principal, requestId?: string) => PlatformContext;
+  /** Runs one module's reconcilers once, on a store of their own (MethodDefinition.reconcile). */
+  reconcileModule: (mod: Module, env: Bindings) => Promise<void>;
 }
 
 /** Every registered method as POST /v1/<name>, behind the body limit. */
@@ -91,6 +93,8 @@ async function invoke(c: Context<AppEnv>, deps: MethodDeps, mod: Module, method:
 
   // Wake the NodeDOs of enqueued commands without holding the response for their delivery.
   waitUntil(c, platform.afterCommit());
+  // Without an execution context (a test calling app.fetch) nothing runs behind the caller's back.
+  if (method.reconcile && hasExecutionContext(c)) waitUntil(c, deps.reconcileModule(mod, c.env ?? {}));
   const checked = method.output.safeParse(output);
   if (!checked.success) {
     throw new ComputeError("INTERNAL", `method ${method.name} returned a result that breaks its output schema`);

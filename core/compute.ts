@@ -150,15 +150,23 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   app.get("/openapi.json", (c) => c.json(openapiDoc()));
   app.route("/", join);
   app.route("/", gatewayRoutes());
-  app.route("/", methodRoutes({ registry: reg, iam, maxBodyBytes, moduleContext: contextFor }));
+  const reconcileModule = async (mod: Module, env: Bindings) => {
+    const store = database.open(env);
+    try {
+      await runPasses("reconcilers", env, store, mod);
+    } finally {
+      await store.close();
+    }
+  };
+  app.route("/", methodRoutes({ registry: reg, iam, maxBodyBytes, moduleContext: contextFor, reconcileModule }));
   // The join Worker's app: JoinService and /v1/health alone (the gateway needs the NodeDO binding).
   const joinApp = serviceApp({ database, modules });
   joinApp.route("/", join);
 
   /** Runs one kind of pass of every module once, in registration order; a failing pass is logged and skipped, the next run retries it. */
-  const runPasses = async (kind: "sweeps" | "reconcilers", env: Bindings, store: Store) => {
+  const runPasses = async (kind: "sweeps" | "reconcilers", env: Bindings, store: Store, only?: Module) => {
     let changed = 0;
-    for (const mod of reg.modules) {
+    for (const mod of only ? [only] : reg.modules) {
       for (const pass of mod[kind] ?? []) {
         const ctx = contextFor(mod, env, store);
         try {

@@ -20,6 +20,12 @@ export interface MethodDefinition<I extends z.ZodType = z.ZodType, O extends z.Z
   description?: string;
   /** A read-only method writes no audit row. */
   readOnly?: boolean;
+  /**
+   * Once the method commits, run its module's reconcilers in the background of the request (a
+   * Worker's waitUntil), so what it asked for starts now rather than at the next cron sweep.
+   * Only where the runtime gives the request an execution context; the cron runs them anyway.
+   */
+  reconcile?: boolean;
   input: I;
   output: O;
   /** Runs after validation and IAM, before the transaction opens (may call ctx.check). */

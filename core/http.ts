@@ -217,6 +217,15 @@ export function describeError(err: unknown): Record<string, string | undefined> 
   };
 }
 
+/** Whether the runtime gave this request an execution context (a Worker's fetch does; a bare app.fetch does not). */
+export function hasExecutionContext(c: Context<AppEnv>): boolean {
+  try {
+    return c.executionCtx !== undefined;
+  } catch {
+    return false;
+  }
+}
+
 /** Lets the runtime finish `promise` after the response (Workers); in Node it settles on its own. */
 export function waitUntil(c: Context<AppEnv>, promise: Promise<unknown>): void {
   try {

@@ -123,6 +123,7 @@ const SIZE_FIELDS = ["instances", "vcpus", "memoryMiB", "diskGiB"] as const;
 export function instanceMethods(): MethodDefinition<any, any>[] {
   const create = defineMethod({
     name: "vps.instances.create",
+    reconcile: true,
     action: "vps.instances.create",
     resource: (input) => `vps/pools/${input.pool}`,
     description:
@@ -248,10 +249,11 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     },
   });
 
-  /** Sets what the instance should be; the reconciler looks at it at its next pass. */
+  /** Sets what the instance should be; the reconciler takes it up at once (reconcile: true) or at its next pass. */
   const desire = (name: "start" | "stop", desired: "running" | "stopped") =>
     defineMethod({
       name: `vps.instances.${name}`,
+      reconcile: true,
       action: `vps.instances.${name}`,
       resource: (input) => `vps/instances/${input.id}`,
       description:
@@ -278,6 +280,7 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
 
   const reboot = defineMethod({
     name: "vps.instances.reboot",
+    reconcile: true,
     action: "vps.instances.reboot",
     resource: (input) => `vps/instances/${input.id}`,
     description: "Reboot a running instance once (asked again before it happened, still once)",
@@ -302,6 +305,7 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
 
   const remove = defineMethod({
     name: "vps.instances.delete",
+    reconcile: true,
     action: "vps.instances.delete",
     resource: (input) => `vps/instances/${input.id}`,
     description:

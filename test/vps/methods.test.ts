@@ -4,6 +4,7 @@
 // deleted. SIMULATED: the provider, "Test Cloud", an in-memory HTTP API behind the fetch the
 // module is given (one cloud per account endpoint); its adapter is a real defineProvider over
 // ProviderHttp, as an outside package would write it.
+import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { z } from "zod";
@@ -475,6 +476,33 @@ describe("tenants and what their keys see", () => {
 // ---------------------------------------------------------------- instances through the reconciler
 
 describe("instances through the vps.instances reconciler", () => {
+  it("a Worker request that creates or stops an instance runs the reconciler in its waitUntil, not at the next sweep", async () => {
+    const w = await world("wake");
+    // As the Worker's fetch handler is called: with an execution context.
+    const asWorker = async (name: string, input: unknown) => {
+      const ctx = createExecutionContext();
+      const res = await compute.fetch(
+        new Request(`https://bc.test/v1/${name}`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${client.key}`, "content-type": "application/json" },
+          body: JSON.stringify(input),
+        }),
+        env,
+        ctx,
+      );
+      expect(res.status).toBe(200);
+      await waitOnExecutionContext(ctx);
+      return (await res.json()) as { id: string };
+    };
+    const { id } = await asWorker("vps.instances.create", { tenant: w.id, pool: w.id, flavor: w.id, name: "web", sshKeys: ["alice"] });
+    // No pass was run here: the request's own reached the provider.
+    expect(w.cloud.count("POST /servers")).toBe(1);
+    expect((await instance(id)).state).not.toBe("pending");
+    await passUntil(id, "running");
+    await asWorker("vps.instances.stop", { id });
+    expect(w.cloud.count(`POST /servers/${[...w.cloud.servers.keys()][0]}/actions/poweroff`)).toBe(1);
+  });
+
   it("creates the server once, with the SSH key and no join token, follows it to running, stopped, running, and deletes it", async () => {
     const w = await world("life");
     const { id } = await createInstance(w, "web");

@@ -1,12 +1,14 @@
 // bcd: the Better Compute agent (Node). Run with `tsx agent/bcd.ts <command> ...`.
 //
-//   bcd join  --url URL --token TOKEN --role site|node|ramdisk --state-dir DIR [--hostname NAME]
+//   bcd join  --url URL --token TOKEN --role site|node|ramdisk --state-dir DIR [--hostname NAME] [--attestor join-token|provisioned]
 //   bcd run   --state-dir DIR [--url URL] [--label k=v ...] [--heartbeat SECONDS]
-//   bcd start --url URL --token TOKEN --role ROLE --state-dir DIR [...]   join unless joined, then run
+//   bcd start --url URL --token TOKEN [--attestor ...] --role ROLE --state-dir DIR [...]   join unless joined, then run
 //
 // The token may also come from --token-file FILE or the BC_JOIN_TOKEN environment variable
 // (a command line is visible to every user of the machine). It is sent once and never
-// written to the state directory or the logs.
+// written to the state directory or the logs. --attestor names what the token is for: `join-token`
+// (default; minted by an operator) or `provisioned` (minted for this machine by the control plane,
+// e.g. in a VPS instance's user data: it joins as the node the token names).
 //
 // Exit codes: 0 done (or stopped by SIGINT/SIGTERM), 1 runtime failure, 2 usage.
 import { realpathSync } from "node:fs";
@@ -22,12 +24,16 @@ import { nodeTransport } from "./node-transport.ts";
 import type { Role } from "./state.ts";
 
 const USAGE = `usage:
-  bcd join  --url URL (--token TOKEN | --token-file FILE | $BC_JOIN_TOKEN) --role site|node|ramdisk --state-dir DIR [--hostname NAME]
+  bcd join  --url URL (--token TOKEN | --token-file FILE | $BC_JOIN_TOKEN) --role site|node|ramdisk --state-dir DIR
+            [--hostname NAME] [--attestor join-token|provisioned]   the token's kind (default join-token)
   bcd run   --state-dir DIR [--url URL] [--label KEY=VALUE ...] [--heartbeat SECONDS]
-  bcd start --url URL (--token ... ) --role ROLE --state-dir DIR [run options]   join unless already joined, then run
+  bcd start --url URL (--token ... ) [--attestor ...] --role ROLE --state-dir DIR [run options]   join unless already joined, then run
   bcd help`;
 
 const ROLES: readonly Role[] = ["site", "node", "ramdisk"];
+/** What the token is: an operator's join token, or one the control plane minted for this machine. */
+const ATTESTORS = ["join-token", "provisioned"] as const;
+type Attestor = (typeof ATTESTORS)[number];
 
 class UsageError extends Error {}
 
@@ -65,6 +71,7 @@ interface Parsed {
   url?: string;
   token?: string;
   tokenFile?: string;
+  attestor: Attestor;
   role?: string;
   stateDir?: string;
   hostname?: string;
@@ -87,6 +94,7 @@ function parse(argv: string[]): Parsed {
         url: { type: "string" },
         token: { type: "string" },
         "token-file": { type: "string" },
+        attestor: { type: "string" },
         role: { type: "string" },
         "state-dir": { type: "string" },
         hostname: { type: "string" },
@@ -110,7 +118,9 @@ function parse(argv: string[]): Parsed {
     if (!Number.isFinite(s) || s <= 0) throw new UsageError(`--heartbeat wants seconds, got ${values.heartbeat}`);
     heartbeatMs = s * 1000;
   }
-  const p: Parsed = { command, labels, quiet: values.quiet ?? false };
+  const attestor = values.attestor ?? "join-token";
+  if (!ATTESTORS.includes(attestor as Attestor)) throw new UsageError(`--attestor wants ${ATTESTORS.join("|")}, got ${attestor}`);
+  const p: Parsed = { command, labels, attestor: attestor as Attestor, quiet: values.quiet ?? false };
   if (values.url !== undefined) p.url = values.url;
   if (values.token !== undefined) p.token = values.token;
   if (values["token-file"] !== undefined) p.tokenFile = values["token-file"];
@@ -123,14 +133,21 @@ function parse(argv: string[]): Parsed {
   return p;
 }
 
-async function joinArgs(p: Parsed): Promise<{ url: string; token: string; role: Role }> {
+interface JoinArgs {
+  url: string;
+  token: string;
+  role: Role;
+  attestor: Attestor;
+}
+
+async function joinArgs(p: Parsed): Promise<JoinArgs> {
   if (!p.url) throw new UsageError(`${p.command} needs --url`);
   if (!p.role || !ROLES.includes(p.role as Role)) throw new UsageError(`${p.command} needs --role ${ROLES.join("|")}`);
   let token = p.token;
   if (token === undefined && p.tokenFile !== undefined) token = (await readFile(p.tokenFile, "utf8")).trim();
   token ??= process.env.BC_JOIN_TOKEN;
   if (!token) throw new UsageError(`${p.command} needs --token, --token-file or BC_JOIN_TOKEN`);
-  return { url: p.url, token, role: p.role as Role };
+  return { url: p.url, token, role: p.role as Role, attestor: p.attestor };
 }
 
 export async function main(argv: string[]): Promise<number> {
@@ -150,7 +167,7 @@ export async function main(argv: string[]): Promise<number> {
   let client: AgentClient | undefined;
   const bootId = crypto.randomUUID();
   try {
-    let join: { url: string; token: string; role: Role } | undefined;
+    let join: JoinArgs | undefined;
     if (p.command === "join") join = await joinArgs(p);
     if (p.command === "start" && !(await state.loadIdentity())) join = await joinArgs(p);
 
@@ -173,7 +190,7 @@ export async function main(argv: string[]): Promise<number> {
     if (join) {
       const identity = await client.join({
         baseUrl: join.url,
-        attestor: "join-token",
+        attestor: join.attestor,
         evidence: { token: join.token },
         role: join.role,
         hostname: p.hostname ?? osHostname(),

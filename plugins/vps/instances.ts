@@ -215,8 +215,15 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     readOnly: true,
     resource: (input) => `vps/instances/${input.id}`,
     input: z.object({ id: resourceId }),
-    output: instance,
-    handler: async (ctx, input, tx) => toInstance(await loadInstance(ctx, tx, input.id)),
+    /** nodeId: the node an agent: bcd pool's instance joined as (bcd's provisioned join), until it is revoked. */
+    output: instance.extend({ nodeId: z.string().nullable() }),
+    handler: async (ctx, input, tx) => {
+      const row = await loadInstance(ctx, tx, input.id);
+      const node = await tx.execute(sql`
+        SELECT id FROM bc_nodes WHERE role = 'node' AND revoked_at IS NULL AND labels @> ${JSON.stringify({ "bc.dev/vps-instance": row.id })}::jsonb
+        ORDER BY joined_at DESC LIMIT 1`);
+      return { ...toInstance(row), nodeId: (node.rows[0] as { id: string } | undefined)?.id ?? null };
+    },
   });
 
   const list = defineMethod({

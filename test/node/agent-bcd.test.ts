@@ -98,6 +98,9 @@ describe("bcd", () => {
       code: 2,
       err: expect.stringContaining("--role site|node|ramdisk"),
     });
+    expect(
+      await inProcess(["join", "--url", server.url, "--token", "t", "--attestor", "discovery", "--role", "node", "--state-dir", dir]),
+    ).toMatchObject({ code: 2, err: expect.stringContaining("--attestor wants join-token|provisioned, got discovery") });
     expect(await inProcess(["join", "--url", server.url, "--role", "node", "--state-dir", dir])).toMatchObject({
       code: 2,
       err: expect.stringContaining("needs --token"),

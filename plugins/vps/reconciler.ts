@@ -378,9 +378,10 @@ async function decide(ctx: ModuleContext, row: Claimed, account: OpenAccount, ca
     };
   }
   const observed = { state: STATE_OF[server.status] ?? row.state, addresses: server.addresses };
-  // On its way somewhere: look again next pass. A server in a status the adapter does not know
-  // is not waited for when it is to be deleted.
-  const moving = !SETTLED.includes(server.status) && !(row.desired === "deleted" && server.status === "unknown");
+  // On its way somewhere: look again next pass. A server in a status the adapter does not know, or
+  // one whose create was cut short (it goes no further by itself), is not waited for when it is to be deleted.
+  const moving =
+    !SETTLED.includes(server.status) && !(row.desired === "deleted" && (server.status === "unknown" || server.incomplete === true));
   if (moving) return observed;
 
   if (row.desired === "deleted") {

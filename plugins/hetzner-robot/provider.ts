@@ -17,6 +17,7 @@ import {
   ProviderHttp,
   providerError,
   type Classified,
+  type Fetch,
   type ProviderClient,
   type ProviderServer,
   type ServerStatus,
@@ -57,7 +58,7 @@ const stamp = (instanceId: string, name: string, finished: boolean) => `${finish
 
 // ---------------------------------------------------------------- Robot's answers
 
-interface RobotServer {
+export interface RobotServer {
   server_ip: string | null;
   server_number: number;
   server_name: string;
@@ -69,7 +70,7 @@ interface RobotServer {
   wol?: boolean;
 }
 
-interface RobotReset {
+export interface RobotReset {
   server_number: number;
   type: string[] | string;
   operating_status?: string;
@@ -106,14 +107,14 @@ function classify(response: Response, body: unknown): Classified {
 }
 
 /** What the box's power reading says; "unknown" for a resetter without the power button ("not supported"). */
-function powerOf(reset: RobotReset | undefined): "on" | "off" | "unknown" {
+export function powerOf(reset: RobotReset | undefined): "on" | "off" | "unknown" {
   const status = reset?.operating_status?.toLowerCase() ?? "";
   if (/^(running|on|powered on)$/.test(status)) return "on";
   if (/\b(off|shut|stopped)\b/.test(status)) return "off";
   return "unknown";
 }
 
-const typesOf = (reset: RobotReset) => (Array.isArray(reset.type) ? reset.type : [reset.type]);
+export const typesOf = (reset: RobotReset) => (Array.isArray(reset.type) ? reset.type : [reset.type]);
 
 /** OpenSSH one-line key: its type and blob, which identify it (Robot's fingerprint is the blob's MD5). */
 function keyBlob(publicKey: string): string | undefined {
@@ -126,6 +127,18 @@ function basicAuth(user: string, password: string): string {
   return `Basic ${btoa(String.fromCharCode(...bytes))}`;
 }
 
+/** The Robot webservice as one webservice user: Basic auth, Robot's errors classified, the password kept out of every error. */
+export function robotHttp(endpoint: string, user: string, password: string, fetch: Fetch): ProviderHttp {
+  return new ProviderHttp({
+    provider: PROVIDER,
+    baseUrl: endpoint,
+    fetch,
+    headers: { authorization: basicAuth(user, password) },
+    secrets: [password],
+    classify,
+  });
+}
+
 const rejected = (message: string, reason: string) => providerError(PROVIDER, "rejected", message, { reason });
 
 export const hetznerRobotProvider = defineProvider({
@@ -135,14 +148,7 @@ export const hetznerRobotProvider = defineProvider({
   manifest: account,
   secretFields: ["password"],
   client(acct, { fetch }): ProviderClient {
-    const http = new ProviderHttp({
-      provider: PROVIDER,
-      baseUrl: acct.endpoint,
-      fetch,
-      headers: { authorization: basicAuth(acct.user, acct.password) },
-      secrets: [acct.password],
-      classify,
-    });
+    const http = robotHttp(acct.endpoint, acct.user, acct.password, fetch);
     const allowed = acct.servers ? new Set(acct.servers) : undefined;
 
     /** Robot answers an empty list with 404. */

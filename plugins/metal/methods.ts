@@ -22,9 +22,19 @@ import type { ProfileDefinition, StepDefinition } from "better-compute/provision
 import { bmcTls } from "./bmc-address.ts";
 import { lifecycleProfile, type HardwareProfiles } from "./hardware.ts";
 import { anyOf, assertCan, isTransitional, METAL_STATES, transition, TRANSITIONS, type MetalState } from "./lifecycle.ts";
-import { loadNode, metalNode, NODE_COLUMNS, refuseHeldBmc, revokeRamdisks, runLifecycle, toNode, type NodeRow } from "./nodes.ts";
+import {
+  canStartLifecycle,
+  loadNode,
+  metalNode,
+  NODE_COLUMNS,
+  refuseHeldBmc,
+  revokeRamdisks,
+  runLifecycle,
+  toNode,
+  type NodeRow,
+} from "./nodes.ts";
 import { slug, type Policy } from "./sites.ts";
-import { siteAgentOf as siteAgent, waitAgentJoined } from "./steps.ts";
+import { waitAgentJoined } from "./steps.ts";
 
 /** A step that runs on an agent of the machine (ramdisk, installed node) or waits for one to join. */
 function needsAgent(ctx: ModuleContext, stepId: string): boolean {
@@ -55,7 +65,7 @@ export const nodeActions = {
 };
 
 export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinition<any, any>[] {
-  const profileFor = (node: NodeRow, which: "commission" | "release") => lifecycleProfile(hardwareProfiles, node, which);
+  const profileFor = (node: NodeRow, which: Parameters<typeof lifecycleProfile>[2]) => lifecycleProfile(hardwareProfiles, node, which);
 
   const enroll = defineMethod({
     name: "metal.enroll",
@@ -65,14 +75,17 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     input: z.object({
       id: slug.optional(),
       pool: resourceId,
-      bmc: z.object({
-        address: z.string(),
-        username: z.string(),
-        /** The BMC password (sealed at once) or a secret:// reference to one already stored. */
-        password: z.string().min(1).max(256),
-        /** How the site agent trusts an https BMC's certificate: caBundle (PEM) and/or spkiSha256 (a pin); see docs/bmc.md. */
-        tls: bmcTls.optional(),
-      }),
+      bmc: z
+        .object({
+          address: z.string(),
+          username: z.string(),
+          /** The BMC password (sealed at once) or a secret:// reference to one already stored. */
+          password: z.string().min(1).max(256),
+          /** How the site agent trusts an https BMC's certificate: caBundle (PEM) and/or spkiSha256 (a pin); see docs/bmc.md. */
+          tls: bmcTls.optional(),
+          // Other fields belong to the power driver (hetzner-robot: rescueKeys); its manifest checks them all.
+        })
+        .catchall(z.unknown()),
     }),
     output: metalNode,
     handler: async (ctx, input, tx) => {
@@ -88,13 +101,7 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
       const password = isSecretRef(input.bmc.password)
         ? (input.bmc.password as SecretRef)
         : await ctx.secrets.put(tx, { module: "metal", name: `bmc/${id}`, value: input.bmc.password });
-      const binding = {
-        driver: driver.id,
-        address: input.bmc.address,
-        username: input.bmc.username,
-        password,
-        ...(input.bmc.tls ? { tls: input.bmc.tls } : {}),
-      };
+      const binding = { driver: driver.id, ...input.bmc, password };
       const checked = driver.manifest?.safeParse(binding);
       if (checked && !checked.success)
         throw invalidArgument(`the BMC binding does not match driver ${driver.id}'s manifest`, { issues: schemaIssues(checked.error) });
@@ -114,8 +121,9 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
         data: { pool: pool.id, bmc: input.bmc.address },
       });
       const node = await loadNode(tx, id);
-      // Commissioning starts now if the site has an agent; otherwise the reconciler starts it once one joins.
-      if (await siteAgent(tx, node.site_id)) await runLifecycle(ctx, tx, node, "commission", profileFor(node, "commission"));
+      // Commissioning starts now if the site has an agent (or the pool needs none); otherwise the reconciler starts it once one joins.
+      if (await canStartLifecycle(ctx, tx, hardwareProfiles, node))
+        await runLifecycle(ctx, tx, hardwareProfiles, node, "commission", profileFor(node, "commission"));
       return toNode(await loadNode(tx, id));
     },
   });
@@ -186,7 +194,7 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
             `pool ${node.pool_id} is agentless (agent: none); profile ${profile.id} needs an agent on the machine (step ${needy.name ?? needy.step})`,
           );
       }
-      const wf = await runLifecycle(ctx, tx, node, "deploy", profile.id, input.input, {
+      const wf = await runLifecycle(ctx, tx, hardwareProfiles, node, "deploy", profile.id, input.input, {
         role: profile.role ?? "host",
         version: profile.version,
         createdBy: ctx.principal.id,
@@ -207,7 +215,8 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
       assertCan(node, "undeploy");
       // The installed system's agent goes with its disks: it can no longer renew or reconnect.
       await ctx.nodes.revoke(tx, { role: "node", labels: { "bc.dev/machine": node.id } }, `metal node ${node.id} is being released`);
-      const wf = await runLifecycle(ctx, tx, node, "undeploy", profileFor(node, "release"), {}, { createdBy: ctx.principal.id });
+      const profile = profileFor(node, "release");
+      const wf = await runLifecycle(ctx, tx, hardwareProfiles, node, "undeploy", profile, {}, { createdBy: ctx.principal.id });
       return { node: node.id, workflow: wf.id };
     },
   });
@@ -229,7 +238,8 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
         lastError: null,
       });
       const node = await loadNode(tx, input.node);
-      if (await siteAgent(tx, node.site_id)) await runLifecycle(ctx, tx, node, "commission", profileFor(node, "commission"));
+      if (await canStartLifecycle(ctx, tx, hardwareProfiles, node))
+        await runLifecycle(ctx, tx, hardwareProfiles, node, "commission", profileFor(node, "commission"));
       return toNode(await loadNode(tx, input.node));
     },
   });
@@ -244,13 +254,15 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     output: z.object({ node: z.string(), workflow: z.string() }),
     handler: async (ctx, input, tx) => {
       const node = await loadNode(tx, input.node, true);
-      if (node.pool_agent === "none")
+      const profile = profileFor(node, "rescue");
+      // metal.rescue boots the ramdisk; a hardware profile may rescue without one (hetzner-robot: Hetzner's rescue system).
+      if (node.pool_agent === "none" && profile === TRANSITIONS.rescue.profile)
         throw new ComputeError(
           "UNSUPPORTED",
           `pool ${node.pool_id} is agentless (agent: none): no ramdisk can boot on metal node ${node.id} to rescue it`,
         );
       assertCan(node, "rescue");
-      const wf = await runLifecycle(ctx, tx, node, "rescue", TRANSITIONS.rescue.profile, {}, { createdBy: ctx.principal.id });
+      const wf = await runLifecycle(ctx, tx, hardwareProfiles, node, "rescue", profile, {}, { createdBy: ctx.principal.id });
       return { node: node.id, workflow: wf.id };
     },
   });
@@ -266,7 +278,8 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
       const node = await loadNode(tx, input.node, true);
       assertCan(node, "unrescue");
       await revokeRamdisks(ctx, tx, node, `metal node ${node.id} leaves rescue`);
-      const wf = await runLifecycle(ctx, tx, node, "unrescue", TRANSITIONS.unrescue.profile, {}, { createdBy: ctx.principal.id });
+      const profile = profileFor(node, "unrescue");
+      const wf = await runLifecycle(ctx, tx, hardwareProfiles, node, "unrescue", profile, {}, { createdBy: ctx.principal.id });
       return { node: node.id, workflow: wf.id };
     },
   });
@@ -323,10 +336,11 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
         data: { state: node.state, ...(input.reason ? { reason: input.reason } : {}) },
       });
       // Out of maintenance, an enrolled machine commissions now (as at enroll), not at the next cron pass.
-      if (node.state === "enrolled" && !input.on && (await siteAgent(tx, node.site_id))) {
+      if (node.state === "enrolled" && !input.on && (await canStartLifecycle(ctx, tx, hardwareProfiles, node))) {
         await runLifecycle(
           ctx,
           tx,
+          hardwareProfiles,
           await loadNode(tx, node.id),
           "commission",
           profileFor(node, "commission"),

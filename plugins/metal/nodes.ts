@@ -4,6 +4,7 @@ import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { ComputeError, conflict, notFound, type ModuleContext, type Tx } from "better-compute/core";
 import { startWorkflow } from "better-compute/provision";
+import { needsSiteAgent, type HardwareProfiles } from "./hardware.ts";
 import { METAL_STATES, transition, type MetalEvent, type MetalState } from "./lifecycle.ts";
 import type { Policy } from "./sites.ts";
 import { siteAgentOf as siteAgent, type BmcBinding } from "./steps.ts";
@@ -96,14 +97,20 @@ export async function revokeRamdisks(
   );
 }
 
+/** Whether the node's lifecycle can start now (at enroll, recommission, out of maintenance): its pool needs no site agent, or its site has one. */
+export async function canStartLifecycle(ctx: ModuleContext, tx: Tx, hardwareProfiles: HardwareProfiles, node: NodeRow): Promise<boolean> {
+  return !needsSiteAgent(ctx, hardwareProfiles, node) || (await siteAgent(tx, node.site_id)) !== undefined;
+}
+
 /**
  * Moves the node by event and starts the profile's workflow for it, in the caller's transaction.
- * Throws when the site has no agent, and CONFLICT (nothing written) when the node is no longer
- * in a state the event leaves from.
+ * Throws when the pool needs a site agent (needsSiteAgent) and the site has none, and CONFLICT
+ * (nothing written) when the node is no longer in a state the event leaves from.
  */
 export async function runLifecycle(
   ctx: ModuleContext,
   tx: Tx,
+  hardwareProfiles: HardwareProfiles,
   node: NodeRow,
   event: MetalEvent,
   profile: string,
@@ -111,14 +118,14 @@ export async function runLifecycle(
   extra: { role?: string | null; version?: string; createdBy?: string } = {},
 ) {
   const agent = await siteAgent(tx, node.site_id);
-  if (!agent)
+  if (!agent && needsSiteAgent(ctx, hardwareProfiles, node))
     throw new ComputeError("FAILED_PRECONDITION", `site ${node.site_id} has no agent: join one with a site token (siteTokens.create)`, {
       site: node.site_id,
     });
   const workflowInput = {
     ...input,
     machine: node.id,
-    siteAgent: agent,
+    ...(agent ? { siteAgent: agent } : {}),
     bmc: node.bmc,
     addresses: node.addresses,
     ...(node.product_uuid ? { productUuid: node.product_uuid } : {}),

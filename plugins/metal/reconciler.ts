@@ -75,14 +75,14 @@ export function lifecycleReconciler(hardwareProfiles: HardwareProfiles): Reconci
       for (const node of ended.rows as unknown as EndedNode[]) {
         if (await settle(ctx, node)) changed++;
       }
-      // Enrolled machines (enrolled before their site had an agent, or recommissioned): commission them.
+      // Enrolled machines (enrolled before their site had an agent where the pool needs one, or recommissioned): commission them.
       const enrolled = await ctx.store.db.execute(sql`
         SELECT ${NODE_COLUMNS} FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
         WHERE n.state = 'enrolled' AND NOT n.maintenance ORDER BY n.created_at LIMIT 500`);
       for (const node of enrolled.rows as unknown as NodeRow[]) {
         try {
           await ctx.store.transaction((tx) =>
-            runLifecycle(ctx, tx, node, "commission", lifecycleProfile(hardwareProfiles, node, "commission")),
+            runLifecycle(ctx, tx, hardwareProfiles, node, "commission", lifecycleProfile(hardwareProfiles, node, "commission")),
           );
           changed++;
         } catch (err) {

@@ -36,7 +36,8 @@ export const redfishDriver = defineDriver({
   id: "redfish",
   kinds: ["power", "management", "media"],
   runsOn: "site",
-  manifest: z.object({ ...bindingShape, driver: z.literal("redfish") }).superRefine(tlsFitsAddress),
+  // Strict: a field another driver's binding takes (hetzner-robot's rescueKeys) is refused, not dropped.
+  manifest: z.strictObject({ ...bindingShape, driver: z.literal("redfish") }).superRefine(tlsFitsAddress),
   secretFields: ["password"],
 });
 export const ipxeDriver = defineDriver({ id: "ipxe", kinds: ["boot"], runsOn: "site" });
@@ -172,7 +173,8 @@ export const recordInventory = defineStep({
   input: z
     .object({
       machine: z.string(),
-      uuid: z.string().min(1),
+      /** The SMBIOS UUID the ramdisk is matched by; none where no ramdisk boots and nothing reports one (a Robot server: its number names it). */
+      uuid: z.string().min(1).optional(),
       manufacturer: z.string().optional(),
       model: z.string().optional(),
       addresses: z.array(z.string()).default([]),
@@ -180,14 +182,17 @@ export const recordInventory = defineStep({
     .passthrough(),
   run: async (ctx, input) => {
     const { machine, ...inventory } = input;
-    const uuid = input.uuid.toLowerCase();
+    const uuid = input.uuid?.toLowerCase() ?? null;
     await ctx.store.transaction(async (tx) => {
       // The ramdisk is matched by this UUID: two machines in service with one would be mistaken for each other.
-      const holder = (
-        await tx.execute(
-          sql`SELECT id FROM metal_nodes WHERE lower(product_uuid) = ${uuid} AND id <> ${machine} AND state <> 'retired' LIMIT 1`,
-        )
-      ).rows[0] as { id: string } | undefined;
+      const holder =
+        uuid === null
+          ? undefined
+          : ((
+              await tx.execute(
+                sql`SELECT id FROM metal_nodes WHERE lower(product_uuid) = ${uuid} AND id <> ${machine} AND state <> 'retired' LIMIT 1`,
+              )
+            ).rows[0] as { id: string } | undefined);
       if (holder)
         throw new StepError(
           "CONFLICT",
@@ -200,7 +205,7 @@ export const recordInventory = defineStep({
                addresses = ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(input.addresses)}::jsonb)), updated_at = compute_now()
         WHERE id = ${machine}`);
     });
-    return { productUuid: uuid, addresses: input.addresses };
+    return { ...(uuid ? { productUuid: uuid } : {}), addresses: input.addresses };
   },
 });
 

@@ -169,3 +169,4 @@ export class FakeDaemon {
 
 // better-compute/testing is this file: the API test client rides along with FakeDaemon.
 export { createTestClient, type CallResult, type TestClient } from "../core/testing.ts";
+export { seededRandom } from "./testing/seeded-random.ts";

@@ -30,6 +30,7 @@ import { createServer, type IncomingMessage, type ServerResponse } from "node:ht
 import { createServer as createHttpsServer } from "node:https";
 import { isIP, type AddressInfo } from "node:net";
 import { RAID_LEVELS as RAID_TYPES, raidCapacityBytes, raidDriveCountProblem, type RaidLevel as RaidType } from "../roles/redfish.ts";
+import { seededRandom } from "./seeded-random.ts";
 
 export type PowerState = "On" | "Off";
 export const BOOT_TARGETS = ["None", "Pxe", "Cd", "Hdd"] as const;
@@ -175,18 +176,6 @@ export interface RedfishEmulator {
 
 const MAX_BODY = 64 * 1024;
 
-/** mulberry32: small, seeded, deterministic. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** A locally administered MAC address, derived from the machine id so it is stable across runs. */
 function fakeMac(id: string): string {
   const h = createHash("sha256").update(`redfish-emulator-mac-${id}`).digest();
@@ -283,7 +272,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
   });
 
   let faults: RedfishFaults = { ...opts.faults };
-  let random = rng(faults.seed ?? 1);
+  let random = seededRandom(faults.seed ?? 1);
   const requests: RedfishRequestRecord[] = [];
 
   const sys = (m: MachineState) => `/redfish/v1/Systems/${encodeURIComponent(m.id)}`;
@@ -1085,7 +1074,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     requests,
     setFaults(f: RedfishFaults) {
       faults = { ...f };
-      random = rng(f.seed ?? 1);
+      random = seededRandom(f.seed ?? 1);
     },
     stop() {
       stopped = true;

@@ -21,6 +21,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import { seededRandom } from "better-compute/testing";
 
 export interface HetznerCloudFaults {
   /** Share (0..1) of authenticated calls answered 429 rate_limit_exceeded, with reset headers. */
@@ -426,18 +427,6 @@ const notFound = (what: string) => new ApiError(404, "not_found", `${what} not f
 /** Hetzner's timestamps: ISO 8601 with +00:00. */
 const iso = (ms: number) => new Date(ms).toISOString().replace(/\.\d{3}Z$/, "+00:00");
 
-/** mulberry32: small, seeded, deterministic. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** OpenSSH key fingerprint as Hetzner shows it: MD5 of the key blob, hex pairs. */
 function md5Fingerprint(publicKey: string): string | undefined {
   const blob = publicKey.trim().split(/\s+/)[1];
@@ -455,10 +444,10 @@ export async function startHetznerCloudEmulator(options: HetznerCloudEmulatorOpt
   let actionDurationMs = options.actionDurationMs ?? 0;
   let serverLimit = options.serverLimit;
   let faults: HetznerCloudFaults = {};
-  let random = rng(1);
+  let random = seededRandom(1);
   const setFaults = (f: HetznerCloudFaults) => {
     faults = { ...f, next: { ...f.next } };
-    random = rng(f.seed ?? 1);
+    random = seededRandom(f.seed ?? 1);
   };
   setFaults(options.faults ?? {});
 

@@ -24,6 +24,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import { seededRandom } from "better-compute/testing";
 
 export type ResetType = "sw" | "hw" | "man" | "power" | "power_long";
 /** A resetter with the power button (newer boxes): it can switch the box off and on, and reports its power. */
@@ -249,17 +250,6 @@ function endpointOf(method: string, segments: string[]): string {
   return `${method} /${[head, ...(id !== undefined ? [template] : []), ...(tail !== undefined ? [tail] : [])].join("/")}`;
 }
 
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 const robotTime = (ms: number) => new Date(ms).toISOString().slice(0, 19).replace("T", " ");
 
 export async function startHetznerRobotEmulator(options: HetznerRobotEmulatorOptions = {}): Promise<HetznerRobotEmulator> {
@@ -270,11 +260,11 @@ export async function startHetznerRobotEmulator(options: HetznerRobotEmulatorOpt
   let actionDurationMs = options.actionDurationMs ?? 0;
   let limits: Record<string, RobotLimit> = { ...ROBOT_LIMITS, ...options.limits };
   let faults: HetznerRobotFaults = {};
-  let random = mulberry32(1);
+  let random = seededRandom(1);
   const next = { rateLimit: 0, maintenance: 0, resetFailed: 0, manualActive: 0 };
   const setFaults = (f: HetznerRobotFaults) => {
     faults = f;
-    random = mulberry32(f.seed ?? 1);
+    random = seededRandom(f.seed ?? 1);
     Object.assign(next, { rateLimit: 0, maintenance: 0, resetFailed: 0, manualActive: 0 }, f.next);
   };
   setFaults(options.faults ?? {});

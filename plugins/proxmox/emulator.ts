@@ -26,6 +26,7 @@ import { createServer, type Server } from "node:https";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { selfSignedCertificate } from "better-compute/testing/metal";
+import { seededRandom } from "better-compute/testing";
 
 export interface ProxmoxTemplate {
   vmid: number;
@@ -175,18 +176,6 @@ function mib(size: string): number | undefined {
 }
 const sizeText = (sizeMiB: number) => (sizeMiB % 1024 === 0 ? `${sizeMiB / 1024}G` : `${sizeMiB}M`);
 
-/** mulberry32: the seeded generator behind shares of faults. */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 export async function startProxmoxEmulator(options: ProxmoxEmulatorOptions = {}): Promise<ProxmoxEmulator> {
   const node = options.node ?? "pve";
   const nodes = options.nodes ?? [node];
@@ -198,7 +187,7 @@ export async function startProxmoxEmulator(options: ProxmoxEmulatorOptions = {})
     (options.volumes ?? [{ volid: "local:import/debian-12-genericcloud-amd64.qcow2", sizeMiB: 2048 }]).map((v) => [v.volid, v]),
   );
   let durationMs = options.actionDurationMs ?? 0;
-  const random = seeded(options.seed ?? 1);
+  const random = seededRandom(options.seed ?? 1);
   const certificate = selfSignedCertificate("pve.emulator", { altNames: ["IP:127.0.0.1", "DNS:localhost"] });
 
   const vms = new Map<number, EmulatedVm>();

@@ -362,10 +362,11 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     }),
     handler: async (ctx, input, tx) => {
       await loadInstance(ctx, tx, input.instance);
+      // Ordered by h.id, the number: a bare "id" would be the text column of the select list ("100" < "87").
       const rows = await tx.execute(sql`
-        SELECT id::text AS id, at, call, outcome, detail FROM vps_instance_history
-        WHERE instance_id = ${input.instance} AND (${input.after ?? null}::bigint IS NULL OR id > ${input.after ?? null}::bigint)
-        ORDER BY id LIMIT ${input.limit}`);
+        SELECT h.id::text AS id, h.at, h.call, h.outcome, h.detail FROM vps_instance_history h
+        WHERE h.instance_id = ${input.instance} AND (${input.after ?? null}::bigint IS NULL OR h.id > ${input.after ?? null}::bigint)
+        ORDER BY h.id LIMIT ${input.limit}`);
       const entries = (
         rows.rows as { id: string; at: string; call: string; outcome: "ok" | "error"; detail: Record<string, unknown> }[]
       ).map((r) => ({ id: r.id, at: iso(r.at), call: r.call, outcome: r.outcome, detail: r.detail }));

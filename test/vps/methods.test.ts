@@ -503,6 +503,20 @@ describe("instances through the vps.instances reconciler", () => {
     expect(w.cloud.count(`POST /servers/${[...w.cloud.servers.keys()][0]}/actions/poweroff`)).toBe(1);
   });
 
+  it("an instance's history is in the order the calls were made, across a change in the number of digits of its ids", async () => {
+    const w = await world("history-order");
+    const { id } = await createInstance(w, "web");
+    // The next history ids end just below a power of ten (…98, …99, then …100): text order would differ.
+    await client.store.db.execute(sql`
+      SELECT setval('vps_instance_history_id_seq', (10 ^ ceil(log(greatest(nextval('vps_instance_history_id_seq'), 10) + 10)))::bigint - 3)`);
+    await passUntil(id, "running");
+    const entries = await historyOf(id);
+    expect(entries.length).toBeGreaterThanOrEqual(3);
+    const ids = entries.map((e: any) => Number(e.id));
+    expect(ids).toEqual([...ids].sort((a, b) => a - b));
+    expect(entries[0]).toMatchObject({ call: "find" });
+  });
+
   it("creates the server once, with the SSH key and no join token, follows it to running, stopped, running, and deletes it", async () => {
     const w = await world("life");
     const { id } = await createInstance(w, "web");
@@ -670,8 +684,9 @@ describe("instances through the vps.instances reconciler", () => {
 
   it("a rate limit pauses every instance of the account until it resets; a 5xx backs off by attempts", async () => {
     const w = await world("rate-limit");
-    const first = await createInstance(w, "first");
-    const second = await createInstance(w, "second");
+    // Ids that sort in this order: a pass takes due instances by id.
+    const first = await createInstance(w, "first", { id: `${w.id}-1` });
+    const second = await createInstance(w, "second", { id: `${w.id}-2` });
     w.cloud.requests = [];
     w.cloud.failNext.push({ status: 429, code: "rate_limit_exceeded" });
     await pass();

@@ -23,6 +23,8 @@ const CONFIG_RETRY_SECONDS = 3600;
 /** A settled instance is looked at again this often (its server may have been stopped or deleted at the provider). */
 const RESYNC_SECONDS = 600;
 const MAX_BACKOFF_SECONDS = 300;
+/** Create jobs that may fail for one instance before it is failed (a provider that keeps failing it). */
+const MAX_FAILED_CREATE_JOBS = 3;
 /** Steps one reconcileInstance makes while each moves on without waiting for the provider (find, then get...). */
 const MAX_STEPS = 4;
 const BATCH = 200;
@@ -105,7 +107,8 @@ interface HistoryEntry {
 /** What a step records; a field left out keeps its value. */
 interface Outcome {
   state?: InstanceState;
-  providerId?: string;
+  /** null forgets the server (a create job that failed): the next step finds or creates again. */
+  providerId?: string | null;
   addresses?: string[];
   /** The provider's job a call started (its start is recorded on database time); null clears it. */
   pendingOp?: { id: string; call: string } | null;
@@ -203,7 +206,7 @@ async function step(ctx: ModuleContext, id: string, options: ReconcileOptions & 
       const updated = await tx.execute(sql`
         UPDATE vps_instances SET
           state = ${state},
-          provider_id = ${outcome.providerId ?? row.provider_id},
+          provider_id = ${outcome.providerId === undefined ? row.provider_id : outcome.providerId},
           addresses = ${outcome.addresses ? sql`ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(outcome.addresses)}::jsonb))` : sql`addresses`},
           pending_op = ${
             outcome.pendingOp === undefined
@@ -240,7 +243,7 @@ async function step(ctx: ModuleContext, id: string, options: ReconcileOptions & 
           subject: `vps/instances/${id}`,
           data: {
             from: row.state,
-            providerId: outcome.providerId ?? row.provider_id,
+            providerId: outcome.providerId === undefined ? row.provider_id : outcome.providerId,
             ...(outcome.addresses ? { addresses: outcome.addresses } : {}),
             ...(state === "failed" && lastError ? { error: { code: lastError.code, message: lastError.message } } : {}),
           },
@@ -330,9 +333,12 @@ async function decide(ctx: ModuleContext, row: Claimed, account: OpenAccount, ca
       message: `${provider.id}: the ${op.call} job failed: ${state.message}`,
       provider: provider.id,
     };
-    // A server whose create failed is not coming up; anything else is tried again after a while.
-    if (op.call === "create") return { state: "failed", pendingOp: null, lastError };
-    return { pendingOp: null, lastError, attempts: row.attempts + 1, nextInSeconds: backoff(row.attempts + 1) };
+    const retry = { pendingOp: null, lastError, attempts: row.attempts + 1, nextInSeconds: backoff(row.attempts + 1) };
+    if (op.call !== "create") return retry;
+    // A failed create job (a provider's hiccup, often) left no server or one that is off: start
+    // over from find, which adopts what is there or creates again. Only repeated failures fail it.
+    if ((await failedCreateJobs(ctx, row.id)) + 1 >= MAX_FAILED_CREATE_JOBS) return { state: "failed", pendingOp: null, lastError };
+    return { ...retry, providerId: null, state: "pending" };
   }
 
   // No server known: find the one stamped with the instance's id, or create it.
@@ -466,4 +472,12 @@ function errorOf(err: unknown, provider: string, call: string, secrets: string[]
     ...(typeof details.status === "number" ? { status: details.status } : {}),
     ...(typeof details.retryAfterSeconds === "number" ? { retryAfterSeconds: details.retryAfterSeconds } : {}),
   };
+}
+
+/** The instance's create jobs that ended failed so far (its history). */
+async function failedCreateJobs(ctx: ModuleContext, id: string): Promise<number> {
+  const found = await ctx.store.db.execute(sql`
+    SELECT count(*)::int AS n FROM vps_instance_history
+    WHERE instance_id = ${id} AND call = 'operation' AND detail->>'of' = 'create' AND detail->>'state' = 'failed'`);
+  return (found.rows[0] as { n: number }).n;
 }

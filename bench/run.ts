@@ -1,7 +1,7 @@
 // npm run bench: runs the benchmark sections in order and prints their figures. Not a test:
 // nothing here asserts a timing; a section fails only when requests fail.
 //
-//   BENCH_ONLY          comma-separated section ids to run (api, commands, agents; default all)
+//   BENCH_ONLY          comma-separated section ids to run (api, commands, agents, workflows, fleet, vps; default all)
 //   BENCH_CONCURRENCY   API section: concurrent closed-loop clients (default 8)
 //   BENCH_SECONDS       API section: measured window per target, seconds (default 10)
 //   BENCH_WARMUP        API section: unrecorded warm-up per target, seconds (default 2)
@@ -12,6 +12,8 @@
 //   BENCH_WORKFLOW_BATCHES  workflows section: batch sizes started at once (default 1,10,100)
 //   BENCH_FLEET         fleet section: machine counts, comma-separated (default 100,1000)
 //   BENCH_FLEET_TIMEOUT fleet section: seconds a phase may take before the run is failed (default 1800)
+//   BENCH_VPS_INSTANCES vps section: instances, split across the three providers (default 30)
+//   BENCH_VPS_ACTION_MS vps section: how long each emulated action, boot and task takes, ms (default 1500)
 //   DATABASE_URL        bench a real Postgres instead of the embedded PGlite
 import os from "node:os";
 import { agentsSection } from "./agents.ts";
@@ -19,6 +21,7 @@ import { apiSection } from "./api.ts";
 import { commandsSection } from "./commands.ts";
 import { workflowsSection } from "./workflows.ts";
 import { fleetSection } from "./fleet.ts";
+import { vpsSection } from "./vps.ts";
 
 export interface BenchContext {
   concurrency: number;
@@ -31,6 +34,12 @@ export interface BenchContext {
     batches: number[];
   };
   fleet: { sizes: number[]; timeoutSeconds: number };
+  vps: {
+    /** Instances, split across Hetzner Cloud, Hetzner Robot and Proxmox. */
+    instances: number;
+    /** How long each emulated action (hcloud), boot (Robot) and task (Proxmox) takes. */
+    actionMs: number;
+  };
   agents: {
     /** The ramp's last step. */
     max: number;
@@ -52,7 +61,7 @@ export interface BenchSection {
 }
 
 /** Sections in the order they run; later issues append theirs. */
-const allSections: BenchSection[] = [apiSection, commandsSection, agentsSection, workflowsSection, fleetSection];
+const allSections: BenchSection[] = [apiSection, commandsSection, agentsSection, workflowsSection, fleetSection, vpsSection];
 const only = (process.env.BENCH_ONLY ?? "")
   .split(",")
   .map((s) => s.trim())
@@ -70,6 +79,7 @@ const ctx: BenchContext = {
   commands: positiveInt("BENCH_COMMANDS", 1000),
   workflows: { batches: intList("BENCH_WORKFLOW_BATCHES", "1,10,100") },
   fleet: { sizes: intList("BENCH_FLEET", "100,1000"), timeoutSeconds: positiveNumber("BENCH_FLEET_TIMEOUT", 1800) },
+  vps: { instances: positiveInt("BENCH_VPS_INSTANCES", 30), actionMs: positiveNumber("BENCH_VPS_ACTION_MS", 1500, true) },
   agents: {
     max: positiveInt("BENCH_AGENTS_MAX", 200),
     holdSeconds: positiveNumber("BENCH_AGENTS_HOLD", 6),
@@ -96,6 +106,9 @@ console.log(
   `  api: ${ctx.concurrency} concurrent clients (BENCH_CONCURRENCY), ${ctx.warmupSeconds} s warm-up (BENCH_WARMUP) + ${ctx.seconds} s measured (BENCH_SECONDS) per target`,
 );
 console.log(`  fleet: ${ctx.fleet.sizes.join(", ")} simulated machines (BENCH_FLEET)`);
+console.log(
+  `  vps: ${ctx.vps.instances} instances (BENCH_VPS_INSTANCES), emulated actions of ${ctx.vps.actionMs} ms (BENCH_VPS_ACTION_MS)`,
+);
 console.log(`  commands: ${ctx.commands} sequential round trips per path (BENCH_COMMANDS)`);
 console.log(
   `  agents: up to ${ctx.agents.max} (BENCH_AGENTS_MAX), each step held ${ctx.agents.holdSeconds} s (BENCH_AGENTS_HOLD), a ping every ${ctx.agents.heartbeatSeconds} s (BENCH_AGENTS_HEARTBEAT)`,

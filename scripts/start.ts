@@ -9,15 +9,19 @@
 //   --new-admin-key    mint a new admin key instead of reusing the one kept in the data dir
 //   --sim N            join N simulated ping-only agents (FakeDaemon, role node)
 //   --site             the simulated site (what npm run dev passes); --machines N of them (default 3)
+//   --providers        with --site: the Hetzner Cloud, Hetzner Robot and Proxmox emulators, registered
+//                      as accounts and pools with a tenant (scripts/local/dev-providers.ts)
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { nodeTransport } from "../agent/node-transport.ts";
 import { FakeDaemon } from "../agent/testing.ts";
+import { startDevProviders, type DevTenant } from "./local/dev-providers.ts";
 import { startDevSite, type DevSite } from "./local/dev-site.ts";
 import { repoRoot } from "./local/node-store.ts";
 import { shownPath, StackRefusedError, startStack, type Stack } from "./local/stack.ts";
 
-const USAGE = "usage: npm start -- [--port P] [--new-admin-key] [--sim N]    npm run dev -- [--machines N] [--port P] [--sim N]";
+const USAGE =
+  "usage: npm start -- [--port P] [--new-admin-key] [--sim N]    npm run dev -- [--machines N] [--providers] [--port P] [--sim N]";
 
 let values;
 try {
@@ -27,6 +31,7 @@ try {
       port: { type: "string" },
       site: { type: "boolean", default: false },
       machines: { type: "string" },
+      providers: { type: "boolean", default: false },
       "new-admin-key": { type: "boolean", default: false },
     },
   }));
@@ -36,6 +41,8 @@ try {
 const simulated = count(values.sim, "--sim", "agents", 0, 1000);
 const siteMode = values.site;
 if (values.machines !== undefined && !siteMode) usage("--machines is for the simulated site: npm run dev -- --machines N");
+// The emulators live in this process only: their accounts belong in npm run dev's data, started afresh.
+if (values.providers && !siteMode) usage("--providers is for npm run dev (its data starts afresh): npm run dev -- --providers");
 const machines = count(values.machines ?? "3", "--machines", "machines", 1, 100);
 const port = Number(values.port ?? process.env.PORT ?? 8787);
 if (!Number.isInteger(port) || port < 1 || port > 65535) usage(`--port takes a port number, not ${values.port ?? process.env.PORT}`);
@@ -54,6 +61,11 @@ console.log(
       : `Better Compute: starting on the embedded PGlite (${shownPath(path.join(dataDir, "pglite"))})…`,
 );
 
+// Before the stack: wrangler dev reads NODE_EXTRA_CA_CERTS once, when it starts, and must trust
+// the Proxmox emulator's self-signed certificate (workerd verifies it like any other).
+const providers = values.providers ? await startDevProviders() : undefined;
+if (providers) process.env.NODE_EXTRA_CA_CERTS = providers.caFile;
+
 let stack: Stack;
 try {
   stack = await startStack({
@@ -66,11 +78,12 @@ try {
     onNotice: (line) => console.log(line),
   });
 } catch (err) {
+  await providers?.stop();
   if (!(err instanceof StackRefusedError)) throw err;
   console.error(err.message);
   process.exit(1);
 }
-const running: { daemons: FakeDaemon[]; site?: DevSite } = { daemons: [] };
+const running: { daemons: FakeDaemon[]; site?: DevSite; tenant?: DevTenant } = { daemons: [] };
 let stopping = false;
 for (const signal of ["SIGINT", "SIGTERM"] as const) {
   process.on(signal, async () => {
@@ -78,6 +91,7 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
     stopping = true;
     console.log("\nstopping…");
     await running.site?.stop();
+    await providers?.stop();
     await Promise.all(running.daemons.map((d) => d.stop()));
     await stack.stop();
     process.exit(0);
@@ -87,21 +101,24 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
 try {
   running.daemons = await simulate(stack, simulated);
   if (siteMode) running.site = await startDevSite(stack, { machines, print: (line) => console.log(line) });
+  if (providers) running.tenant = await providers.register(stack);
 } catch (err) {
   await running.site?.stop();
+  await providers?.stop();
   await Promise.all(running.daemons.map((d) => d.stop()));
   await stack.stop();
   throw err;
 }
-console.log(banner(stack, running.daemons, running.site));
+console.log(banner(stack, running.daemons, running.site, running.tenant));
 running.site?.watch();
+running.tenant?.watch((line) => console.log(line));
 
-function banner(stack: Stack, daemons: FakeDaemon[], site: DevSite | undefined): string {
+function banner(stack: Stack, daemons: FakeDaemon[], site: DevSite | undefined, vps: DevTenant | undefined): string {
   const keyFile = shownPath(path.join(stack.dataDir, "admin-key"));
   const key = stack.adminKeyReused ? `reused from ${keyFile}; --new-admin-key mints another` : `new, kept in ${keyFile}`;
   const cron = stack.crons.length ? `the cron (${stack.crons.map((c) => `"${c}"`).join(", ")}) fires locally` : "no cron in wrangler.toml";
   const lines = [
-    `Better Compute is running at ${stack.url}${site ? " with a simulated site (npm run dev)" : ""}`,
+    `Better Compute is running at ${stack.url}${site ? ` with a simulated site${vps ? " and simulated providers" : ""} (npm run dev)` : ""}`,
     "",
     `  admin API key (${key}): ${stack.adminKey}`,
     site
@@ -116,11 +133,14 @@ function banner(stack: Stack, daemons: FakeDaemon[], site: DevSite | undefined):
       "  REAL       the control plane: the API Worker, NodeDOs and WorkflowDOs in wrangler dev's workerd, Postgres (PGlite),",
       `             the site agent (a bcd process, node ${site.siteAgent.nodeId}, state in ${shownPath(site.siteAgent.stateDir)}),`,
       "             the ramdisk and installed-OS agents' protocol (joins, signed hellos and results over WebSockets)",
+      ...(vps?.banner.real ?? []),
       `  SIMULATED  ${site.machines.length} machines and their disks (in memory), their BMCs (a Redfish emulator at ${site.bmcUrl}),`,
       "             PXE/DHCP: a ramdisk's discovery join is vouched for with the site agent's key, read from its state dir",
       "             (the site agent's own proxy DHCP/iPXE is not built yet); a demo disk image served over HTTP",
+      ...(vps?.banner.simulated ?? []),
       "",
       `  machines in pool ${site.pool}: ${site.machines.map((m) => m.node).join(", ")} (enrolled; their states follow below)`,
+      ...(vps?.banner.summary ?? []),
       "",
       "  try:",
       "    npx better-compute metal nodes list",
@@ -131,6 +151,7 @@ function banner(stack: Stack, daemons: FakeDaemon[], site: DevSite | undefined):
           ]
         : []),
       "",
+      ...(vps?.banner.commands ?? []),
     );
   } else {
     lines.push(

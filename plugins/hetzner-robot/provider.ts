@@ -273,7 +273,8 @@ export const hetznerRobotProvider = defineProvider({
           throw rejected("the rescue system is reached with SSH keys only: give at least one", "no_ssh_key");
         if (request.sshKeys.some((k) => !keyBlob(k.publicKey)))
           throw rejected("an SSH key is not an OpenSSH public key line", "invalid_ssh_key");
-        if (/\s/.test(request.instanceId) || !/^\S+$/.test(request.name))
+        const hostname = request.hostname ?? request.name;
+        if (/\s/.test(request.instanceId) || !/^\S+$/.test(hostname))
           throw rejected("the instance id and the name take no spaces", "invalid_name");
 
         const servers = await listServers();
@@ -290,7 +291,7 @@ export const hetznerRobotProvider = defineProvider({
           const where = request.location ? ` in ${request.location}` : "";
           if (!target)
             throw providerError(PROVIDER, "capacity", `no free server of product ${request.flavor}${where}`, { reason: "no_free_server" });
-          await rename(target.server_number, stamp(request.instanceId, request.name, false));
+          await rename(target.server_number, stamp(request.instanceId, hostname, false));
         }
         const n = target.server_number;
 
@@ -307,8 +308,8 @@ export const hetznerRobotProvider = defineProvider({
         const reset = await readReset(n);
         if (powerOf(reset) === "off") await switchOn(target, reset);
         else await pressReset(n, "hw");
-        await rename(n, stamp(request.instanceId, request.name, true));
-        return { server: view({ ...target, server_name: stamp(request.instanceId, request.name, true) }, "starting") };
+        await rename(n, stamp(request.instanceId, hostname, true));
+        return { server: view({ ...target, server_name: stamp(request.instanceId, hostname, true) }, "starting") };
       },
 
       async get(id) {

@@ -364,11 +364,12 @@ class ProxmoxClient implements ProviderClient {
     if (!flavor) throw invalidRequest(`no flavor ${request.flavor} (the account offers ${a.flavors.map((f) => f.id).join(", ")})`);
     if (request.location !== undefined && request.location !== a.node)
       throw invalidRequest(`location ${request.location} is not this account's node (${a.node})`);
-    if (request.name.length > 63 || !NAME.test(request.name))
-      throw invalidRequest(`name ${JSON.stringify(request.name)} is not a hostname`);
+    // PVE's cloud-init takes the hostname from the VM's name: the VM is named after it (PVE finds it by its tag).
+    const hostname = request.hostname ?? request.name;
+    if (hostname.length > 63 || !NAME.test(hostname)) throw invalidRequest(`name ${JSON.stringify(hostname)} is not a hostname`);
     if (request.sshKeys.some((k) => /[\r\n]/.test(k.publicKey.trim())))
       throw invalidRequest("an SSH public key must be one line (OpenSSH format)");
-    if (request.userData && request.userData !== renderUserData({ hostname: request.name, sshKeys: request.sshKeys })) {
+    if (request.userData && request.userData !== renderUserData({ hostname, sshKeys: request.sshKeys })) {
       throw invalidRequest(
         "cloud-init user data beyond the hostname and the SSH keys cannot be sent: the Proxmox API cannot write the snippet cicustom would name (bugzilla.proxmox.com #2208); the hostname and SSH keys go through PVE's own cloud-init keys, and the account's cicustom may name a snippet the node holds",
       );
@@ -449,6 +450,7 @@ class ProxmoxClient implements ProviderClient {
     stamp: Stamp,
   ): Promise<{ server: ProviderServer; operation?: Operation } | "gone"> {
     const a = this.#a;
+    const hostname = request.hostname ?? request.name;
     let config = await this.#config(vm);
     if (config && (config.lock === "clone" || config.lock === "create")) config = await this.#waitUnlocked(vm);
     if (!config) return "gone";
@@ -465,7 +467,7 @@ class ProxmoxClient implements ProviderClient {
         throw providerError(PROVIDER, "rejected", `VM ${vm.vmid} has no cloud-init drive and ide2 is taken: give its template one`);
       const keys = request.sshKeys.map((k) => k.publicKey.trim()).join("\n");
       await this.#call("PUT", this.#vmPath(vm, "/config"), {
-        name: request.name,
+        name: hostname,
         tags: [...tagsOf(config.tags as string | undefined), stamp.tag].join(";"),
         cores: flavor.cores,
         memory: flavor.memoryMiB,
@@ -482,7 +484,7 @@ class ProxmoxClient implements ProviderClient {
     const server: ProviderServer = {
       id: String(vm.vmid),
       instanceId: request.instanceId,
-      name: request.name,
+      name: hostname,
       status: "running",
       addresses: [],
     };

@@ -22,8 +22,13 @@ export interface CreateServerRequest {
    * that find() returns it: a create whose answer was lost is adopted, never made twice.
    */
   instanceId: string;
-  /** The server's hostname (RFC 1123, <= 63 characters). */
+  /**
+   * The server's name at the provider (RFC 1123, <= 63 characters), unique in the deployment: the
+   * reconciler passes the instance id, so two tenants' "web" never clash in one account.
+   */
   name: string;
+  /** The hostname the tenant chose (RFC 1123); default `name`. A provider that names machines by their hostname uses it. */
+  hostname?: string;
   /** Offer ids (ProviderOffers). */
   flavor: string;
   image: string;

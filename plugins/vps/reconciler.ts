@@ -356,8 +356,9 @@ async function decide(ctx: ModuleContext, row: Claimed, account: OpenAccount, ca
         client.create({
           instanceId: row.id,
           // The server is named after the instance id, unique in the deployment: two tenants'
-          // "web" never clash in one provider account. The hostname inside is the tenant's name (user data).
+          // "web" never clash in one provider account. The hostname is the tenant's name.
           name: row.id,
+          hostname: row.name,
           flavor: row.offer!,
           image: row.image!,
           ...(row.location ? { location: row.location } : {}),

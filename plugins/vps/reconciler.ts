@@ -43,7 +43,7 @@ export function instancesReconciler(options: VpsOptions): Reconciler {
       // Accounts whose provider this deployment does not register are left alone (accounts.list shows registered: false).
       const registered = ctx.registered.extensions<ProviderDefinition>("provider").map((p) => `${p.id}@${p.version}`);
       const due = await ctx.store.db.execute(sql`
-        SELECT i.id FROM vps_instances i JOIN vps_pools p ON p.id = i.pool_id JOIN vps_accounts a ON a.id = p.account_id
+        SELECT i.id, a.id AS account FROM vps_instances i JOIN vps_pools p ON p.id = i.pool_id JOIN vps_accounts a ON a.id = p.account_id
         WHERE i.state <> 'deleted' AND (i.state <> 'failed' OR i.desired = 'deleted')
           AND (i.next_attempt_at IS NULL OR i.next_attempt_at <= compute_now())
           AND (i.lease_until IS NULL OR i.lease_until < compute_now())
@@ -51,18 +51,27 @@ export function instancesReconciler(options: VpsOptions): Reconciler {
           AND a.provider || '@' || a.provider_version IN (SELECT jsonb_array_elements_text(${JSON.stringify(registered)}::jsonb))
         ORDER BY i.next_attempt_at NULLS FIRST, i.id LIMIT ${BATCH}`);
       const accounts = new Map<string, Promise<OpenAccount>>();
+      // One account's instances one after another (its rate limit is one window, and a spent one
+      // pauses the rest), different accounts side by side: a slow provider does not hold up the others.
+      const byAccount = new Map<string, string[]>();
+      for (const { id, account } of due.rows as { id: string; account: string }[])
+        byAccount.set(account, [...(byAccount.get(account) ?? []), id]);
       let changed = 0;
-      for (const { id } of due.rows as { id: string }[]) {
-        try {
-          if (await reconcileInstance(ctx, id, { ...options, accounts })) changed++;
-        } catch (err) {
-          // Its lease runs out and a later pass takes it up.
-          ctx.log.warn("reconciling a vps instance failed; a later pass retries", {
-            instance: id,
-            error: err instanceof Error ? err.message : String(err),
-          });
-        }
-      }
+      await Promise.all(
+        [...byAccount.values()].map(async (ids) => {
+          for (const id of ids) {
+            try {
+              if (await reconcileInstance(ctx, id, { ...options, accounts })) changed++;
+            } catch (err) {
+              // Its lease runs out and a later pass takes it up.
+              ctx.log.warn("reconciling a vps instance failed; a later pass retries", {
+                instance: id,
+                error: err instanceof Error ? err.message : String(err),
+              });
+            }
+          }
+        }),
+      );
       return changed;
     },
   };

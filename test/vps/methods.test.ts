@@ -41,6 +41,8 @@ class TestCloud {
   failNext: { status: number; code: string }[] = [];
   /** Creates of servers of these names (instance ids) are refused: no capacity (resource_unavailable). */
   refuseCreateOf = new Set<string>();
+  /** While set, every request waits for it: a provider that does not answer yet. */
+  hold: Promise<void> | undefined;
   #next = 100;
 
   count(what: string): number {
@@ -48,6 +50,7 @@ class TestCloud {
   }
 
   async handle(request: Request): Promise<Response> {
+    await this.hold;
     const url = new URL(request.url);
     const path = url.pathname;
     this.requests.push(`${request.method} ${path}${url.search}`);
@@ -726,6 +729,24 @@ describe("instances through the vps.instances reconciler", () => {
       "find:error:429",
       "find:error:503",
     ]);
+  });
+
+  it("a provider that does not answer holds up its own account's instances only, not another account's", async () => {
+    const slow = await world("slow");
+    const fast = await world("fast");
+    let answer!: () => void;
+    slow.cloud.hold = new Promise((resolve) => (answer = resolve));
+    // The slow account's instance sorts first: one after another, the fast one would wait behind it.
+    await createInstance(slow, "a", { id: `${slow.id}-a` });
+    const { id } = await createInstance(fast, "b", { id: `${fast.id}-b` });
+    const passing = pass();
+    // The fast account's server is made while the slow provider has answered nothing.
+    for (let i = 0; i < 200 && fast.cloud.count("POST /servers") === 0; i++) await new Promise((r) => setTimeout(r, 10));
+    expect(fast.cloud.count("POST /servers")).toBe(1);
+    expect(slow.cloud.count("POST /servers")).toBe(0);
+    answer();
+    await passing;
+    await passUntil(id, "running");
   });
 
   it("an agent: bcd pool's instance gets a single-use join token in its user data and nowhere else", async () => {

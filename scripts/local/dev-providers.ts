@@ -205,8 +205,8 @@ async function register(stack: Stack, emulators: Emulators, caFile: string, cred
       `  tenant ${TENANT}: a quota of ${QUOTA_INSTANCES} instances in each provider pool (agent none), the SSH key ${SSH_KEY.name},`,
       `  and its API key (role vps-tenant, new on every npm run dev): ${key.key}`,
       ...flavors,
-      "  an instance moves when a request asks it to, then at each pass of the local cron (once a minute): a create, stop or",
-      "  delete is done about a minute after it is asked (every change is shown below as it happens)",
+      "  an instance moves when a request asks it to, then at each sweep: here every " + DEV_SWEEP_SECONDS + " s while one is on its way",
+      "  (deployed: the cron, each minute); every change is shown below as it happens",
     ],
     commands: [
       `  try, as tenant ${TENANT} (unset BC_URL BC_API_KEY to be the admin again):`,
@@ -228,11 +228,29 @@ async function register(stack: Stack, emulators: Emulators, caFile: string, cred
 
 const EVENTS_PAGE = 500;
 
-/** Prints each instance's state changes (and what was asked of it) from the event record, in order; answers its stop. */
+/** States an instance passes through on its way: while one is in them, the dev stack sweeps more often. */
+const MOVING = new Set(["created", "requested", "pending", "creating", "starting", "stopping", "deleting"]);
+/** How often the dev stack runs the scheduled handler while an instance is on its way (a deployment: the cron, each minute). */
+export const DEV_SWEEP_SECONDS = 5;
+
+/**
+ * Prints each instance's state changes (and what was asked of it) from the event record, in order,
+ * and runs the Worker's scheduled handler every DEV_SWEEP_SECONDS while an instance is on its way,
+ * so the emulators' jobs are seen done in seconds rather than at the next minute. Answers its stop.
+ */
 function watchInstances(stack: Stack, print: (line: string) => void): () => void {
   let after: string | undefined;
   let lastProblem = "";
   let polling = false;
+  const moving = new Set<string>();
+  let lastSweep = 0;
+  const sweep = async () => {
+    const [cron] = stack.crons;
+    if (!cron || moving.size === 0 || Date.now() - lastSweep < DEV_SWEEP_SECONDS * 1000) return;
+    lastSweep = Date.now();
+    const res = await fetch(`${stack.url}/__scheduled?cron=${encodeURIComponent(cron)}`, { signal: AbortSignal.timeout(30_000) });
+    await res.body?.cancel();
+  };
   const poll = async () => {
     if (polling) return;
     polling = true;
@@ -248,9 +266,15 @@ function watchInstances(stack: Stack, print: (line: string) => void): () => void
           after = event.id;
           const line = instanceLine(event);
           if (line) print(line);
+          const id = event.subject?.replace(/^vps\/instances\//, "");
+          if (id) {
+            if (MOVING.has(event.type.slice("vps.instance.".length))) moving.add(id);
+            else moving.delete(id);
+          }
         }
         if (page.events.length < EVENTS_PAGE) break;
       }
+      await sweep();
       lastProblem = "";
     } catch (err) {
       const problem = err instanceof Error ? err.message : String(err);

@@ -1,6 +1,6 @@
 // `npm run dev -- --providers` as a user runs it: the banner says what is real and what is
 // simulated and prints a tenant's commands; run with the CLI as that tenant, they create an
-// instance at each provider, which the reconciler (in the Worker, on the local cron) takes to
+// instance at each provider, which the reconciler (in the Worker, on the dev stack's sweeps) takes to
 // running at the provider's emulator, then stops and deletes. SIMULATED: the three providers'
 // APIs (emulators in the dev process) and the site's machines; the Worker, Postgres and the CLI
 // are real, and the Worker reaches the Proxmox emulator over HTTPS with its certificate verified.
@@ -132,7 +132,7 @@ it("registers the three providers with a tenant, whose printed commands take ins
   expect(output).toMatch(
     /the providers: Hetzner Cloud at http:\/\/127\.0\.0\.1:\d+\/v1, Hetzner Robot at http:\/\/127\.0\.0\.1:\d+ and Proxmox VE at https:\/\/127\.0\.0\.1:\d+:\s+emulators in this process/,
   );
-  expect(output).toMatch(/at each pass of the local cron \(once a minute\)/);
+  expect(output).toMatch(/at each sweep: here every 5 s while one is on its way/);
   const exported = /^ {4}export BC_URL=(\S+) BC_API_KEY=(bck_\S+)$/m.exec(output);
   expect(exported, output).not.toBeNull();
   const tenant = { BC_URL: exported![1]!, BC_API_KEY: exported![2]! };
@@ -150,7 +150,7 @@ it("registers the three providers with a tenant, whose printed commands take ins
   expect(await asTenant("npx better-compute vps flavors list", tenant)).toMatch(/hcloud-cx22[\s\S]*proxmox-small[\s\S]*robot-ax41/);
   for (const create of creates) expect(await asTenant(create, tenant)).toMatch(/^created: true$/m);
 
-  // Each reaches running through the reconciler (the request's pass, then the local cron's), as its provider says.
+  // Each reaches running through the reconciler (the request's pass, then the dev sweeps), as its provider says.
   for (const id of ["web-1", "box-1", "vm-1"]) await waitFor(transition(id, "running"), 240_000, `instance ${id} running`);
   const credentials = JSON.parse(fs.readFileSync(path.join(devDir, "providers.json"), "utf8")) as Credentials;
   expect(await atProviders(credentials)).toMatchObject({ web1: "running", box1: "running", vm1: "running" });

@@ -13,7 +13,7 @@ import { ComputeError, SECRET_REF, type SecretRef } from "better-compute/core";
 import type { HardwareProfile } from "better-compute/metal";
 import { defineProfile, defineStep, StepError, stepNotReady, type StepContext } from "better-compute/provision";
 import { failureOf, type Fetch, type ProviderHttp } from "better-compute/vps";
-import { powerOf, PROVIDER, robotHttp, typesOf, type RobotReset, type RobotServer } from "./provider.ts";
+import { armRescue, powerOf, PROVIDER, robotHttp, typesOf, type RobotReset, type RobotServer } from "./provider.ts";
 
 export const ROBOT_DRIVER = "hetzner-robot";
 
@@ -168,14 +168,8 @@ export function robotSteps(fetch: Fetch) {
     input: machineInput,
     run: (ctx, input) =>
       callRobot(ctx, input.bmc, fetch, async ({ http, n }) => {
-        // The answer carries a root password; it is never returned (root logs in with the keys).
-        const armOnce = () =>
-          http.request("POST", `/boot/${n}/rescue`, { form: { os: "linux", "authorized_key[]": input.bmc.rescueKeys }, accept: [409] });
-        if ((await armOnce()).status === 409) {
-          // BOOT_ALREADY_ENABLED (an earlier attempt, or by hand): replace it with these keys.
-          await http.request("DELETE", `/boot/${n}/rescue`);
-          if ((await armOnce()).status === 409) throw refused(`server ${n}: another boot option stays active`, "BOOT_ALREADY_ENABLED", n);
-        }
+        if (!(await armRescue(http, n, input.bmc.rescueKeys)))
+          throw refused(`server ${n}: another boot option stays active`, "BOOT_ALREADY_ENABLED", n);
         return { os: "linux", keys: input.bmc.rescueKeys };
       }),
   });

@@ -128,6 +128,18 @@ function basicAuth(user: string, password: string): string {
 }
 
 /** The Robot webservice as one webservice user: Basic auth, Robot's errors classified, the password kept out of every error. */
+/**
+ * Arms the rescue system (Linux) of server n with these key fingerprints; one already armed (by an
+ * earlier try, or by hand: BOOT_ALREADY_ENABLED) is replaced. False when another boot option stays active.
+ * The answer carries a root password: it is never returned (root logs in with the keys).
+ */
+export async function armRescue(http: ProviderHttp, n: number, fingerprints: string[]): Promise<boolean> {
+  const arm = () => http.request("POST", `/boot/${n}/rescue`, { form: { os: "linux", "authorized_key[]": fingerprints }, accept: [409] });
+  if ((await arm()).status !== 409) return true;
+  await http.request("DELETE", `/boot/${n}/rescue`);
+  return (await arm()).status !== 409;
+}
+
 export function robotHttp(endpoint: string, user: string, password: string, fetch: Fetch): ProviderHttp {
   return new ProviderHttp({
     provider: PROVIDER,
@@ -296,14 +308,8 @@ export const hetznerRobotProvider = defineProvider({
         const n = target.server_number;
 
         const fingerprints = await ensureKeys(request.sshKeys);
-        const arm = () =>
-          http.request("POST", `/boot/${n}/rescue`, { form: { os: "linux", "authorized_key[]": fingerprints }, accept: [409] });
-        if ((await arm()).status === 409) {
-          // BOOT_ALREADY_ENABLED (by an earlier try, or by hand): replace it with this instance's keys.
-          await http.request("DELETE", `/boot/${n}/rescue`);
-          if ((await arm()).status === 409)
-            throw providerError(PROVIDER, "transient", `server ${n}: another boot option stays active`, { reason: "BOOT_ALREADY_ENABLED" });
-        }
+        if (!(await armRescue(http, n, fingerprints)))
+          throw providerError(PROVIDER, "transient", `server ${n}: another boot option stays active`, { reason: "BOOT_ALREADY_ENABLED" });
         // Boot it into the rescue system: the reset button restarts a box that is on; one that is off is switched on.
         const reset = await readReset(n);
         if (powerOf(reset) === "off") await switchOn(target, reset);

@@ -14,6 +14,7 @@ import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, expect, it, vi } from "vitest";
 import { ChaosPlan, createMetalSim, type ChaosBoundary, type MetalSim, type SimMachine } from "better-compute/testing/metal";
 import { createImageCache } from "../../agent/roles/image-cache.ts";
+import { quietCrashReports } from "../support/quiet-crash-reports.ts";
 
 const LANES = 4;
 const BOUNDARIES: ChaosBoundary[] = ["before-commit", "after-commit"];
@@ -75,17 +76,6 @@ afterAll(async () => {
   await images?.stop();
   vi.restoreAllMocks();
 });
-
-/** The runner and the reconcilers report every crash they survive: expected here, so not printed. */
-function quietCrashReports() {
-  for (const method of ["warn", "log"] as const) {
-    const original = console[method].bind(console);
-    vi.spyOn(console, method).mockImplementation((...args: unknown[]) => {
-      if (/chaos: (the|this) process died/.test(String(args[0]))) return;
-      original(...args);
-    });
-  }
-}
 
 const rows = async <T>(sim: MetalSim, query: ReturnType<typeof sql>) => (await sim.store.db.execute(query)).rows as T[];
 

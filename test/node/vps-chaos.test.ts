@@ -35,6 +35,7 @@ import { applyMigrations } from "../../core/store/migrate.ts";
 import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
 import { startPglite } from "../../scripts/local/pglite-server.ts";
 import { startBridge } from "../../scripts/local/ws-bridge.ts";
+import { quietCrashReports } from "../support/quiet-crash-reports.ts";
 
 const SECRET = "vps-chaos-deployment-secret-0123456789abcdef";
 const PHASES = ["create", "stop", "delete"] as const;
@@ -461,17 +462,6 @@ afterAll(async () => {
   await Promise.all(lanes.map((l) => l.stop()));
   vi.restoreAllMocks();
 });
-
-/** The reconciler reports every crash it survives: expected here, so not printed. */
-function quietCrashReports() {
-  for (const method of ["warn", "log"] as const) {
-    const original = console[method].bind(console);
-    vi.spyOn(console, method).mockImplementation((...args: unknown[]) => {
-      if (/chaos: (the|this) process died/.test(String(args[0]))) return;
-      original(...args);
-    });
-  }
-}
 
 it("a create, a stop and a delete crashed at every boundary, before and after each commit and each provider call, end right with exactly one server", async () => {
   const started = Date.now();

@@ -27,6 +27,8 @@ import type { SocketLike } from "./socket.ts";
 export interface SessionOptions {
   labels?: Record<string, string>;
   drivers?: { id: string; version: string }[];
+  /** What the machine has, reported in every hello (a node agent's; capacity reads it). */
+  resources?: HelloFrame["resources"];
   /** Send PING this often once welcomed (ms). Default 30 000. */
   heartbeatMs?: number;
   /** A welcomed socket with no traffic (not even PONG) for this long is dropped (ms). Default 2.5 × heartbeatMs. */
@@ -251,6 +253,7 @@ export class Session {
       bootId,
       labels: this.#opts.labels ?? {},
       drivers: this.#opts.drivers ?? [],
+      ...(this.#opts.resources ? { resources: this.#opts.resources } : {}),
     };
     // Labels, drivers or version outside the protocol's bounds would be refused on every
     // connect (MALFORMED_FRAME): a configuration error, not something to retry.

@@ -17,7 +17,7 @@ import {
 } from "./client.ts";
 import { fetchTransport, webSocketTransport, type FetchSource, type PortableTransport } from "./fetch-transport.ts";
 import { MemoryState, type AgentIdentity, type AgentStateStore, type Role } from "./state.ts";
-import type { ResultFrame } from "../core/protocol.ts";
+import type { HelloFrame, ResultFrame } from "../core/protocol.ts";
 
 export interface FakeDaemonOptions {
   baseUrl: string;
@@ -28,6 +28,8 @@ export interface FakeDaemonOptions {
   role?: Role;
   labels?: Record<string, string>;
   drivers?: { id: string; version: string }[];
+  /** What the simulated host has (CPU, memory, disk, devices), reported in its hello. */
+  resources?: HelloFrame["resources"];
   handlers?: Record<string, CommandHandler>;
   /** Default a fresh MemoryState; pass the same store to a second FakeDaemon to simulate a restart. */
   state?: AgentStateStore;
@@ -73,6 +75,7 @@ export class FakeDaemon {
       handlers: opts.handlers ?? {},
       labels: opts.labels ?? {},
       drivers: opts.drivers ?? [],
+      ...(opts.resources ? { resources: opts.resources } : {}),
       ...(opts.version !== undefined ? { version: opts.version } : {}),
       ...(opts.bootId !== undefined ? { bootId: opts.bootId } : {}),
       ...(opts.logger !== undefined ? { logger: opts.logger } : {}),

@@ -62,6 +62,19 @@ export const helloFrame = z.object({
     .array(z.object({ id: z.string().max(128), version: z.string().max(64) }))
     .max(256)
     .default([]),
+  /** What the machine has (a node agent's report; capacity derives allocatable resources from it). */
+  resources: z
+    .object({
+      cpus: z.number().int().min(0).max(100_000),
+      memoryMiB: z.number().int().min(0).max(1 << 30),
+      diskGiB: z.number().int().min(0).max(1 << 30),
+      /** Devices a guest can be given (GPUs...): one entry each. */
+      devices: z
+        .array(z.object({ id: z.string().max(128), kind: z.string().max(64), model: z.string().max(128).optional() }))
+        .max(256)
+        .default([]),
+    })
+    .optional(),
 });
 
 /** Idempotency keys longer than this are refused at enqueue: the agent could not answer them. */

@@ -34,7 +34,7 @@ export async function recordConnected(
     const updated = await tx.execute(sql`
       UPDATE bc_nodes
       SET state = 'connected', session_id = ${session.sessionId}, boot_id = ${hello.bootId}, agent_version = ${hello.version},
-          connected_at = compute_now(),
+          connected_at = compute_now(), resources = ${hello.resources ? JSON.stringify(hello.resources) : null}::jsonb,
           labels = (SELECT coalesce(jsonb_object_agg(k, v), '{}'::jsonb) FROM jsonb_each(labels) AS l(k, v) WHERE k NOT LIKE 'bc.dev/driver.%')
                    || ${JSON.stringify({ ...reported, ...driverLabels })}::jsonb
       WHERE id = ${session.nodeId} AND revoked_at IS NULL AND public_key = ${session.publicKey}

@@ -11,7 +11,7 @@
 // Platform-free: no Node built-ins and no socket library. The transport (fetch + sockets) and
 // the state store are injected, so the same code is the real agent `bcd` in Node and the
 // FakeDaemon inside workerd.
-import { FrameError, type AgentFrame } from "../core/protocol.ts";
+import { FrameError, type AgentFrame, type NodeSpec, type NodeStatus } from "../core/protocol.ts";
 import { AgentError, type AgentLogger, type AgentTransport, type CommandHandler } from "./contracts.ts";
 import { Credentials, type CredentialsOptions, type JoinOptions } from "./credentials.ts";
 import { Emitter, redactingLogger, silentLogger, zeroCounters, type AgentCounters, type AgentEvents, type Plumbing } from "./events.ts";
@@ -70,6 +70,10 @@ export class AgentClient {
   readonly #executor: Executor;
   readonly #session: Session;
 
+  readonly #specListeners = new Set<(spec: NodeSpec) => void>();
+  /** The last status the node role reported: sent again on every welcome. */
+  #status: NodeStatus | undefined;
+
   #runPromise: Promise<void> | undefined;
   #stopping = false;
   #fatal: AgentError | undefined;
@@ -104,7 +108,10 @@ export class AgentClient {
       version: this.version,
       stopping,
       fail,
-      welcomed: () => this.#outbox.resendAll(),
+      welcomed: () => {
+        this.#outbox.resendAll();
+        if (this.#status) this.#session.send({ t: "status", ...this.#status });
+      },
       frame: (frame) => this.#onFrame(frame),
       closed: () => {
         this.#outbox.cancelRetries();
@@ -119,6 +126,18 @@ export class AgentClient {
   handle(kind: string, handler: CommandHandler): this {
     this.#handlers.set(kind, handler);
     return this;
+  }
+
+  /** Called with every NodeSpec the control plane sends (a newer generation than this socket had); returns the unsubscribe. */
+  onSpec(listener: (spec: NodeSpec) => void): () => void {
+    this.#specListeners.add(listener);
+    return () => void this.#specListeners.delete(listener);
+  }
+
+  /** Reports the node's observed state: sent now if connected, and again after every reconnect (only the latest is kept). */
+  sendStatus(status: NodeStatus): void {
+    this.#status = status;
+    this.#session.send({ t: "status", ...status });
   }
 
   /** Subscribe to an event; returns the unsubscribe function. */
@@ -240,6 +259,17 @@ export class AgentClient {
   #onFrame(frame: SessionFrame): void {
     if (frame.t === "command") return this.#executor.receive(frame);
     if (frame.t === "result-ack") return this.#outbox.acked(frame.id);
+    if (frame.t === "spec") {
+      const spec = { generation: frame.generation, sections: frame.sections };
+      for (const listener of this.#specListeners) {
+        try {
+          listener(spec);
+        } catch (err) {
+          this.#log.error("a NodeSpec listener threw", { message: (err as Error).message });
+        }
+      }
+      return;
+    }
     // The control plane could not take a result just now: offer it again after a backoff.
     if (frame.code === FrameError.UNAVAILABLE && frame.ref !== undefined) this.#outbox.retry(frame.ref);
   }

@@ -392,6 +392,7 @@ export class FakeNodeServer {
         return;
       }
       if (frame.t === "hello") return; // a second hello is ignored
+      if (frame.t === "status") return; // NodeSpecs are not served by this fake (the workers tests cover them)
       const cmd = this.commands.get(frame.id);
       if (!cmd) return this.#send(ws, { t: "error", code: FrameError.UNKNOWN_COMMAND, message: "no such command", ref: frame.id });
       if (cmd.nodeId !== node.nodeId)

@@ -3,15 +3,16 @@
 //   key.jwk        the Ed25519 private key (JWK), mode 0600
 //   identity.json  nodeId, role, credential, expiry, mode 0600
 //   journal.jsonl  the command journal, one JSON record per line, append-only, mode 0600
+//   spec.json      the desired NodeSpec last received (a node agent), mode 0600
 //
-// key.jwk and identity.json are replaced atomically (temp file, fsync, rename, fsync of the
+// key.jwk, identity.json and spec.json are replaced atomically (temp file, fsync, rename, fsync of the
 // directory), so a crash leaves the old or the new file, never half of one. Every journal
 // record is fsynced before the call resolves. The journal is read once, at first use; a torn
 // last line (the process died mid-write) is skipped.
 import { randomUUID } from "node:crypto";
 import { mkdir, open, readFile, rename, rm, type FileHandle } from "node:fs/promises";
 import path from "node:path";
-import type { ResultFrame } from "../core/protocol.ts";
+import type { NodeSpec, ResultFrame } from "../core/protocol.ts";
 import type { AgentIdentity, AgentStateStore, JournalRecord, JournalStart } from "./state.ts";
 
 const FILE_MODE = 0o600;
@@ -21,6 +22,7 @@ export class FileState implements AgentStateStore {
   readonly keyFile: string;
   readonly identityFile: string;
   readonly journalFile: string;
+  readonly specFile: string;
   #ready: Promise<void> | undefined;
   #journal = new Map<string, JournalRecord>();
   #fh: FileHandle | undefined;
@@ -32,6 +34,7 @@ export class FileState implements AgentStateStore {
     this.keyFile = path.join(dir, "key.jwk");
     this.identityFile = path.join(dir, "identity.json");
     this.journalFile = path.join(dir, "journal.jsonl");
+    this.specFile = path.join(dir, "spec.json");
   }
 
   async loadKey(): Promise<JsonWebKey | null> {
@@ -77,6 +80,16 @@ export class FileState implements AgentStateStore {
   async entries(): Promise<JournalRecord[]> {
     await this.#load();
     return [...this.#journal.values()];
+  }
+
+  async loadDesiredSpec(): Promise<NodeSpec | null> {
+    await this.#load();
+    return readJson<NodeSpec>(this.specFile);
+  }
+
+  async saveDesiredSpec(spec: NodeSpec): Promise<void> {
+    await this.#load();
+    await writeAtomic(this.specFile, JSON.stringify(spec));
   }
 
   /** Release the journal's file handle (the store reopens it if used again). */

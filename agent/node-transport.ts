@@ -1,7 +1,7 @@
 // The agent's transport in Node: global fetch for HTTPS, the `ws` package for the socket
 // (request headers, a frame size limit, and terminate() that really drops the TCP connection).
 import { WebSocket } from "ws";
-import { MAX_FRAME_BYTES } from "../core/protocol.ts";
+import { MAX_SPEC_FRAME_BYTES } from "../core/protocol.ts";
 import { AgentError, type AgentTransport, type FetchLike } from "./contracts.ts";
 import { BufferedSocket, type SocketLike } from "./socket.ts";
 
@@ -21,7 +21,7 @@ export function nodeTransport(opts: NodeTransportOptions = {}): AgentTransport {
 
 function openWs(url: string, headers: Record<string, string>, handshakeTimeout: number): Promise<SocketLike> {
   return new Promise((resolve, reject) => {
-    const ws = new WebSocket(url, { headers, maxPayload: MAX_FRAME_BYTES, handshakeTimeout, perMessageDeflate: false });
+    const ws = new WebSocket(url, { headers, maxPayload: MAX_SPEC_FRAME_BYTES, handshakeTimeout, perMessageDeflate: false });
     const sock = new BufferedSocket({
       send: (text) => ws.send(text),
       close: (code, reason) => ws.close(code, reason),

@@ -7,6 +7,7 @@ import {
   CONNECT_PATH,
   CloseCode,
   MAX_FRAME_BYTES,
+  MAX_SPEC_FRAME_BYTES,
   PING,
   PONG,
   PROTOCOL_VERSION,
@@ -39,7 +40,7 @@ export interface SessionOptions {
 }
 
 /** The frames a welcomed session hands on. */
-export type SessionFrame = Extract<ServerFrame, { t: "command" | "result-ack" | "error" }>;
+export type SessionFrame = Extract<ServerFrame, { t: "command" | "result-ack" | "error" | "spec" }>;
 
 interface SessionDeps extends Plumbing {
   transport: AgentTransport;
@@ -230,6 +231,9 @@ export class Session {
       case "command":
         if (!c.welcomed) return log.warn("ignoring a command before welcome", { id: frame.id });
         return this.#deps.frame(frame);
+      case "spec":
+        if (!c.welcomed) return log.warn("ignoring a NodeSpec before welcome", { generation: frame.generation });
+        return this.#deps.frame(frame);
       case "result-ack":
         return this.#deps.frame(frame);
       case "error":
@@ -294,7 +298,7 @@ export class Session {
 
   #send(c: Connection, frame: AgentFrame): boolean {
     const text = JSON.stringify(frame);
-    if (utf8(text).length > MAX_FRAME_BYTES) {
+    if (utf8(text).length > (frame.t === "status" ? MAX_SPEC_FRAME_BYTES : MAX_FRAME_BYTES)) {
       this.#deps.log.error("not sending a frame over the size limit", { t: frame.t, bytes: utf8(text).length });
       return false;
     }

@@ -1,10 +1,11 @@
-// What the agent keeps across restarts: its key, its identity, and the command journal.
+// What the agent keeps across restarts: its key, its identity, the command journal, and the
+// NodeSpec it was last sent (a node agent converges it again after a restart, offline or not).
 // The journal makes commands at-most-once per idempotency key: `started` is written before
 // a handler runs and `done` (with the result frame as sent) after, so a redelivery is
 // answered from the record and a command the agent died in is reported, never rerun.
 // MemoryState has no Node built-ins (it runs in workerd); FileState (file-state.ts) is the
 // durable one `bcd` uses.
-import type { ResultFrame } from "../core/protocol.ts";
+import type { NodeSpec, ResultFrame } from "../core/protocol.ts";
 
 export type Role = "node" | "site" | "ramdisk";
 
@@ -44,6 +45,10 @@ export interface AgentStateStore {
   journalDone(entry: JournalStart & { result: ResultFrame }): Promise<void>;
   /** Every key's latest record, in the order keys were first seen. */
   entries(): Promise<JournalRecord[]>;
+  /** The desired NodeSpec last saved, or null (a node agent that never got one). */
+  loadDesiredSpec(): Promise<NodeSpec | null>;
+  /** Durable and atomic before it resolves: the node role converges only what it saved. */
+  saveDesiredSpec(spec: NodeSpec): Promise<void>;
 }
 
 const clone = <T>(value: T): T => JSON.parse(JSON.stringify(value)) as T;
@@ -53,6 +58,7 @@ export class MemoryState implements AgentStateStore {
   #key: JsonWebKey | null = null;
   #identity: AgentIdentity | null = null;
   #journal = new Map<string, JournalRecord>();
+  #spec: NodeSpec | null = null;
 
   async loadKey() {
     return this.#key && clone(this.#key);
@@ -78,5 +84,11 @@ export class MemoryState implements AgentStateStore {
   }
   async entries() {
     return [...this.#journal.values()].map(clone);
+  }
+  async loadDesiredSpec() {
+    return this.#spec && clone(this.#spec);
+  }
+  async saveDesiredSpec(spec: NodeSpec) {
+    this.#spec = clone(spec);
   }
 }

@@ -17,7 +17,10 @@ import {
 } from "./client.ts";
 import { fetchTransport, webSocketTransport, type FetchSource, type PortableTransport } from "./fetch-transport.ts";
 import { MemoryState, type AgentIdentity, type AgentStateStore, type Role } from "./state.ts";
-import type { HelloFrame, ResultFrame } from "../core/protocol.ts";
+import type { HelloFrame, NodeStatus, ResultFrame } from "../core/protocol.ts";
+import { nodeRole, type NodeRole } from "./roles/node.ts";
+import type { RuntimeDriver } from "./runtimes/contract.ts";
+import { silentLogger } from "./events.ts";
 
 export interface FakeDaemonOptions {
   baseUrl: string;
@@ -40,6 +43,12 @@ export interface FakeDaemonOptions {
   /** Default { initialMs: 20, maxMs: 500, healthyAfterMs: 1000 }: tests reconnect fast. */
   backoff?: BackoffOptions;
   logger?: AgentLogger;
+  /**
+   * Run the node role's converger (agent/roles/node.ts) with this daemon's state: the host
+   * converges the NodeSpecs it is sent. Its runtimes (e.g. simulatedRuntime() from
+   * agent/testing/simulated-runtime.ts) are advertised as drivers in the hello.
+   */
+  node?: { runtimes?: RuntimeDriver[]; resyncMs?: number };
 }
 
 const inWorkerd = () => (globalThis as { navigator?: { userAgent?: string } }).navigator?.userAgent === "Cloudflare-Workers";
@@ -58,6 +67,10 @@ export class FakeDaemon {
   readonly disconnects: { code: number; reason: string }[] = [];
   /** What stopped the daemon for good (REVOKED...), if anything. */
   fatal: AgentError | undefined;
+  /** The node role's converger (with the `node` option). */
+  readonly node: NodeRole | undefined;
+  /** Every status the node role reported, in order. */
+  readonly statuses: NodeStatus[] = [];
 
   readonly #transport: AgentTransport;
   readonly #hostname: string | undefined;
@@ -74,7 +87,7 @@ export class FakeDaemon {
       baseUrl: opts.baseUrl,
       handlers: opts.handlers ?? {},
       labels: opts.labels ?? {},
-      drivers: opts.drivers ?? [],
+      drivers: [...(opts.drivers ?? []), ...(opts.node?.runtimes ?? []).map((r) => ({ id: r.id, version: r.version }))],
       ...(opts.resources ? { resources: opts.resources } : {}),
       ...(opts.version !== undefined ? { version: opts.version } : {}),
       ...(opts.bootId !== undefined ? { bootId: opts.bootId } : {}),
@@ -87,6 +100,20 @@ export class FakeDaemon {
     this.client.on("server-error", (e) => this.serverErrors.push(e));
     this.client.on("disconnected", (e) => this.disconnects.push({ code: e.code, reason: e.reason }));
     this.client.on("fatal", (e) => (this.fatal = e));
+    if (opts.node) {
+      const role = nodeRole({
+        state: this.state,
+        runtimes: opts.node.runtimes ?? [],
+        log: opts.logger ?? silentLogger,
+        ...(opts.node.resyncMs !== undefined ? { resyncMs: opts.node.resyncMs } : {}),
+        report: (status) => {
+          this.statuses.push(status);
+          this.client.sendStatus(status);
+        },
+      });
+      this.client.onSpec((spec) => void role.onSpec(spec));
+      this.node = role;
+    }
   }
 
   get identity(): AgentIdentity | undefined {
@@ -121,6 +148,7 @@ export class FakeDaemon {
   /** Start serving; resolves at the first welcome, rejects if the connection is refused for good. */
   async connect(timeoutMs = 10_000): Promise<{ nodeId: string; sessionId: string }> {
     if (!this.#run) {
+      await this.node?.start();
       this.#run = this.client.run().catch((e: unknown) => {
         this.fatal ??= e instanceof AgentError ? e : new AgentError("INTERNAL", String(e));
       });
@@ -164,6 +192,7 @@ export class FakeDaemon {
 
   /** Stop for good: close the socket with 1000 and end the run loop. */
   async stop(): Promise<void> {
+    await this.node?.stop();
     await this.client.stop();
     await this.#run;
     (this.#transport as Partial<PortableTransport>).closeAbandoned?.();

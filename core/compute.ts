@@ -12,6 +12,7 @@ import {
   databaseNodes,
   databaseSecrets,
   databaseWork,
+  type CapacityPort,
   type Clock,
   type PlatformContext,
   type RegisteredView,
@@ -19,10 +20,11 @@ import {
 } from "./context.ts";
 import { gatewayRoutes, joinRoutes } from "./agents/join.ts";
 import { agentsModule } from "./agents/module.ts";
+import { databaseNodeSpecs } from "./agents/node-specs.ts";
 import { wakeObjects } from "./agents/notify.ts";
 import type { Migration, Module } from "./contracts.ts";
 import { hex } from "./encoding.ts";
-import { invalidConfig } from "./errors.ts";
+import { ComputeError, invalidConfig } from "./errors.ts";
 import { serviceApp, type AppEnv } from "./http.ts";
 import { mintJoinToken } from "./agents/tokens.ts";
 import { builtinIam, mintApiKey, type IamPort, type IamProvider, type Principal } from "./iam.ts";
@@ -75,6 +77,8 @@ export interface Compute {
   applyModuleMigrations(store: Store): Promise<MigrationReport>;
   /** Runs every module's reconcilers once; returns how many things they changed (a failing one is logged and skipped). */
   reconcile(env: Bindings, store: Store): Promise<number>;
+  /** Runs one module's reconcilers once, on a store of their own (the NodeDO, when a section the module owns was observed changed). */
+  reconcileModule(moduleId: string, env: Bindings): Promise<void>;
   /** The cron handler's work: every module's sweeps, then every reconciler; returns how many things they changed. */
   sweep(env: Bindings, store: Store): Promise<number>;
   /** Mints an API key in its own transaction (npm start, tests, operators' scripts). */
@@ -87,8 +91,15 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   let registry: Registry | undefined;
   let iam: IamPort | undefined;
   const core = coreModule({ registry: () => registry!, iam: () => iam! });
-  const agents = agentsModule();
+  const agents = agentsModule({ sections: () => registry!.nodeSpecSections });
   registry = buildRegistry([core, agents], options);
+  const capacityProviders = registry.modules.filter((m) => m.ports?.capacity);
+  if (capacityProviders.length > 1) {
+    throw invalidConfig(`capacity is provided by more than one module: ${capacityProviders.map((m) => m.id).join(", ")}`, {
+      modules: capacityProviders.map((m) => m.id),
+    });
+  }
+  const capacityProvider = capacityProviders[0];
   iam = (options.iam ?? builtinIam())(registry.catalog);
   const database = options.database ?? postgres();
   const maxBodyBytes = options.limits?.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
@@ -102,6 +113,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   const contextFor = (mod: Module, env: Bindings, store: Store, principal?: Principal, requestId?: string): PlatformContext => {
     const log = createLogger({ module: mod.id, ...(requestId ? { requestId } : {}) });
     let secrets: SecretStore | undefined;
+    let capacity: CapacityPort | undefined;
     const touchedNodes = new Set<string>();
     const touchedWorkflows = new Set<string>();
     const events = databaseEvents(mod.id, principal?.id, requestId);
@@ -115,6 +127,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
       commands: databaseCommands(mod.id, reg.commandKinds, (nodeId) => touchedNodes.add(nodeId)),
       wake,
       nodes: databaseNodes(events, wake),
+      nodeSpecs: databaseNodeSpecs(mod.id, store, reg.nodeSpecSections, events, wake),
       registered,
       async afterCommit() {
         const nodes = [...touchedNodes];
@@ -127,6 +140,13 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
       // Resolved on first use: a deployment without BC_SECRET serves everything that needs no secret.
       get secrets() {
         return (secrets ??= (options.secrets ?? databaseSecrets)(store, deploymentSecret(options, env)));
+      },
+      // The provider's port over its own context (its events name it), built on first use.
+      get capacity() {
+        if (!capacityProvider) return noCapacity;
+        return (capacity ??= capacityProvider.ports!.capacity!(
+          mod === capacityProvider ? ctx : contextFor(capacityProvider, env, store, principal, requestId),
+        ));
       },
       pki: {
         async mintJoinToken(tx, input) {
@@ -198,6 +218,10 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     mintApiKey: (store, input) =>
       store.transaction((tx) => mintApiKey(tx, { ...input, createdBy: input.createdBy ?? "system:operator" }, iam!.roles())),
     reconcile: (env, store) => runPasses("reconcilers", env, store),
+    async reconcileModule(moduleId, env) {
+      const mod = reg.modules.find((m) => m.id === moduleId);
+      if (mod) await reconcileModule(mod, env);
+    },
     sweep: async (env, store) => (await runPasses("sweeps", env, store)) + (await runPasses("reconcilers", env, store)),
     moduleContext(moduleId, env, store) {
       const mod = reg.modules.find((m) => m.id === moduleId);
@@ -205,6 +229,20 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
       return contextFor(mod, env, store);
     },
   };
+}
+
+/** ctx.capacity of a deployment without a capacity module: every call says so. */
+const noCapacity: CapacityPort = {
+  reserve: missingCapacity,
+  hold: missingCapacity,
+  release: missingCapacity,
+  explain: missingCapacity,
+};
+async function missingCapacity(): Promise<never> {
+  throw new ComputeError(
+    "FAILED_PRECONDITION",
+    "no capacity module is registered: add capacity() (better-compute/capacity) to the modules",
+  );
 }
 
 function deploymentSecret(options: ComputeOptions, env: Bindings): string {

@@ -129,6 +129,122 @@ export interface NodesPort {
   wakeWhenConnected(tx: Tx, wait: { workflowId: string; role: "node" | "site" | "ramdisk"; labels: Record<string, string> }): Promise<void>;
 }
 
+/** What a guest needs from a host, and where it may go (the capacity module places it: docs/capacity.md). */
+export interface PlacementRequest {
+  /** Who the reservation is for, e.g. "vps/instances/<id>": one live reservation per owner (a second reserve returns it). */
+  owner: string;
+  /** The hosts considered: those whose labels include all of these (e.g. a pool's). */
+  candidates?: { labels?: Record<string, string> };
+  /** Labels a host must have (e.g. "bc.dev/driver.qemu-microvm"); a host without them is rejected by the "labels" filter. */
+  nodeLabels?: Record<string, string>;
+  /** The runtime driver the guest needs: the host must advertise it (label bc.dev/driver.<runtime>). */
+  runtime?: string;
+  vcpus: number;
+  memoryMiB: number;
+  diskGiB: number;
+  /** Devices of one kind the guest is given (GPUs...); an atom picker chooses which. */
+  devices?: { kind: string; count: number };
+  /** The pool's overcommit ratios (default 1: none); disk and devices are never overcommitted. */
+  overcommit?: { cpu?: number; memory?: number };
+  /** No two live reservations of one group on a host. */
+  antiAffinity?: { group: string };
+  /** spread: least used host first (default); pack: most used first. */
+  strategy?: "spread" | "pack";
+  /** Recorded on the reservation for the operator (e.g. the vps pool). */
+  pool?: string;
+  /** Consume this hold (made by hold()) instead of placing anew. */
+  holdId?: string;
+}
+
+export interface ResourceAmounts {
+  vcpus: number;
+  memoryMiB: number;
+  diskGiB: number;
+}
+
+/** A host as the placer's filters and scorers see it. */
+export interface HostView {
+  nodeId: string;
+  hostname: string | null;
+  labels: Record<string, string>;
+  /** The agent's liveness: only "connected" hosts are schedulable. */
+  state: "joined" | "connected" | "disconnected";
+  cordoned: boolean;
+  maintenance: boolean;
+  /** Why it is cordoned or in maintenance (the operator's words). */
+  reason: string | null;
+  /** What its agent reported (null: it never reported resources). */
+  capacity: ResourceAmounts | null;
+  devices: { id: string; kind: string; model?: string }[];
+  /** Summed over its live reservations (active, and holds not expired). */
+  used: ResourceAmounts;
+  /** Device ids given to live reservations. */
+  usedDevices: string[];
+  /** Anti-affinity groups of its live reservations. */
+  groups: string[];
+  reservations: number;
+}
+
+export interface PlacementRejection {
+  nodeId: string;
+  /** The filter that refused the host (a built-in's name or a scheduler plugin's "<plugin>/<filter>"). */
+  filter: string;
+  reason: string;
+}
+
+export type PlacementResult =
+  { placed: { nodeId: string; reservationId: string; atoms: string[] } } | { unplaceable: { rejections: PlacementRejection[] } };
+
+export interface PlacementExplanation {
+  /** Every host considered: accepted with its score, or the filter that refused it. */
+  verdicts: (
+    { nodeId: string; accepted: true; score: number; scores: Record<string, number> } | ({ accepted: false } & PlacementRejection)
+  )[];
+  /** The host it would pick now, or null. */
+  pick: string | null;
+}
+
+/** Capacity on hosts, as modules book it (provided by the capacity module; docs/capacity.md). */
+export interface CapacityPort {
+  /** Places and books in the caller's transaction; never overbooks a host. Idempotent per owner. */
+  reserve(tx: Tx, request: PlacementRequest): Promise<PlacementResult>;
+  /** Books capacity ahead of an instance for ttlSeconds; a reserve with holdId consumes it. The reservationId is the hold id. */
+  hold(tx: Tx, request: PlacementRequest & { ttlSeconds: number }): Promise<PlacementResult>;
+  /** Frees the owner's reservation or hold; false when it had none. */
+  release(tx: Tx, owner: string): Promise<boolean>;
+  /** A dry run: the verdict on every host considered, and the one it would pick. Books nothing. */
+  explain(tx: Tx, request: Omit<PlacementRequest, "owner" | "holdId">): Promise<PlacementExplanation>;
+}
+
+/** A node's NodeSpec: what it should run (sections of entries) and what its agent reported reaching. */
+export interface NodeSpecView {
+  /** Bumped by every change; 0 before the first. */
+  generation: number;
+  /** section → entry key → entry. */
+  sections: Record<string, Record<string, unknown>>;
+  updatedAt: string | null;
+  /** The agent's last status (its current session's), or null before it reported. */
+  observed: {
+    generation: number;
+    sections: Record<string, { entries: Record<string, unknown>; error?: { code: string; message: string } }>;
+    at: string;
+    bootId: string | null;
+  } | null;
+}
+
+/** NodeSpecs (docs/nodespec.md): a module writes the entries of the sections it registered (ModuleDefinition.nodeSpecSections). */
+export interface NodeSpecsPort {
+  /**
+   * Writes (or with null deletes) one entry in the caller's transaction. The entry is checked by
+   * the section's schema (INVALID_ARGUMENT); only the module that registered the section may
+   * write it (FAILED_PRECONDITION). An equal value changes nothing; a change bumps the
+   * generation, and the node's NodeDO delivers it after commit.
+   */
+  setEntry(tx: Tx, nodeId: string, section: string, key: string, value: unknown): Promise<{ generation: number; changed: boolean }>;
+  /** The node's spec, or undefined if nothing was ever written for it nor reported by it. */
+  get(nodeId: string, tx?: Tx): Promise<NodeSpecView | undefined>;
+}
+
 export interface ModuleContext {
   readonly moduleId: string;
   readonly env: Readonly<Record<string, unknown>>;
@@ -141,6 +257,10 @@ export interface ModuleContext {
   readonly secrets: SecretStore;
   readonly pki: PkiPort;
   readonly nodes: NodesPort;
+  /** NodeSpecs: the desired state delivered to node agents, and what they report. */
+  readonly nodeSpecs: NodeSpecsPort;
+  /** Host capacity and placement; its calls throw FAILED_PRECONDITION when no capacity module is registered. */
+  readonly capacity: CapacityPort;
   readonly log: Logger;
   /** What the deployment registered: extensions of a contract (steps, profiles, drivers...) and command kinds. */
   readonly registered: RegisteredView;

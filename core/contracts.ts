@@ -1,7 +1,7 @@
 // The typed contracts a module, plugin or extension is declared with. define* helpers check
 // what can be checked alone (ids, names); the registry checks what needs the whole picture.
 import type { z } from "zod";
-import type { MethodContext, ModuleContext, PlatformContext } from "./context.ts";
+import type { CapacityPort, HostView, MethodContext, ModuleContext, PlacementRequest, PlatformContext } from "./context.ts";
 import { invalidConfig } from "./errors.ts";
 import type { Tx } from "./store/database.ts";
 
@@ -94,6 +94,8 @@ export interface ModuleDefinition {
   /** Provisioning profiles (defineProfile from better-compute/provision), registered as profile:id@version. */
   profiles?: Extension[];
   reconcilers?: Reconciler[];
+  /** NodeSpec sections the module owns: only it writes them (ctx.nodeSpecs.setEntry); its reconcilers run when their observed state changes. */
+  nodeSpecSections?: NodeSpecSection[];
   /**
    * Cron-only passes (same shape as a reconciler): safety nets such as waking workflows whose
    * wake-up was lost. The cron sweep runs them, then the reconcilers; a workflow's end does not.
@@ -101,6 +103,22 @@ export interface ModuleDefinition {
   sweeps?: Reconciler[];
   /** Called once per request context; a module keeps no state of its own between requests. */
   setup?: (ctx: ModuleContext) => void;
+  /** Ports the module provides to every module's context (one provider each per deployment). */
+  ports?: { capacity?: (ctx: ModuleContext) => CapacityPort };
+}
+
+/** A NodeSpec section: a map of entries keyed by name (instances by id, access keys by name...), delivered to node agents. */
+export interface NodeSpecSection {
+  /** Unique across the deployment, e.g. "instances"; [a-z][a-z0-9-]*. */
+  name: string;
+  /** Every entry is checked against it before it is written. */
+  entry: z.ZodType;
+  description?: string;
+  /**
+   * How an entry is shown to operators (nodes.spec.get, readable by viewers): leave out what is
+   * not theirs to read, e.g. a tenant's user data. Default: the entry as stored.
+   */
+  view?: (entry: unknown) => unknown;
 }
 
 export interface Module extends Required<Pick<ModuleDefinition, "id" | "version">>, Omit<ModuleDefinition, "id" | "version"> {
@@ -180,10 +198,34 @@ export interface SinkDefinition extends ExtensionBase {
   deliver(batch: SinkEvent[]): Promise<void>;
 }
 
+/** Refuses hosts: true keeps the host, a string refuses it and is the reason the explanation shows. */
+export interface PlacementFilter {
+  name: string;
+  filter(host: HostView, request: PlacementRequest): true | string;
+}
+
+/** Ranks the hosts left: higher is better; the placer sums weight (default 1) x score over every scorer. */
+export interface PlacementScorer {
+  name: string;
+  weight?: number;
+  score(host: HostView, request: PlacementRequest): number;
+}
+
+/** Chooses the devices of one kind (which GPUs) a guest gets on a host; null: none fit there. */
+export interface AtomPicker {
+  name: string;
+  kind: string;
+  pick(host: HostView, request: PlacementRequest): string[] | null;
+}
+
+/** The placer's extensions (the capacity module runs them beside its built-ins: docs/capacity.md). */
 export interface SchedulerPluginDefinition extends ExtensionBase {
   contract: "scheduler-plugin";
-  filters?: Array<(candidate: Record<string, unknown>, request: Record<string, unknown>) => boolean>;
-  scorers?: Array<(candidate: Record<string, unknown>, request: Record<string, unknown>) => number>;
+  filters?: PlacementFilter[];
+  scorers?: PlacementScorer[];
+  atomPickers?: AtomPicker[];
+  /** Runs before any host is looked at: a string refuses the request (FAILED_PRECONDITION with it). */
+  admission?: (request: PlacementRequest) => void | string;
 }
 
 /** Any contract registered by kind:id@version (providers, steps and profiles join this union). */

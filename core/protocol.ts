@@ -3,14 +3,23 @@
 // Frames are JSON text, one object per WebSocket message, discriminated by `t`. JSON because
 // every frame is small control traffic (bulk data such as images never rides this socket),
 // workerd parses it natively, and an operator can read a capture. A frame over
-// MAX_FRAME_BYTES closes the socket with 1009; anything that is not a known frame closes it
-// with MALFORMED_FRAME. A well-formed frame that is refused (a forged signature, another
-// node's command) is answered with an `error` frame and the connection stays up.
+// MAX_FRAME_BYTES (MAX_SPEC_FRAME_BYTES for spec and status frames) closes the socket with 1009;
+// anything that is not a known frame closes it with MALFORMED_FRAME. A well-formed frame that
+// is refused (a forged signature, another node's command) is answered with an `error` frame and
+// the connection stays up.
 import { z } from "zod";
 import { base64url, sha256Hex, unbase64url, utf8 } from "./encoding.ts";
 
 export const PROTOCOL_VERSION = 1;
 export const MAX_FRAME_BYTES = 64 * 1024;
+/**
+ * A NodeSpec's sections, as JSON, are at most this (setEntry refuses more), and so are a status
+ * frame's: spec and status frames are the only ones allowed over MAX_FRAME_BYTES (a Worker's
+ * WebSocket message is at most 1 MiB).
+ */
+export const MAX_SPEC_BYTES = 512 * 1024;
+/** A spec or status frame: the sections and the frame's envelope. */
+export const MAX_SPEC_FRAME_BYTES = MAX_SPEC_BYTES + 1024;
 /** Heartbeat: the NodeDO answers this exact text without waking from hibernation. */
 export const PING = '{"t":"ping"}';
 export const PONG = '{"t":"pong"}';
@@ -66,8 +75,16 @@ export const helloFrame = z.object({
   resources: z
     .object({
       cpus: z.number().int().min(0).max(100_000),
-      memoryMiB: z.number().int().min(0).max(1 << 30),
-      diskGiB: z.number().int().min(0).max(1 << 30),
+      memoryMiB: z
+        .number()
+        .int()
+        .min(0)
+        .max(1 << 30),
+      diskGiB: z
+        .number()
+        .int()
+        .min(0)
+        .max(1 << 30),
       /** Devices a guest can be given (GPUs...): one entry each. */
       devices: z
         .array(z.object({ id: z.string().max(128), kind: z.string().max(64), model: z.string().max(128).optional() }))
@@ -93,10 +110,29 @@ export const resultFrame = z.object({
   signature: z.string().max(256).optional(),
 });
 
-export const agentFrame = z.discriminatedUnion("t", [helloFrame, ackFrame, resultFrame]);
+/**
+ * What the node reached of its NodeSpec: per section, the observed entries (keyed like the
+ * desired ones) and the section's error, if it could not be converged (UNSUPPORTED...).
+ */
+export const statusFrame = z.object({
+  t: z.literal("status"),
+  /** The generation of the spec the agent converged (or tried to: see each section's error). */
+  generation: z.number().int().min(0),
+  sections: z
+    .record(
+      z.string().max(64),
+      z.object({ entries: z.record(z.string().max(253), z.unknown()), error: errorBody.pick({ code: true, message: true }).optional() }),
+    )
+    .refine((s) => Object.keys(s).length <= 64, "at most 64 sections"),
+});
+
+export const agentFrame = z.discriminatedUnion("t", [helloFrame, ackFrame, resultFrame, statusFrame]);
 export type AgentFrame = z.infer<typeof agentFrame>;
 export type HelloFrame = z.infer<typeof helloFrame>;
 export type ResultFrame = z.infer<typeof resultFrame>;
+export type StatusFrame = z.infer<typeof statusFrame>;
+/** A node's observed state as the agent reports it (a status frame without its tag). */
+export type NodeStatus = Omit<StatusFrame, "t">;
 
 // ---------------------------------------------------------------- NodeDO → agent
 
@@ -119,9 +155,19 @@ export const commandFrame = z.object({
 export const resultAckFrame = z.object({ t: z.literal("result-ack"), id: z.string() });
 export const errorFrame = z.object({ t: z.literal("error"), code: z.string(), message: z.string(), ref: z.string().optional() });
 
-export const serverFrame = z.discriminatedUnion("t", [challengeFrame, welcomeFrame, commandFrame, resultAckFrame, errorFrame]);
+/** The node's desired state (NodeSpec): every section is a map of entries keyed by name. Sent when its generation is newer than what this socket was sent. */
+export const specFrame = z.object({
+  t: z.literal("spec"),
+  generation: z.number().int().min(1),
+  sections: z.record(z.string(), z.record(z.string(), z.unknown())),
+});
+
+export const serverFrame = z.discriminatedUnion("t", [challengeFrame, welcomeFrame, commandFrame, resultAckFrame, errorFrame, specFrame]);
 export type ServerFrame = z.infer<typeof serverFrame>;
 export type CommandFrame = z.infer<typeof commandFrame>;
+export type SpecFrame = z.infer<typeof specFrame>;
+/** A node's desired state as the agent receives it (a spec frame without its tag). */
+export type NodeSpec = Omit<SpecFrame, "t">;
 
 // ---------------------------------------------------------------- signatures (Ed25519, WebCrypto)
 

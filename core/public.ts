@@ -1,6 +1,7 @@
 // better-compute/core: methods, ports and errors, for module and plugin authors.
 export { defineMethod, type MethodDefinition } from "./contracts.ts";
 export type {
+  CapacityPort,
   Clock,
   CommandInput,
   CommandsPort,
@@ -8,12 +9,20 @@ export type {
   RegisteredView,
   EventInput,
   EventsPort,
+  HostView,
   MethodContext,
   ModuleContext,
   NodesPort,
+  NodeSpecsPort,
+  NodeSpecView,
   PkiPort,
+  PlacementExplanation,
+  PlacementRejection,
+  PlacementRequest,
+  PlacementResult,
   PlatformContext,
   ProvisionedTokenInput,
+  ResourceAmounts,
   SecretRef,
   SecretStore,
   WorkInput,

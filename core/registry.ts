@@ -6,6 +6,7 @@ import type {
   MethodDefinition,
   Migration,
   Module,
+  NodeSpecSection,
   SchedulerPluginDefinition,
   SinkDefinition,
 } from "./contracts.ts";
@@ -32,11 +33,18 @@ export interface RegisteredCommandKind {
   module: Module;
 }
 
+export interface RegisteredNodeSpecSection {
+  section: NodeSpecSection;
+  module: Module;
+}
+
 export interface Registry {
   /** In registration order: the built-in modules first, then modules, then plugins. */
   modules: Module[];
   methods: ReadonlyMap<string, RegisteredMethod>;
   commandKinds: ReadonlyMap<string, RegisteredCommandKind>;
+  /** NodeSpec sections by name, with the module that owns (and alone writes) each. */
+  nodeSpecSections: ReadonlyMap<string, RegisteredNodeSpecSection>;
   catalog: ResolvedCatalog;
   /** Module migrations, each module's in name order, modules in registration order. */
   migrations: Migration[];
@@ -73,6 +81,7 @@ export function buildRegistry(builtins: Module[], input: RegistryInput): Registr
   const roles: Record<string, string[]> = {};
   const migrations: Migration[] = [];
   const commandKinds = new Map<string, RegisteredCommandKind>();
+  const nodeSpecSections = new Map<string, RegisteredNodeSpecSection>();
 
   const moduleVersions = new Map<string, string>();
   for (const mod of modules) {
@@ -115,6 +124,15 @@ export function buildRegistry(builtins: Module[], input: RegistryInput): Registr
       claim(`command:${command.kind}`, `module ${mod.id}`);
       commandKinds.set(command.kind, { command, module: mod });
     }
+    for (const section of mod.nodeSpecSections ?? []) {
+      if (!/^[a-z][a-z0-9-]{0,63}$/.test(section.name)) {
+        throw invalidConfig(`NodeSpec section ${JSON.stringify(section.name)} of module ${mod.id} is not a name ([a-z][a-z0-9-]*)`, {
+          section: section.name,
+        });
+      }
+      claim(`nodeSpecSection:${section.name}`, `module ${mod.id}`);
+      nodeSpecSections.set(section.name, { section, module: mod });
+    }
   }
 
   const methods = new Map<string, RegisteredMethod>();
@@ -149,6 +167,7 @@ export function buildRegistry(builtins: Module[], input: RegistryInput): Registr
     modules,
     methods,
     commandKinds,
+    nodeSpecSections,
     catalog: { actions, roles },
     migrations,
     extensions,

@@ -1,10 +1,12 @@
 // NodeDO: one per agent (idFromName(nodeId)), whatever its role. It holds the agent's
 // hibernatable WebSocket, asks for proof of possession of the node key, delivers the node's
-// commands in order and takes each result once. Postgres is the record: every transition is
-// written there with its event before it is acknowledged, and after an eviction the object
-// rebuilds everything it needs from Postgres and the socket's attachment. Like the WorkflowDO it
-// is built over the deployment's compute (nodeObject), so it reads the record through the
-// deployment's database port and resolves secrets through its secret store.
+// commands in order and takes each result once; it sends the node's NodeSpec when it changes
+// and records the status the agent reports (core/agents/node-specs.ts). Postgres is the
+// record: every transition is written there with its event before it is acknowledged, and
+// after an eviction the object rebuilds everything it needs from Postgres and the socket's
+// attachment. Like the WorkflowDO it is built over the deployment's compute (nodeObject), so it
+// reads the record through the deployment's database port and resolves secrets through its
+// secret store.
 import { DurableObject } from "cloudflare:workers";
 import type { Bindings, WakeableObject } from "../core/bindings.ts";
 import type { Compute } from "../core/compute.ts";
@@ -17,6 +19,7 @@ import {
   FrameError,
   helloMessage,
   MAX_FRAME_BYTES,
+  MAX_SPEC_FRAME_BYTES,
   PING,
   PONG,
   PROTOCOL_VERSION,
@@ -24,6 +27,7 @@ import {
   type HelloFrame,
   type ResultFrame,
   type ServerFrame,
+  type StatusFrame,
 } from "../core/protocol.ts";
 import type { Store } from "../core/store/database.ts";
 import { base64url } from "../core/encoding.ts";
@@ -39,6 +43,7 @@ import {
   waitingWorkflow,
   type SessionRef,
 } from "../core/agents/sessions.ts";
+import { readNodeSpec, recordStatus } from "../core/agents/node-specs.ts";
 import { setAlarm } from "./alarm.ts";
 
 /** The sweep re-reads Postgres while an agent is connected: a missed poke costs at most this. */
@@ -58,6 +63,10 @@ interface Attachment {
   openedAt: number;
   /** Highest command seq sent on this socket. */
   sentSeq: number;
+  /** The NodeSpec generation last sent on this socket (absent: none yet). */
+  sentSpecGeneration?: number;
+  /** The agent boot its hello named: recorded with its status. */
+  bootId?: string;
 }
 
 /** The socket's state. accept() attaches it before the socket can deliver an event, so every socket of this object has one. */
@@ -106,7 +115,7 @@ export function nodeObject(compute: Compute) {
       return new Response("not found", { status: 404 });
     }
 
-    /** Commands were enqueued or the node revoked (core/agents/notify.ts): deliver, or close a revoked node's socket. */
+    /** Commands were enqueued, the NodeSpec changed or the node was revoked (core/agents/notify.ts): deliver, or close its socket. */
     async wake(): Promise<void> {
       await this.deliver();
     }
@@ -134,7 +143,9 @@ export function nodeObject(compute: Compute) {
     override async webSocketMessage(ws: WebSocket, message: string | ArrayBuffer): Promise<void> {
       const att = attachmentOf(ws);
       const size = typeof message === "string" ? new TextEncoder().encode(message).byteLength : message.byteLength;
-      if (size > MAX_FRAME_BYTES) return ws.close(CloseCode.FRAME_TOO_LARGE, `frames are limited to ${MAX_FRAME_BYTES} bytes`);
+      // A status (the agent's observed NodeSpec) may be as large as a spec; every other frame is small.
+      const limit = typeof message === "string" && message.startsWith('{"t":"status"') ? MAX_SPEC_FRAME_BYTES : MAX_FRAME_BYTES;
+      if (size > limit) return ws.close(CloseCode.FRAME_TOO_LARGE, `frames are limited to ${limit} bytes`);
       if (typeof message !== "string") return ws.close(CloseCode.MALFORMED_FRAME, "frames are JSON text");
       let json: unknown;
       try {
@@ -154,6 +165,7 @@ export function nodeObject(compute: Compute) {
       if (frame.t === "hello") return this.hello(ws, att, frame);
       if (!att.ready) return ws.close(CloseCode.HELLO_REQUIRED, "say hello first");
       if (frame.t === "result") return this.result(ws, att, frame);
+      if (frame.t === "status") return this.status(ws, att, frame);
       // ack: the agent journaled the command; the result is what changes the record.
     }
 
@@ -173,7 +185,7 @@ export function nodeObject(compute: Compute) {
       }
       if (!outcome.connected) return ws.close(CloseCode.REVOKED, "the node was revoked");
       if (outcome.waking.length) await wakeObjects(this.env, "workflow", outcome.waking, this.log(att));
-      updateAttachment(ws, { nonce: null, ready: true });
+      updateAttachment(ws, { nonce: null, ready: true, bootId: frame.bootId });
       // Remembered outside the socket: if the runtime restarts, the socket (and its close event)
       // is gone, and the sweep must still record the disconnection.
       await this.ctx.storage.put<SessionRef>(SESSION_KEY, { nodeId: att.nodeId, sessionId: att.sessionId });
@@ -201,6 +213,32 @@ export function nodeObject(compute: Compute) {
     }
 
     /**
+     * The agent's observed NodeSpec: recorded for the current session; the modules owning the
+     * sections whose observed state changed reconcile now rather than at the next cron sweep.
+     */
+    private async status(ws: WebSocket, att: Attachment, frame: StatusFrame): Promise<void> {
+      let outcome: Awaited<ReturnType<typeof recordStatus>>;
+      try {
+        outcome = await recordStatus(this.store, { nodeId: att.nodeId, sessionId: att.sessionId, bootId: att.bootId ?? null }, frame);
+      } catch (err) {
+        // The agent sends its latest status again on every welcome.
+        this.log(att).warn("could not record the node's status; the agent resends it after reconnecting", { error: errorText(err) });
+        return ws.close(1011, "the control plane's database is unavailable; retry");
+      }
+      const owners = new Set(outcome.changed.flatMap((name) => compute.registry.nodeSpecSections.get(name)?.module.id ?? []));
+      for (const moduleId of owners) {
+        this.ctx.waitUntil(
+          compute.reconcileModule(moduleId, this.env).catch((err) =>
+            this.log(att).warn("a reconciler run after a status failed; the cron sweep runs it again", {
+              moduleId,
+              error: errorText(err),
+            }),
+          ),
+        );
+      }
+    }
+
+    /**
      * Sends the node's open commands in seq order; one pass at a time per object. Wake-ups while
      * a pass waits its turn share it: it reads everything open when it starts.
      */
@@ -220,6 +258,12 @@ export function nodeObject(compute: Compute) {
       if (!ws) return;
       const att = attachmentOf(ws);
       if (!(await nodeLive(this.store, att.nodeId))) return ws.close(CloseCode.REVOKED, "the node was revoked");
+      // The NodeSpec first: it is the node's desired state, commands are one-off work.
+      const spec = await readNodeSpec(this.store.db, att.nodeId);
+      if (spec && spec.generation > (att.sentSpecGeneration ?? 0)) {
+        if (!send(ws, { t: "spec", generation: spec.generation, sections: spec.sections })) return;
+        updateAttachment(ws, { sentSpecGeneration: spec.generation });
+      }
       await expireOverdue(this.store, att.nodeId);
       for (;;) {
         const frames = await openCommands(this.store, att.nodeId, att.sentSeq, DELIVERY_BATCH, () => this.secrets);

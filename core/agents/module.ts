@@ -6,6 +6,7 @@ import { defineMethod, defineModule, type Module } from "../contracts.ts";
 import { ComputeError, notFound } from "../errors.ts";
 import { resourceId } from "../schemas.ts";
 import { builtinAttestors } from "./attestors.ts";
+import { accessSection, nodeSpecActions, nodeSpecMethods, type SectionOwners } from "./node-specs.ts";
 import { MAX_TOKEN_TTL_SECONDS, mintJoinToken } from "./tokens.ts";
 
 const role = z.enum(["node", "site", "ramdisk"]);
@@ -121,7 +122,8 @@ function toCommand(r: Record<string, any>): z.infer<typeof command> {
   };
 }
 
-export function agentsModule(): Module {
+/** sections: the deployment's NodeSpec sections (known once the registry is built), for nodes.spec.get. */
+export function agentsModule(deps: { sections: () => SectionOwners }): Module {
   const joinTokensCreate = defineMethod({
     name: "joinTokens.create",
     action: "joinTokens.create",
@@ -338,6 +340,7 @@ export function agentsModule(): Module {
         "commands.create": "Send commands to agents",
         "commands.get": "Read a command and its result",
         "commands.list": "List a node's commands",
+        ...nodeSpecActions,
       },
     },
     api: [
@@ -351,7 +354,9 @@ export function agentsModule(): Module {
       commandsCreate,
       commandsGet,
       commandsList,
+      ...nodeSpecMethods(deps.sections),
     ],
+    nodeSpecSections: [accessSection],
     commands: [
       { kind: "agent.ping", description: "Round trip to the agent", input: z.object({}).passthrough() },
       { kind: "agent.info", description: "The agent's host, version and role", input: z.object({}) },

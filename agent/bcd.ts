@@ -2,6 +2,7 @@
 //
 //   bcd join  --url URL --token TOKEN --role site|node|ramdisk --state-dir DIR [--hostname NAME] [--attestor join-token|provisioned]
 //   bcd run   --state-dir DIR [--url URL] [--label k=v ...] [--heartbeat SECONDS]
+//             [--runtime-dir DIR] [--access-file FILE] [--firecracker-bin PATH]   (role node)
 //   bcd start --url URL --token TOKEN [--attestor ...] --role ROLE --state-dir DIR [...]   join unless joined, then run
 //
 // The token may also come from --token-file FILE or the BC_JOIN_TOKEN environment variable
@@ -10,14 +11,24 @@
 // (default; minted by an operator) or `provisioned` (minted for this machine by the control plane,
 // e.g. in a VPS instance's user data: it joins as the node the token names).
 //
+// As a node, bcd runs the node role (agent/roles/node.ts): it converges the NodeSpec the control
+// plane sends (docs/nodespec.md) with the runtimes this host has, advertises them as drivers in its
+// hello, and reports the host's CPUs, memory and the runtime directory's disk.
+//
 // Exit codes: 0 done (or stopped by SIGINT/SIGTERM), 1 runtime failure, 2 usage.
-import { realpathSync } from "node:fs";
-import { readFile } from "node:fs/promises";
-import { hostname as osHostname } from "node:os";
+import { constants, realpathSync } from "node:fs";
+import { access, mkdir, readFile, statfs } from "node:fs/promises";
+import { cpus, hostname as osHostname, totalmem } from "node:os";
+import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { AGENT_VERSION, AgentClient, AgentError, type AgentLogger, type CommandHandler } from "./client.ts";
-import { FileState } from "./file-state.ts";
+import { FileState, writeAtomic } from "./file-state.ts";
+import { nodeRole, type NodeRole } from "./roles/node.ts";
+import type { RuntimeDriver } from "./runtimes/contract.ts";
+import { firecrackerRuntime, qemuMicroVmRuntime } from "./runtimes/index.ts";
+import { ensureGuestImage, GUEST_IMAGE_NAME, type GuestImage } from "./runtimes/microvm/image.ts";
+import type { HelloFrame } from "../core/protocol.ts";
 import { httpProxyHandlers } from "./roles/http-proxy.ts";
 import { siteHandlers } from "./roles/site.ts";
 import { nodeTransport } from "./node-transport.ts";
@@ -27,6 +38,9 @@ const USAGE = `usage:
   bcd join  --url URL (--token TOKEN | --token-file FILE | $BC_JOIN_TOKEN) --role site|node|ramdisk --state-dir DIR
             [--hostname NAME] [--attestor join-token|provisioned]   the token's kind (default join-token)
   bcd run   --state-dir DIR [--url URL] [--label KEY=VALUE ...] [--heartbeat SECONDS]
+            [--runtime-dir DIR]        role node: where guests' work dirs live (default <state-dir>/runtime)
+            [--access-file FILE]       role node: the authorized_keys file the NodeSpec's access section owns
+            [--firecracker-bin PATH]   role node: the firecracker binary (the firecracker runtime)
   bcd start --url URL (--token ... ) [--attestor ...] --role ROLE --state-dir DIR [run options]   join unless already joined, then run
   bcd help`;
 
@@ -78,6 +92,9 @@ interface Parsed {
   labels: Record<string, string>;
   heartbeatMs?: number;
   quiet: boolean;
+  runtimeDir?: string;
+  accessFile?: string;
+  firecrackerBin?: string;
 }
 
 function parse(argv: string[]): Parsed {
@@ -101,6 +118,9 @@ function parse(argv: string[]): Parsed {
         label: { type: "string", multiple: true },
         heartbeat: { type: "string" },
         quiet: { type: "boolean" },
+        "runtime-dir": { type: "string" },
+        "access-file": { type: "string" },
+        "firecracker-bin": { type: "string" },
       },
     }));
   } catch (e) {
@@ -128,6 +148,9 @@ function parse(argv: string[]): Parsed {
   if (values["state-dir"] !== undefined) p.stateDir = values["state-dir"];
   if (values.hostname !== undefined) p.hostname = values.hostname;
   if (heartbeatMs !== undefined) p.heartbeatMs = heartbeatMs;
+  if (values["runtime-dir"] !== undefined) p.runtimeDir = values["runtime-dir"];
+  if (values["access-file"] !== undefined) p.accessFile = values["access-file"];
+  if (values["firecracker-bin"] !== undefined) p.firecrackerBin = values["firecracker-bin"];
   if (!p.stateDir) throw new UsageError("--state-dir is required");
   if (p.url !== undefined && !/^https?:\/\//i.test(p.url)) throw new UsageError(`--url must be http:// or https://, got ${p.url}`);
   return p;
@@ -138,6 +161,72 @@ interface JoinArgs {
   token: string;
   role: Role;
   attestor: Attestor;
+}
+
+/** What a node host runs guests with, from bcd's flags. */
+export interface NodeRuntimeOptions {
+  /** Guests' work dirs live under it. */
+  runtimeDir: string;
+  /** The firecracker binary (--firecracker-bin): the firecracker runtime is offered only with it. */
+  firecrackerBin?: string;
+  log: AgentLogger;
+}
+
+/**
+ * The runtime drivers of this host, advertised in the hello (labels bc.dev/driver.<id>) and used
+ * by the node role: qemu-microvm when QEMU is installed, firecracker when --firecracker-bin names
+ * its binary (or agent/testing/firecracker-fake). Its guest image (docs/guest-image.md) is
+ * built or found in the cache on first use, once per process; the runtime probes KVM then, and
+ * falls back to TCG (docs/runtimes.md).
+ */
+export async function nodeRuntimes(opts: NodeRuntimeOptions): Promise<RuntimeDriver[]> {
+  const runtimes: RuntimeDriver[] = [];
+  let image: Promise<GuestImage> | undefined;
+  const images = async (name: string) => {
+    if (name !== GUEST_IMAGE_NAME) return undefined;
+    image ??= ensureGuestImage({ log: (message) => opts.log.info(message, {}) }).catch((e: unknown) => {
+      image = undefined; // a later apply tries again (apt lists refreshed, a mirror back)
+      throw e;
+    });
+    return image;
+  };
+  if (await onPath("qemu-system-x86_64"))
+    runtimes.push(qemuMicroVmRuntime({ root: path.join(opts.runtimeDir, "qemu-microvm"), images, log: opts.log }));
+  else opts.log.warn("qemu-system-x86_64 is not installed: this host offers no qemu-microvm runtime", {});
+  if (opts.firecrackerBin)
+    runtimes.push(
+      firecrackerRuntime({
+        root: path.join(opts.runtimeDir, "firecracker"),
+        images,
+        log: opts.log,
+        firecracker: { binary: [path.resolve(opts.firecrackerBin)] },
+      }),
+    );
+  return runtimes;
+}
+
+/** Whether an executable of this name is on PATH. */
+async function onPath(program: string): Promise<boolean> {
+  for (const dir of (process.env.PATH ?? "").split(path.delimiter).filter(Boolean)) {
+    try {
+      await access(path.join(dir, program), constants.X_OK);
+      return true;
+    } catch {
+      // not here
+    }
+  }
+  return false;
+}
+
+/** What the host has, for the hello: its CPUs, memory, and the size of the runtime directory's file system. */
+async function hostResources(runtimeDir: string): Promise<NonNullable<HelloFrame["resources"]>> {
+  const fs = await statfs(runtimeDir);
+  return {
+    cpus: cpus().length,
+    memoryMiB: Math.floor(totalmem() / 2 ** 20),
+    diskGiB: Math.floor((fs.blocks * fs.bsize) / 2 ** 30),
+    devices: [],
+  };
 }
 
 async function joinArgs(p: Parsed): Promise<JoinArgs> {
@@ -171,6 +260,16 @@ export async function main(argv: string[]): Promise<number> {
     if (p.command === "join") join = await joinArgs(p);
     if (p.command === "start" && !(await state.loadIdentity())) join = await joinArgs(p);
 
+    // A node host: its runtimes and resources go into every hello.
+    const role = join?.role ?? (await state.loadIdentity())?.role;
+    let host: { runtimes: RuntimeDriver[]; resources: NonNullable<HelloFrame["resources"]> } | undefined;
+    if (p.command !== "join" && role === "node") {
+      const runtimeDir = path.resolve(p.runtimeDir ?? path.join(p.stateDir!, "runtime"));
+      await mkdir(runtimeDir, { recursive: true, mode: 0o700 });
+      const runtimes = await nodeRuntimes({ runtimeDir, log, ...(p.firecrackerBin ? { firecrackerBin: p.firecrackerBin } : {}) });
+      host = { runtimes, resources: await hostResources(runtimeDir) };
+    }
+
     client = new AgentClient({
       transport: nodeTransport(),
       state,
@@ -180,6 +279,7 @@ export async function main(argv: string[]): Promise<number> {
       bootId,
       logger: log,
       ...(p.heartbeatMs !== undefined ? { heartbeatMs: p.heartbeatMs } : {}),
+      ...(host ? { drivers: host.runtimes.map((r) => ({ id: r.id, version: r.version })), resources: host.resources } : {}),
     });
     const c = client;
     for (const [kind, h] of Object.entries(
@@ -204,6 +304,21 @@ export async function main(argv: string[]): Promise<number> {
     if ((await state.loadIdentity())?.role === "site")
       for (const [kind, h] of Object.entries({ ...siteHandlers({ log }), ...httpProxyHandlers() })) c.handle(kind, h);
 
+    let converger: NodeRole | undefined;
+    if (host) {
+      const node = nodeRole({
+        state,
+        runtimes: host.runtimes,
+        log,
+        report: (status) => c.sendStatus(status),
+        ...(p.accessFile ? { accessFile: { path: path.resolve(p.accessFile), write: writeAtomic } } : {}),
+      });
+      c.onSpec((spec) => void node.onSpec(spec));
+      // Converges the spec saved before a restart now, whether or not the control plane answers.
+      await node.start();
+      converger = node;
+    }
+
     let signals = 0;
     const onSignal = (sig: NodeJS.Signals) => {
       if (++signals > 1) {
@@ -211,6 +326,7 @@ export async function main(argv: string[]): Promise<number> {
         process.exit(1);
       }
       log.info("stopping", { signal: sig });
+      void converger?.stop();
       void c.stop();
     };
     process.on("SIGINT", onSignal);
@@ -220,6 +336,9 @@ export async function main(argv: string[]): Promise<number> {
     } finally {
       process.off("SIGINT", onSignal);
       process.off("SIGTERM", onSignal);
+      await converger?.stop();
+      // The guests keep running: the next bcd adopts them.
+      await Promise.all((host?.runtimes ?? []).map((r) => r.close()));
     }
     log.info("stopped", {});
     return 0;

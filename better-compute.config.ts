@@ -1,6 +1,7 @@
 // The default deployment: what `npm start` runs and `wrangler deploy` ships. A real
 // deployment edits this file: add modules, plugins, drivers, attestors and sinks here.
 import { betterCompute } from "better-compute";
+import { capacity } from "better-compute/capacity";
 import { hetznerCloudProvider } from "better-compute/hetzner-cloud";
 import { hetznerRobotHardwareProfile, hetznerRobotMetal, hetznerRobotProvider } from "better-compute/hetzner-robot";
 import { metalModule } from "better-compute/metal";
@@ -13,6 +14,8 @@ export const compute = betterCompute({
   // (docs/vps.md). `npm run dev -- --providers` registers accounts on their emulators.
   modules: [
     provisionModule(),
+    // Hosts' capacity and the placer (docs/capacity.md): ctx.capacity for vps host pools.
+    capacity(),
     // A Hetzner Robot server can also be a metal machine: power and rescue through Robot, no BMC.
     metalModule({ hardwareProfiles: { "hetzner-robot": hetznerRobotHardwareProfile } }),
     hetznerRobotMetal(),

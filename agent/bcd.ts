@@ -24,7 +24,7 @@ import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { AGENT_VERSION, AgentClient, AgentError, type AgentLogger, type CommandHandler } from "./client.ts";
 import { FileState, writeAtomic } from "./file-state.ts";
-import { nodeRole, type NodeRole } from "./roles/node.ts";
+import { nodeCommandHandlers, nodeRole, type NodeRole } from "./roles/node.ts";
 import type { RuntimeDriver } from "./runtimes/contract.ts";
 import { firecrackerRuntime, qemuMicroVmRuntime } from "./runtimes/index.ts";
 import { ensureGuestImage, GUEST_IMAGE_NAME, type GuestImage } from "./runtimes/microvm/image.ts";
@@ -314,6 +314,7 @@ export async function main(argv: string[]): Promise<number> {
         ...(p.accessFile ? { accessFile: { path: path.resolve(p.accessFile), write: writeAtomic } } : {}),
       });
       c.onSpec((spec) => void node.onSpec(spec));
+      for (const [kind, h] of Object.entries(nodeCommandHandlers(host.runtimes))) c.handle(kind, h);
       // Converges the spec saved before a restart now, whether or not the control plane answers.
       await node.start();
       converger = node;

@@ -18,7 +18,7 @@ import {
 import { fetchTransport, webSocketTransport, type FetchSource, type PortableTransport } from "./fetch-transport.ts";
 import { MemoryState, type AgentIdentity, type AgentStateStore, type Role } from "./state.ts";
 import type { HelloFrame, NodeStatus, ResultFrame } from "../core/protocol.ts";
-import { nodeRole, type NodeRole } from "./roles/node.ts";
+import { nodeCommandHandlers, nodeRole, type NodeRole } from "./roles/node.ts";
 import type { RuntimeDriver } from "./runtimes/contract.ts";
 import { silentLogger } from "./events.ts";
 
@@ -112,6 +112,9 @@ export class FakeDaemon {
         },
       });
       this.client.onSpec((spec) => void role.onSpec(spec));
+      // What bcd's node answers besides its NodeSpec (a guest's console), unless the test overrides it.
+      for (const [kind, h] of Object.entries(nodeCommandHandlers(opts.node.runtimes ?? [])))
+        if (!opts.handlers?.[kind]) this.client.handle(kind, h);
       this.node = role;
     }
   }

@@ -13,7 +13,7 @@
 // Platform-free (it runs in FakeDaemon inside workerd too): files are written through the
 // injected accessFile.write.
 import type { NodeSpec, NodeStatus } from "../../core/protocol.ts";
-import { AgentError, asAgentError, type AgentLogger } from "../contracts.ts";
+import { AgentError, asAgentError, type AgentLogger, type CommandHandler } from "../contracts.ts";
 import type { InstanceObserved, InstanceSpec, RuntimeDriver } from "../runtimes/contract.ts";
 import type { AgentStateStore } from "../state.ts";
 
@@ -207,6 +207,31 @@ function accessHandler(file: NodeRoleOptions["accessFile"]): SectionHandler {
 }
 
 // ---------------------------------------------------------------- instances
+
+/** The most console bytes one `guest.console` command returns. */
+export const MAX_CONSOLE_BYTES = 16 * 1024;
+
+/**
+ * The node's command kinds: `guest.console` { name, maxBytes } answers the tail of a guest's
+ * serial console ({ console }) from the runtime that has it. The bytes are the tenant's: they go
+ * into the result only, never into the agent's log.
+ */
+export function nodeCommandHandlers(runtimes: RuntimeDriver[]): Record<string, CommandHandler> {
+  return {
+    "guest.console": async (body) => {
+      const name = body.name;
+      const maxBytes = body.maxBytes ?? MAX_CONSOLE_BYTES;
+      if (typeof name !== "string" || !/^[a-z0-9][a-z0-9-]{0,62}$/.test(name))
+        throw new AgentError("INVALID_ARGUMENT", "name is a guest's name", undefined, { permanent: true });
+      if (typeof maxBytes !== "number" || !Number.isInteger(maxBytes) || maxBytes < 1 || maxBytes > MAX_CONSOLE_BYTES)
+        throw new AgentError("INVALID_ARGUMENT", `maxBytes is 1 to ${MAX_CONSOLE_BYTES}`, undefined, { permanent: true });
+      for (const runtime of runtimes) {
+        if ((await runtime.list()).some((g) => g.name === name)) return { console: await runtime.console(name, maxBytes) };
+      }
+      throw new AgentError("NOT_FOUND", `this node runs no guest ${name}`, undefined, { permanent: true });
+    },
+  };
+}
 
 /** An `instances` entry: the runtime's InstanceSpec and the runtime (driver id) it runs on. */
 export type InstanceEntry = InstanceSpec & { runtime: string };

@@ -6,6 +6,17 @@ export { vps } from "./module.ts";
 export type { CallHooks, VpsOptions } from "./methods.ts";
 export { LEASE_SECONDS, reconcileInstance, type ReconcileOptions } from "./reconciler.ts";
 export { INSTANCE_STATES, type InstanceState } from "./instances.ts";
+export {
+  CONSOLE_KIND,
+  DEFAULT_IMAGE,
+  DEFAULT_RUNTIME,
+  instanceEntry,
+  INSTANCES_SECTION,
+  MAX_CONSOLE_BYTES,
+  MAX_USER_DATA_BYTES,
+  reconcileHostInstance,
+  type InstanceEntry,
+} from "./host-instances.ts";
 export { renderUserData, type UserDataInput } from "./user-data.ts";
 export {
   defineProvider,

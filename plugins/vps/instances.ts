@@ -1,19 +1,35 @@
 // A tenant's instances: what the methods write is the record and the desired state; the
-// vps.instances reconciler (reconciler.ts) makes the provider's servers follow it. A create is
-// checked against the tenant's quota in the pool, under the quota row's lock, before anything is
-// written. A tenant's member sees its own instances only (another tenant's are NOT_FOUND).
+// vps.instances reconciler (reconciler.ts) makes the provider's servers follow it, and for pools
+// of class host the instance is placed on a host and written into its NodeSpec in the same
+// transaction (host-instances.ts). A create is checked against the tenant's quota in the pool,
+// under the quota row's lock, before anything is written. A tenant's member sees its own
+// instances only (another tenant's are NOT_FOUND).
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import {
   ComputeError,
   conflict,
   defineMethod,
+  invalidArgument,
   notFound,
+  sha256Hex,
   resourceId,
   type MethodContext,
   type MethodDefinition,
   type Tx,
 } from "better-compute/core";
+import {
+  consoleView,
+  deleteHost,
+  desireHost,
+  guestOf,
+  guestView,
+  MAX_CONSOLE_BYTES,
+  MAX_USER_DATA_BYTES,
+  placeHostInstance,
+  readConsole,
+  rebootHost,
+} from "./host-instances.ts";
 import { iso, isoOrNull, refuseOtherFields, scopeOf, slug, tenantFor } from "./methods.ts";
 import { pgTextArray, quotaSizes, usageOf, type Sizes } from "./tenants.ts";
 
@@ -52,6 +68,15 @@ const instance = z.object({
   lastError: z.record(z.string(), z.unknown()).nullable(),
   /** When the reconciler looks at it next (null: at its next pass). */
   nextAttemptAt: z.string().nullable(),
+  /** Host pools: the host (node id) it is placed on. */
+  host: z.string().nullable(),
+  /** Host pools, while no host takes it: why, per host ({ nodeId, filter, reason }). */
+  placement: z.object({ rejections: z.array(z.object({ nodeId: z.string(), filter: z.string(), reason: z.string() })) }).nullable(),
+  /** Host pools: why it stopped or failed without being asked (guest_poweroff, vmm_exited, host_reboot, boot_failed...). */
+  reason: z.string().nullable(),
+  antiAffinityGroup: z.string().nullable(),
+  /** Host pools: what the guest reported, beside the sha256 of the user data stored at create. */
+  guest: guestView.nullable(),
   createdAt: z.string(),
   updatedAt: z.string(),
   stateChangedAt: z.string(),
@@ -80,6 +105,18 @@ export interface InstanceRow {
   created_at: string;
   updated_at: string;
   state_changed_at: string;
+  // Host pools (vps/0002; null for provider pools' instances).
+  user_data: string | null;
+  user_data_sha256: string | null;
+  anti_affinity_group: string | null;
+  host_node_id: string | null;
+  spec_generation: string | number | null;
+  placement: { rejections: { nodeId: string; filter: string; reason: string }[] } | null;
+  guest: { hostname?: string; userDataSha256?: string; hostKeys?: string[]; address?: string } | null;
+  reason: string | null;
+  reboot_count: number;
+  /** loadInstance's: the pool's class. */
+  pool_class?: "provider" | "host";
 }
 
 const toInstance = (r: InstanceRow) => ({
@@ -99,6 +136,11 @@ const toInstance = (r: InstanceRow) => ({
   rebootRequested: r.reboot_requested_at !== null,
   lastError: r.last_error,
   nextAttemptAt: isoOrNull(r.next_attempt_at),
+  host: r.host_node_id,
+  placement: r.placement,
+  reason: r.reason,
+  antiAffinityGroup: r.anti_affinity_group,
+  guest: guestOf(r),
   createdAt: iso(r.created_at),
   updatedAt: iso(r.updated_at),
   stateChangedAt: iso(r.state_changed_at),
@@ -111,7 +153,8 @@ const hostname = z.string().regex(/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/, "a hos
 async function loadInstance(ctx: MethodContext, tx: Tx, id: string, forUpdate = false): Promise<InstanceRow> {
   const scope = await scopeOf(ctx, tx);
   const rows = await tx.execute(sql`
-    SELECT * FROM vps_instances WHERE id = ${id} AND (${scope.tenant ?? null}::text IS NULL OR tenant_id = ${scope.tenant ?? null})
+    SELECT i.*, (SELECT p.class FROM vps_pools p WHERE p.id = i.pool_id) AS pool_class FROM vps_instances i
+    WHERE i.id = ${id} AND (${scope.tenant ?? null}::text IS NULL OR i.tenant_id = ${scope.tenant ?? null})
     ${forUpdate ? sql`FOR UPDATE` : sql``}`);
   const found = rows.rows[0] as InstanceRow | undefined;
   if (!found) throw notFound(`instance ${id} does not exist`);
@@ -127,7 +170,7 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     action: "vps.instances.create",
     resource: (input) => `vps/pools/${input.pool}`,
     description:
-      "Create an instance of a flavor in a pool offered to the tenant, within its quota (refused over it, before anything is written); the reconciler creates the server. With an id, the same fields again is idempotent",
+      "Create an instance of a flavor in a pool offered to the tenant, within its quota (refused over it, before anything is written); the reconciler creates the server. In a host pool, userData is required and the instance is placed on a host at once (or kept pending with each host's reason). With an id, the same fields again is idempotent",
     input: z.object({
       /** The tenant it is for: an operator names it; a tenant's member acts for its own. */
       tenant: resourceId.optional(),
@@ -138,6 +181,10 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
       /** Names of the tenant's SSH keys (vps.sshKeys.create). */
       sshKeys: z.array(slug).max(20).default([]),
       id: slug.optional(),
+      /** Host pools (required there): the user data, exactly the bytes the guest gets (at most 32 KiB). */
+      userData: z.string().optional(),
+      /** Host pools: no two instances of the tenant's group on one host. */
+      antiAffinityGroup: slug.optional(),
     }),
     output: instance.extend({ created: z.boolean() }),
     handler: async (ctx, input, tx) => {
@@ -149,14 +196,38 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
           refuseOtherFields(
             "instance",
             input.id,
-            { pool: stored.pool_id, flavor: stored.flavor_id, name: stored.name, sshKeys: stored.ssh_keys.map((k) => k.name) },
-            { pool: input.pool, flavor: input.flavor, name: input.name, sshKeys: input.sshKeys },
+            {
+              pool: stored.pool_id,
+              flavor: stored.flavor_id,
+              name: stored.name,
+              sshKeys: stored.ssh_keys.map((k) => k.name),
+              userDataSha256: stored.user_data_sha256,
+              antiAffinityGroup: stored.anti_affinity_group,
+            },
+            {
+              pool: input.pool,
+              flavor: input.flavor,
+              name: input.name,
+              sshKeys: input.sshKeys,
+              userDataSha256: input.userData === undefined ? null : await sha256Hex(input.userData),
+              antiAffinityGroup: input.antiAffinityGroup ?? null,
+            },
           );
           return { ...toInstance(stored), created: false };
         }
       }
-      if ((await tx.execute(sql`SELECT 1 FROM vps_pools WHERE id = ${input.pool}`)).rows.length === 0)
-        throw notFound(`pool ${input.pool} does not exist`);
+      const poolClass = (await tx.execute(sql`SELECT class FROM vps_pools WHERE id = ${input.pool}`)).rows[0] as
+        { class: "provider" | "host" } | undefined;
+      if (!poolClass) throw notFound(`pool ${input.pool} does not exist`);
+      const host = poolClass.class === "host";
+      if (host) refuseUserData(input.userData);
+      else {
+        const hostOnly = (["userData", "antiAffinityGroup"] as const).filter((f) => input[f] !== undefined);
+        if (hostOnly.length)
+          throw invalidArgument(`${hostOnly.join(", ")} are for host pools: a provider pool's instance gets the cloud-init vps composes`, {
+            fields: hostOnly,
+          });
+      }
       const flavor = (await tx.execute(sql`SELECT * FROM vps_flavors WHERE id = ${input.flavor} AND pool_id = ${input.pool}`)).rows[0] as
         { vcpus: number; memory_mib: number; disk_gib: number } | undefined;
       if (!flavor) throw notFound(`flavor ${input.flavor} does not exist in pool ${input.pool}`);
@@ -192,12 +263,17 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
 
       const id = input.id ?? `i-${crypto.randomUUID().replaceAll("-", "").slice(0, 12)}`;
       const sshKeys = input.sshKeys.map((name) => ({ name, publicKey: keys.find((k) => k.name === name)!.public_key }));
+      // A host instance's user data is stored once, as given, with its sha256 (FC-ENRICH-ONCE): never composed again.
+      const userData = host ? input.userData! : null;
+      const userDataSha256 = userData === null ? null : await sha256Hex(userData);
       const inserted = await tx.execute(sql`
-        INSERT INTO vps_instances (id, tenant_id, pool_id, flavor_id, name, ssh_keys, state, desired, vcpus, memory_mib, disk_gib, next_attempt_at)
+        INSERT INTO vps_instances (id, tenant_id, pool_id, flavor_id, name, ssh_keys, state, desired, vcpus, memory_mib, disk_gib, next_attempt_at,
+                                   user_data, user_data_sha256, anti_affinity_group)
         VALUES (${id}, ${tenantId}, ${input.pool}, ${input.flavor}, ${input.name}, ${JSON.stringify(sshKeys)}::jsonb, 'pending', 'running',
-                ${flavor.vcpus}, ${flavor.memory_mib}, ${flavor.disk_gib}, compute_now())
+                ${flavor.vcpus}, ${flavor.memory_mib}, ${flavor.disk_gib}, ${host ? null : sql`compute_now()`},
+                ${userData}, ${userDataSha256}, ${input.antiAffinityGroup ?? null})
         ON CONFLICT DO NOTHING RETURNING *`);
-      const row = inserted.rows[0] as InstanceRow | undefined;
+      let row = inserted.rows[0] as InstanceRow | undefined;
       // Another call took the id between the look above and this insert.
       if (!row) throw conflict(`instance id ${id} is taken: pick another`, { id });
       await ctx.events.publish(tx, {
@@ -205,6 +281,7 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
         subject: `vps/instances/${id}`,
         data: { tenant: tenantId, pool: input.pool, flavor: input.flavor, name: input.name },
       });
+      if (host) row = await placeHostInstance(ctx, tx, row);
       return { ...toInstance(row), created: true };
     },
   });
@@ -273,6 +350,15 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
         const row = await loadInstance(ctx, tx, input.id, true);
         refuseIfGone(row, name);
         if (row.desired === desired) return toInstance(row);
+        if (row.pool_class === "host") {
+          const after = await desireHost(ctx, tx, row, desired);
+          await ctx.events.publish(tx, {
+            type: "vps.instance.requested",
+            subject: `vps/instances/${row.id}`,
+            data: { action: name, desired },
+          });
+          return toInstance(after);
+        }
         const updated = await tx.execute(sql`
           UPDATE vps_instances SET desired = ${desired}, reboot_requested_at = NULL, next_attempt_at = compute_now(), updated_at = compute_now()
           WHERE id = ${row.id} RETURNING *`);
@@ -301,6 +387,12 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
           instance: row.id,
           desired: row.desired,
         });
+      if (row.pool_class === "host") {
+        const after = await rebootHost(ctx, tx, row);
+        if (after !== row)
+          await ctx.events.publish(tx, { type: "vps.instance.requested", subject: `vps/instances/${row.id}`, data: { action: "reboot" } });
+        return toInstance(after);
+      }
       if (row.reboot_requested_at !== null) return toInstance(row);
       const updated = await tx.execute(sql`
         UPDATE vps_instances SET reboot_requested_at = compute_now(), next_attempt_at = compute_now(), updated_at = compute_now()
@@ -322,6 +414,15 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     handler: async (ctx, input, tx) => {
       const row = await loadInstance(ctx, tx, input.id, true);
       if (row.desired === "deleted" || row.state === "deleted") return toInstance(row);
+      if (row.pool_class === "host") {
+        const after = await deleteHost(ctx, tx, row);
+        await ctx.events.publish(tx, {
+          type: "vps.instance.requested",
+          subject: `vps/instances/${row.id}`,
+          data: { action: "delete", desired: "deleted" },
+        });
+        return toInstance(after);
+      }
       const updated = await tx.execute(sql`
         UPDATE vps_instances SET desired = 'deleted', reboot_requested_at = NULL, next_attempt_at = compute_now(), updated_at = compute_now()
         WHERE id = ${row.id} RETURNING *`);
@@ -374,7 +475,42 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     },
   });
 
-  return [create, get, list, desire("start", "running"), desire("stop", "stopped"), reboot, remove, history];
+  /** Answers of the host, read in admission (no transaction open while it waits), for the handler of the same call. */
+  const consoles = new WeakMap<object, z.infer<typeof consoleView>>();
+  const consoleTail = defineMethod({
+    name: "vps.instances.console",
+    action: "vps.instances.console",
+    readOnly: true,
+    resource: (input) => `vps/instances/${input.id}`,
+    description:
+      "The tail of a host pool instance's serial console (at most maxBytes, 16 KiB), asked of its host now; when the host does not answer within a few seconds, the last answer (stale: true)",
+    input: z.object({ id: resourceId, maxBytes: z.number().int().min(1).max(MAX_CONSOLE_BYTES).default(MAX_CONSOLE_BYTES) }),
+    output: consoleView,
+    admission: async (ctx, input) => {
+      const row = await ctx.store.transaction((tx) => loadInstance(ctx, tx, input.id));
+      if (row.pool_class !== "host")
+        throw new ComputeError("UNSUPPORTED", `instance ${row.id} is a provider's server: its console is at the provider`, {
+          instance: row.id,
+        });
+      consoles.set(input, await readConsole(ctx, row, input.maxBytes));
+    },
+    handler: async (_ctx, input) => consoles.get(input)!,
+  });
+
+  return [create, get, list, desire("start", "running"), desire("stop", "stopped"), reboot, remove, history, consoleTail];
+}
+
+/** FC-USERDATA-REQUIRED: a host instance without user data is refused before anything is reserved or written. */
+function refuseUserData(userData: string | undefined): void {
+  if (userData === undefined || userData.length === 0)
+    throw invalidArgument("a host pool's instance needs userData: it is all the guest gets (FC-USERDATA-REQUIRED)", { field: "userData" });
+  const bytes = new TextEncoder().encode(userData).byteLength;
+  if (bytes > MAX_USER_DATA_BYTES)
+    throw invalidArgument(`userData is ${bytes} bytes, more than ${MAX_USER_DATA_BYTES}`, {
+      field: "userData",
+      bytes,
+      maxBytes: MAX_USER_DATA_BYTES,
+    });
 }
 
 /** A deleted, being-deleted or failed instance takes no power request. */
@@ -405,4 +541,5 @@ export const instanceActions = {
   "vps.instances.reboot": "Reboot instances",
   "vps.instances.delete": "Delete instances",
   "vps.instances.history": "Read an instance's provider calls",
+  "vps.instances.console": "Read the tail of a host pool instance's console",
 };

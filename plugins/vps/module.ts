@@ -1,9 +1,13 @@
-// The vps module: tenants, quotas and flavors on pools of provider servers. The methods keep the
-// record (accounts.ts: providers and accounts; pools.ts: pools and flavors; tenants.ts: tenants,
-// members, quotas, SSH keys; instances.ts: instances), and the vps.instances reconciler (reconciler.ts) makes each
-// provider's servers follow it. Providers are registered as the module's extensions.
+// The vps module: tenants, quotas and flavors on pools of provider servers or of the deployment's
+// hosts (class host). The methods keep the record (accounts.ts: providers and accounts; pools.ts:
+// pools and flavors; tenants.ts: tenants, members, quotas, SSH keys; instances.ts: instances), the
+// vps.instances reconciler (reconciler.ts) makes each provider's servers follow it, and the
+// vps.hostInstances reconciler (host-instances.ts) follows what the hosts report of host pools'
+// instances (the NodeSpec `instances` section the module owns). Providers are registered as the
+// module's extensions.
 import { defineModule, type Module } from "better-compute";
 import { accountActions, accountMethods } from "./accounts.ts";
+import { consoleCommand, hostActions, hostInstancesReconciler, hostMethods, instancesSection } from "./host-instances.ts";
 import { instanceActions, instanceMethods } from "./instances.ts";
 import { TENANT_ROLE, type VpsOptions } from "./methods.ts";
 import { poolActions, poolMethods } from "./pools.ts";
@@ -14,15 +18,18 @@ import { tenantActions, tenantMethods } from "./tenants.ts";
 export function vps(options: VpsOptions = {}): Module {
   return defineModule({
     id: "vps",
-    description: "VPS from hosting providers: accounts, pools, tenants with quotas, flavors, SSH keys and instances",
+    description:
+      "VPS from hosting providers or on the deployment's hosts: accounts, pools, tenants with quotas, flavors, SSH keys and instances",
     iam: {
-      actions: { ...accountActions, ...poolActions, ...tenantActions, ...instanceActions },
+      actions: { ...accountActions, ...poolActions, ...tenantActions, ...instanceActions, ...hostActions },
       // A tenant's key: its own instances and SSH keys, and what it may create them from.
       roles: { [TENANT_ROLE]: ["vps.instances.*", "vps.sshKeys.*", "vps.flavors.list", "vps.quotas.list"] },
     },
     migrations: vpsMigrations,
-    api: [...accountMethods(options), ...poolMethods(options), ...tenantMethods(), ...instanceMethods()],
+    api: [...accountMethods(options), ...poolMethods(options), ...tenantMethods(), ...instanceMethods(), ...hostMethods()],
     extensions: options.providers ?? [],
-    reconcilers: [instancesReconciler(options)],
+    nodeSpecSections: [instancesSection],
+    commands: [consoleCommand],
+    reconcilers: [instancesReconciler(options), hostInstancesReconciler()],
   });
 }

@@ -1,8 +1,9 @@
-// What an operator sets up on an account: pools (where instances go: an account and a location)
-// and flavors (a pool's offer and image, with the offer's sizes). Creates are idempotent: the same
-// fields again writes nothing (created: false), other fields are a CONFLICT naming them.
-// vps.flavors.create checks the offer and image with the provider in `admission`, before the
-// handler's transaction opens (a provider call never runs inside a transaction).
+// What an operator sets up: pools (where instances go: an account and a location, or for class
+// host the deployment's own hosts, docs/vps.md "Host pools") and flavors (a provider pool's offer
+// and image with the offer's sizes; a host pool's sizes). Creates are idempotent: the same fields
+// again writes nothing (created: false), other fields are a CONFLICT naming them.
+// vps.flavors.create checks a provider pool's offer and image with the provider in `admission`,
+// before the handler's transaction opens (a provider call never runs inside a transaction).
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import {
@@ -12,10 +13,12 @@ import {
   notFound,
   resourceId,
   type Db,
+  type MethodContext,
   type MethodDefinition,
   type Tx,
 } from "better-compute/core";
 import type { ProviderOffers } from "./contracts.ts";
+import { DEFAULT_IMAGE, DEFAULT_RUNTIME } from "./host-instances.ts";
 import {
   defaultFetch,
   iso,
@@ -28,13 +31,23 @@ import {
   type VpsOptions,
 } from "./methods.ts";
 
+const labels = z.record(z.string().min(1).max(253), z.string().max(253));
+const overcommit = z.object({ cpu: z.number(), memory: z.number() });
+
 const pool = z.object({
   id: z.string(),
-  account: z.string(),
-  provider: z.string(),
-  class: z.literal("provider"),
+  /** Provider pools: the account and its provider (null for host pools). */
+  account: z.string().nullable(),
+  provider: z.string().nullable(),
+  class: z.enum(["provider", "host"]),
   agent: z.enum(["none", "bcd"]),
   location: z.string().nullable(),
+  /** Host pools (null for provider pools): the hosts considered, the runtime, overcommit ratios, strategy and guest image. */
+  hosts: z.object({ labels }).nullable(),
+  runtime: z.string().nullable(),
+  overcommit: overcommit.nullable(),
+  strategy: z.enum(["spread", "pack"]).nullable(),
+  image: z.string().nullable(),
   flavors: z.number(),
   /** Instances in the pool that are not deleted. */
   instances: z.number(),
@@ -45,21 +58,27 @@ const flavor = z.object({
   id: z.string(),
   pool: z.string(),
   name: z.string(),
-  offer: z.string(),
-  image: z.string(),
+  /** Provider pools: the provider's offer and image (null in host pools, whose image is the pool's). */
+  offer: z.string().nullable(),
+  image: z.string().nullable(),
   vcpus: z.number(),
   memoryMiB: z.number(),
   diskGiB: z.number(),
   createdAt: z.string(),
 });
 
-interface PoolRow {
+export interface PoolRow {
   id: string;
-  account_id: string;
-  provider: string;
-  class: "provider";
+  account_id: string | null;
+  provider: string | null;
+  class: "provider" | "host";
   agent: "none" | "bcd";
   location: string | null;
+  host_labels: Record<string, string> | null;
+  runtime: string | null;
+  overcommit: { cpu: number; memory: number } | null;
+  strategy: "spread" | "pack" | null;
+  image: string | null;
   flavors: number;
   instances: number;
   created_at: string;
@@ -71,7 +90,7 @@ async function findPools(tx: Tx, filter: { id?: string; account?: string }) {
       SELECT p.*, a.provider,
              (SELECT count(*)::int FROM vps_flavors f WHERE f.pool_id = p.id) AS flavors,
              (SELECT count(*)::int FROM vps_instances i WHERE i.pool_id = p.id AND i.state <> 'deleted') AS instances
-      FROM vps_pools p JOIN vps_accounts a ON a.id = p.account_id
+      FROM vps_pools p LEFT JOIN vps_accounts a ON a.id = p.account_id
       WHERE (${filter.id ?? null}::text IS NULL OR p.id = ${filter.id ?? null})
         AND (${filter.account ?? null}::text IS NULL OR p.account_id = ${filter.account ?? null})
       ORDER BY p.id LIMIT 1000`)
@@ -83,6 +102,11 @@ async function findPools(tx: Tx, filter: { id?: string; account?: string }) {
     class: r.class,
     agent: r.agent,
     location: r.location,
+    hosts: r.host_labels ? { labels: r.host_labels } : null,
+    runtime: r.runtime,
+    overcommit: r.overcommit,
+    strategy: r.strategy,
+    image: r.image,
     flavors: r.flavors,
     instances: r.instances,
     createdAt: iso(r.created_at),
@@ -93,8 +117,8 @@ interface FlavorRow {
   id: string;
   pool_id: string;
   name: string;
-  offer: string;
-  image: string;
+  offer: string | null;
+  image: string | null;
   vcpus: number;
   memory_mib: number;
   disk_gib: number;
@@ -125,12 +149,34 @@ async function findFlavors(tx: Tx, filter: { id?: string; pool?: string; tenant?
   return (rows.rows as unknown as FlavorRow[]).map(toFlavor);
 }
 
-async function poolAccount(db: Db | Tx, poolId: string) {
-  const found = (await db.execute(sql`SELECT account_id, location FROM vps_pools WHERE id = ${poolId}`)).rows[0] as
-    { account_id: string; location: string | null } | undefined;
+/** The pool's row; NOT_FOUND when there is none. */
+export async function loadPool(db: Db | Tx, poolId: string): Promise<PoolRow> {
+  const found = (await db.execute(sql`SELECT * FROM vps_pools WHERE id = ${poolId}`)).rows[0] as PoolRow | undefined;
   if (!found) throw notFound(`pool ${poolId} does not exist`);
-  return { account: await loadAccount(db, found.account_id), location: found.location };
+  return found;
 }
+
+async function poolAccount(db: Db | Tx, poolId: string) {
+  const found = await loadPool(db, poolId);
+  return { account: await loadAccount(db, found.account_id!), location: found.location };
+}
+
+/** A host pool's fields as stored (the defaults applied). */
+const hostFields = (input: HostPoolInput) => ({
+  host_labels: input.hosts?.labels ?? {},
+  runtime: input.runtime ?? DEFAULT_RUNTIME,
+  overcommit: { cpu: input.overcommit?.cpu ?? 1, memory: input.overcommit?.memory ?? 1 },
+  strategy: input.strategy ?? "spread",
+  image: input.image ?? DEFAULT_IMAGE,
+});
+
+type HostPoolInput = {
+  hosts?: { labels?: Record<string, string> };
+  runtime?: string;
+  overcommit?: { cpu?: number; memory?: number };
+  strategy?: "spread" | "pack";
+  image?: string;
+};
 
 export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
   const fetch = options.fetch ?? defaultFetch;
@@ -142,17 +188,38 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
     action: "vps.pools.create",
     resource: (input) => `vps/pools/${input.id}`,
     description:
-      "Create a pool of provider instances on an account (and a location); agent bcd makes each instance join as a node. Idempotent: other fields are CONFLICT naming them",
+      "Create a pool: of provider instances on an account (and a location; agent bcd makes each instance join as a node), or with class host of tenant VMs on the deployment's hosts whose labels include hosts.labels. Idempotent: other fields are CONFLICT naming them",
     input: z.object({
       id: slug,
-      account: resourceId,
-      class: z.literal("provider").default("provider"),
+      class: z.enum(["provider", "host"]).default("provider"),
+      /** Provider pools: the account. */
+      account: resourceId.optional(),
       agent: z.enum(["none", "bcd"]).default("none"),
       /** The provider's location id (ProviderOffers.locations); default the provider's choice. */
       location: resourceId.optional(),
+      /** Host pools: the hosts considered are those whose labels include these (default every host). */
+      hosts: z.strictObject({ labels: labels.optional() }).optional(),
+      /** Host pools: the runtime driver guests run on (hosts advertise it as bc.dev/driver.<runtime>); default qemu-microvm. */
+      runtime: z
+        .string()
+        .regex(/^[a-z0-9][a-z0-9.-]{0,127}$/)
+        .optional(),
+      /** Host pools: CPU and memory overcommit ratios (default 1: none); disk is never overcommitted. */
+      overcommit: z.strictObject({ cpu: z.number().min(1).max(64).optional(), memory: z.number().min(1).max(64).optional() }).optional(),
+      /** Host pools: spread (least used host first, the default) or pack (most used first). */
+      strategy: z.enum(["spread", "pack"]).optional(),
+      /** Host pools: the guest image's name, as the hosts know it; default bc-guest. */
+      image: z
+        .string()
+        .regex(/^[a-z0-9][a-z0-9._-]{0,127}$/)
+        .optional(),
     }),
     output: pool.extend({ created: z.boolean() }),
     handler: async (ctx, input, tx) => {
+      if (input.class === "host") return createHostPool(ctx, input, tx);
+      const hostOnly = (["hosts", "runtime", "overcommit", "strategy", "image"] as const).filter((f) => input[f] !== undefined);
+      if (hostOnly.length) throw invalidArgument(`${hostOnly.join(", ")} are for pools of class host`, { fields: hostOnly });
+      if (!input.account) throw invalidArgument("a provider pool names its account");
       await loadAccount(tx, input.account);
       if (input.agent === "bcd" && !options.agentUrl)
         throw new ComputeError(
@@ -179,11 +246,44 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
     },
   });
 
+  /** A pool of class host: no account, no location, no agent (the hosts run the guests). */
+  async function createHostPool(
+    ctx: MethodContext,
+    input: HostPoolInput & { id: string; account?: string; agent: string; location?: string },
+    tx: Tx,
+  ) {
+    const providerOnly: string[] = (["account", "location"] as const).filter((f) => input[f] !== undefined);
+    if (input.agent !== "none") providerOnly.push("agent");
+    if (providerOnly.length)
+      throw invalidArgument(`${providerOnly.join(", ")} are for provider pools: a host pool's instances run on hosts`, {
+        fields: providerOnly,
+      });
+    const wanted = { class: "host", ...hostFields(input) };
+    const inserted = await tx.execute(sql`
+      INSERT INTO vps_pools (id, account_id, class, agent, location, host_labels, runtime, overcommit, strategy, image)
+      VALUES (${input.id}, NULL, 'host', 'none', NULL, ${JSON.stringify(wanted.host_labels)}::jsonb, ${wanted.runtime},
+              ${JSON.stringify(wanted.overcommit)}::jsonb, ${wanted.strategy}, ${wanted.image})
+      ON CONFLICT DO NOTHING RETURNING id`);
+    if (inserted.rows.length === 0) {
+      const stored = (
+        await tx.execute(sql`SELECT class, host_labels, runtime, overcommit, strategy, image FROM vps_pools WHERE id = ${input.id}`)
+      ).rows[0] as Record<string, unknown>;
+      refuseOtherFields("pool", input.id, stored, wanted);
+      return { ...(await findPools(tx, { id: input.id }))[0]!, created: false };
+    }
+    await ctx.events.publish(tx, {
+      type: "vps.pool.created",
+      subject: `vps/pools/${input.id}`,
+      data: { class: "host", hosts: { labels: wanted.host_labels }, runtime: wanted.runtime, strategy: wanted.strategy },
+    });
+    return { ...(await findPools(tx, { id: input.id }))[0]!, created: true };
+  }
+
   const poolsList = defineMethod({
     name: "vps.pools.list",
     action: "vps.pools.list",
     readOnly: true,
-    description: "The provider pools (of one account)",
+    description: "The pools (of one account)",
     input: z.object({ account: resourceId.optional() }),
     output: z.object({ pools: z.array(pool) }),
     handler: async (_ctx, input, tx) => ({ pools: await findPools(tx, { account: input.account }) }),
@@ -225,24 +325,47 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
     action: "vps.flavors.create",
     resource: (input) => `vps/flavors/${input.id}`,
     description:
-      "Map a flavor of a pool onto the provider's offer and image (both checked against the provider's offers now); its sizes are the offer's",
+      "Map a flavor of a provider pool onto the provider's offer and image (both checked against the provider's offers now; its sizes are the offer's), or give a host pool's flavor its sizes (vcpus, memoryMiB, diskGiB)",
     input: z.object({
       id: slug,
       pool: resourceId,
       /** What tenants see; default the id. */
       name: z.string().min(1).max(100).optional(),
-      /** The provider's flavor id (vps.accounts.offers: flavors). */
-      offer: resourceId,
-      /** The provider's image id (vps.accounts.offers: images). */
-      image: resourceId,
+      /** Provider pools: the provider's flavor id (vps.accounts.offers: flavors). */
+      offer: resourceId.optional(),
+      /** Provider pools: the provider's image id (vps.accounts.offers: images). */
+      image: resourceId.optional(),
+      /** Host pools: the guest's sizes. */
+      vcpus: z.number().int().min(1).max(1024).optional(),
+      memoryMiB: z.number().int().min(64).max(4_194_304).optional(),
+      diskGiB: z.number().int().min(1).max(65_536).optional(),
     }),
     output: flavor.extend({ created: z.boolean() }),
     admission: async (ctx, input) => {
+      const found = await loadPool(ctx.store.db, input.pool);
+      const sized = (["vcpus", "memoryMiB", "diskGiB"] as const).filter((f) => input[f] !== undefined);
+      if (found.class === "host") {
+        const missing = (["vcpus", "memoryMiB", "diskGiB"] as const).filter((f) => input[f] === undefined);
+        const offered = (["offer", "image"] as const).filter((f) => input[f] !== undefined);
+        if (offered.length)
+          throw invalidArgument(
+            `${offered.join(", ")} are for provider pools: a host pool's flavor is its sizes (its image is the pool's)`,
+            {
+              fields: offered,
+            },
+          );
+        if (missing.length) throw invalidArgument(`a host pool's flavor gives ${missing.join(", ")}`, { fields: missing });
+        return;
+      }
+      if (sized.length)
+        throw invalidArgument(`${sized.join(", ")} are for host pools: a provider flavor's sizes are its offer's`, { fields: sized });
+      if (!input.offer || !input.image) throw invalidArgument("a provider pool's flavor names the provider's offer and image");
       const { account } = await poolAccount(ctx.store.db, input.pool);
       const { client, provider } = await openAccount(ctx, account, fetch);
       fetched.set(input, { offers: await client.offers(), provider: provider.id });
     },
     handler: async (ctx, input, tx) => {
+      if ((await loadPool(tx, input.pool)).class === "host") return createHostFlavor(ctx, input as Required<typeof input>, tx);
       const { offers, provider } = fetched.get(input)!;
       const { location } = await poolAccount(tx, input.pool);
       const offer = offers.flavors.find((f) => f.id === input.offer);
@@ -251,7 +374,7 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
           offer: input.offer,
           known: offers.flavors.slice(0, 50).map((f) => f.id),
         });
-      if (!offers.images.some((i) => i.id === input.image))
+      if (!offers.images.some((i) => i.id === input.image!))
         throw invalidArgument(`image ${input.image} is not among ${provider}'s images`, {
           image: input.image,
           known: offers.images.slice(0, 50).map((i) => i.id),
@@ -268,7 +391,7 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
       const wanted = { pool_id: input.pool, name: input.name ?? input.id, offer: input.offer, image: input.image };
       const inserted = await tx.execute(sql`
         INSERT INTO vps_flavors (id, pool_id, name, offer, image, vcpus, memory_mib, disk_gib)
-        VALUES (${input.id}, ${input.pool}, ${wanted.name}, ${input.offer}, ${input.image}, ${offer.vcpus}, ${offer.memoryMiB}, ${offer.diskGiB})
+        VALUES (${input.id}, ${input.pool}, ${wanted.name}, ${input.offer!}, ${input.image!}, ${offer.vcpus}, ${offer.memoryMiB}, ${offer.diskGiB})
         ON CONFLICT DO NOTHING RETURNING id`);
       if (inserted.rows.length === 0) {
         const stored = (await tx.execute(sql`SELECT pool_id, name, offer, image FROM vps_flavors WHERE id = ${input.id}`))
@@ -284,6 +407,37 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
       return { ...(await findFlavors(tx, { id: input.id }))[0]!, created: true };
     },
   });
+
+  /** A host pool's flavor: its sizes, checked by the placer against hosts when an instance is placed. */
+  async function createHostFlavor(
+    ctx: MethodContext,
+    input: { id: string; pool: string; name?: string; vcpus: number; memoryMiB: number; diskGiB: number },
+    tx: Tx,
+  ) {
+    const wanted = {
+      pool_id: input.pool,
+      name: input.name ?? input.id,
+      vcpus: input.vcpus,
+      memory_mib: input.memoryMiB,
+      disk_gib: input.diskGiB,
+    };
+    const inserted = await tx.execute(sql`
+      INSERT INTO vps_flavors (id, pool_id, name, offer, image, vcpus, memory_mib, disk_gib)
+      VALUES (${input.id}, ${input.pool}, ${wanted.name}, NULL, NULL, ${input.vcpus}, ${input.memoryMiB}, ${input.diskGiB})
+      ON CONFLICT DO NOTHING RETURNING id`);
+    if (inserted.rows.length === 0) {
+      const stored = (await tx.execute(sql`SELECT pool_id, name, vcpus, memory_mib, disk_gib FROM vps_flavors WHERE id = ${input.id}`))
+        .rows[0] as Record<string, unknown>;
+      refuseOtherFields("flavor", input.id, stored, wanted);
+      return { ...(await findFlavors(tx, { id: input.id }))[0]!, created: false };
+    }
+    await ctx.events.publish(tx, {
+      type: "vps.flavor.created",
+      subject: `vps/flavors/${input.id}`,
+      data: { pool: input.pool, vcpus: input.vcpus, memoryMiB: input.memoryMiB, diskGiB: input.diskGiB },
+    });
+    return { ...(await findFlavors(tx, { id: input.id }))[0]!, created: true };
+  }
 
   const flavorsList = defineMethod({
     name: "vps.flavors.list",
@@ -333,11 +487,11 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
 }
 
 export const poolActions = {
-  "vps.pools.create": "Create provider pools",
-  "vps.pools.list": "List provider pools",
-  "vps.pools.get": "Read a provider pool",
-  "vps.pools.delete": "Delete provider pools without instances",
-  "vps.flavors.create": "Map flavors onto a provider's offers",
+  "vps.pools.create": "Create pools (of provider instances, or of class host)",
+  "vps.pools.list": "List pools",
+  "vps.pools.get": "Read a pool",
+  "vps.pools.delete": "Delete pools without instances",
+  "vps.flavors.create": "Create flavors (a provider's offer, or a host pool's sizes)",
   "vps.flavors.list": "List flavors",
   "vps.flavors.get": "Read a flavor",
   "vps.flavors.delete": "Delete flavors no instance uses",

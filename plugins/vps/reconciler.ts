@@ -44,7 +44,7 @@ export function instancesReconciler(options: VpsOptions): Reconciler {
       const registered = ctx.registered.extensions<ProviderDefinition>("provider").map((p) => `${p.id}@${p.version}`);
       const due = await ctx.store.db.execute(sql`
         SELECT i.id, a.id AS account FROM vps_instances i JOIN vps_pools p ON p.id = i.pool_id JOIN vps_accounts a ON a.id = p.account_id
-        WHERE i.state <> 'deleted' AND (i.state <> 'failed' OR i.desired = 'deleted')
+        WHERE p.class = 'provider' AND i.state <> 'deleted' AND (i.state <> 'failed' OR i.desired = 'deleted')
           AND (i.next_attempt_at IS NULL OR i.next_attempt_at <= compute_now())
           AND (i.lease_until IS NULL OR i.lease_until < compute_now())
           AND (a.paused_until IS NULL OR a.paused_until <= compute_now())
@@ -154,6 +154,8 @@ async function claim(ctx: ModuleContext, id: string): Promise<Claimed | undefine
       UPDATE vps_instances SET lease_until = compute_now() + make_interval(secs => ${LEASE_SECONDS})
       WHERE id = ${id} AND state <> 'deleted' AND (state <> 'failed' OR desired = 'deleted')
         AND (lease_until IS NULL OR lease_until < compute_now())
+        -- Host pools' instances are the host reconciler's (host-instances.ts).
+        AND pool_id IN (SELECT id FROM vps_pools WHERE class = 'provider')
       RETURNING *, lease_until::text AS lease, reboot_requested_at::text AS reboot_seen`);
     return rows.rows[0] as (InstanceRow & { lease: string; reboot_seen: string | null }) | undefined;
   });

@@ -107,4 +107,46 @@ CREATE TABLE IF NOT EXISTS vps_instance_history (
 );
 CREATE INDEX IF NOT EXISTS vps_instance_history_instance ON vps_instance_history (instance_id, id);`;
 
-export const vpsMigrations: Migration[] = [{ name: "vps/0001_vps", sql: SCHEMA_SQL }];
+// Pools of class host (docs/vps.md, "Host pools"): tenant VMs on the deployment's own hosts,
+// placed by the capacity module and run by the hosts' node agents through their NodeSpec.
+const HOST_POOLS_SQL = `
+ALTER TABLE vps_pools ALTER COLUMN account_id DROP NOT NULL;
+ALTER TABLE vps_pools DROP CONSTRAINT vps_pools_class_check;
+ALTER TABLE vps_pools ADD CONSTRAINT vps_pools_class_check CHECK (class IN ('provider', 'host'));
+ALTER TABLE vps_pools
+  -- Host pools: the labels a host must carry to be a candidate, the runtime (driver id) guests run
+  -- on, the overcommit ratios { cpu, memory }, spread or pack, and the guest image's name.
+  ADD COLUMN host_labels jsonb,
+  ADD COLUMN runtime text,
+  ADD COLUMN overcommit jsonb,
+  ADD COLUMN strategy text CHECK (strategy IN ('spread', 'pack')),
+  ADD COLUMN image text;
+ALTER TABLE vps_pools ADD CONSTRAINT vps_pools_class_fields CHECK (
+  CASE class WHEN 'provider' THEN account_id IS NOT NULL AND host_labels IS NULL
+             ELSE account_id IS NULL AND host_labels IS NOT NULL AND runtime IS NOT NULL AND overcommit IS NOT NULL
+                  AND strategy IS NOT NULL AND image IS NOT NULL END);
+-- A host pool's flavor is its sizes alone: no provider offer, the pool's image.
+ALTER TABLE vps_flavors ALTER COLUMN offer DROP NOT NULL, ALTER COLUMN image DROP NOT NULL;
+ALTER TABLE vps_instances
+  -- Host pools only. The user data exactly as the guest gets it, composed once at create, and its sha256.
+  ADD COLUMN user_data text,
+  ADD COLUMN user_data_sha256 text,
+  ADD COLUMN anti_affinity_group text,
+  -- The host (node id) it is placed on, and the NodeSpec generation its last entry write made:
+  -- the host's observed state counts once the host reports that generation or a later one.
+  ADD COLUMN host_node_id text,
+  ADD COLUMN spec_generation bigint,
+  -- Why it is not placed: { rejections: [{ nodeId, filter, reason }] } (null once placed).
+  ADD COLUMN placement jsonb,
+  -- What the guest reported once booted (GuestReport: hostname, userDataSha256, hostKeys, address...).
+  ADD COLUMN guest jsonb,
+  -- Why it stopped or failed without being asked (guest_poweroff, vmm_exited, host_reboot, boot_failed...).
+  ADD COLUMN reason text,
+  -- Bumped by each reboot asked for; the host reboots a running guest booted for a lower count.
+  ADD COLUMN reboot_count integer NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS vps_instances_host ON vps_instances (host_node_id) WHERE state <> 'deleted';`;
+
+export const vpsMigrations: Migration[] = [
+  { name: "vps/0001_vps", sql: SCHEMA_SQL },
+  { name: "vps/0002_host_pools", sql: HOST_POOLS_SQL },
+];

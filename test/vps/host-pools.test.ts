@@ -1,0 +1,336 @@
+// vps pools of class host in workerd against Postgres: a tenant's instances are placed on hosts by
+// the capacity module, written into the hosts' NodeSpecs, converged by each host's node role and
+// followed by the vps.hostInstances reconciler from what the hosts report. The hosts are
+// FakeDaemons (the real AgentClient, JoinService and NodeDO) running the node role's converger.
+// SIMULATED: the machines' resources (what a FakeDaemon reports) and the runtime
+// (agent/testing/simulated-runtime.ts: no guest boots; its report is computed from the spec it was
+// given, so the user data's sha256 is the one of the bytes the host received).
+import { env } from "cloudflare:workers";
+import { sql } from "drizzle-orm";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { FakeDaemon } from "../../agent/testing.ts";
+import { simulatedRuntime, type SimulatedRuntime } from "../../agent/testing/simulated-runtime.ts";
+import { betterCompute } from "../../core/index.ts";
+import { sha256Hex } from "../../core/encoding.ts";
+import { createTestClient, type TestClient } from "../../core/testing.ts";
+import { capacity } from "better-compute/capacity";
+import { vps } from "../../plugins/vps/index.ts";
+import { fetcher } from "../support/raw-agent.ts";
+
+const compute = betterCompute({ modules: [capacity(), vps()] });
+let client: TestClient;
+const daemons: FakeDaemon[] = [];
+beforeAll(async () => {
+  client = await createTestClient(compute, env);
+});
+afterEach(async () => {
+  await Promise.all(daemons.splice(0).map((d) => d.stop()));
+});
+afterAll(() => client?.close());
+
+async function ok<T = any>(name: string, input: unknown, key?: string): Promise<T> {
+  const res = await client.call<T>(name, input, key ? { key } : {});
+  expect(res.status, `${name}: ${JSON.stringify(res.body)}`).toBe(200);
+  return res.body;
+}
+
+async function refused(name: string, input: unknown, code: string, key?: string) {
+  const res = await client.call(name, input, key ? { key } : {});
+  expect(res.body.code, `${name}: ${JSON.stringify(res.body)}`).toBe(code);
+  return res.body as { code: string; message: string; details?: Record<string, any> };
+}
+
+/** A host: a FakeDaemon joined with the world's label, reporting these resources, running a simulated qemu-microvm. */
+async function host(labels: Record<string, string>, opts: { drivers?: { id: string; version: string }[] } = {}) {
+  const runtime = simulatedRuntime({ id: "qemu-microvm", bootDelayMs: 10 });
+  const resources = { cpus: 4, memoryMiB: 8192, diskGiB: 100 };
+  const d = new FakeDaemon({
+    baseUrl: "http://bc.test",
+    fetch: fetcher(compute, env),
+    role: "node",
+    heartbeatMs: 60_000,
+    drivers: opts.drivers ?? [],
+    resources: { ...resources, devices: [] },
+    node: { runtimes: [runtime] },
+  });
+  daemons.push(d);
+  await d.join((await client.call("joinTokens.create", { role: "node", labels })).body.token);
+  await d.connect();
+  await expect
+    .poll(async () => ((await client.store.db.execute(sql`SELECT state FROM bc_nodes WHERE id = ${d.nodeId!}`)).rows[0] as any)?.state)
+    .toBe("connected");
+  return { daemon: d, runtime, node: d.nodeId! };
+}
+
+/** A host pool on the hosts labelled for this world, a tenant with a key and a quota, and two flavors. */
+async function world(name: string, pool: { strategy?: "spread" | "pack"; runtime?: string } = {}) {
+  const id = `${name}-${crypto.randomUUID().slice(0, 6)}`;
+  const labels = { "vps-host-test": id };
+  await ok("vps.pools.create", { id, class: "host", hosts: { labels }, strategy: pool.strategy ?? "spread", runtime: pool.runtime });
+  await ok("vps.flavors.create", { id: `${id}-small`, pool: id, vcpus: 2, memoryMiB: 2048, diskGiB: 10 });
+  await ok("vps.flavors.create", { id: `${id}-large`, pool: id, vcpus: 4, memoryMiB: 4096, diskGiB: 20 });
+  await ok("vps.tenants.create", { id, name: `Tenant ${name}` });
+  await ok("vps.quotas.set", { tenant: id, pool: id, instances: 10, vcpus: 40, memoryMiB: 65536, diskGiB: 1000 });
+  const apiKey = await ok<{ id: string; key: string }>("iam.apiKeys.create", { name: `tenant ${id}`, roles: ["vps-tenant"] });
+  await ok("vps.tenants.addMember", { tenant: id, principal: `apikey:${apiKey.id}` });
+  return { id, labels, key: apiKey.key, small: `${id}-small`, large: `${id}-large` };
+}
+
+type World = Awaited<ReturnType<typeof world>>;
+
+const script = (name: string) => `#!/bin/sh\necho "hello from ${name}" > /run/hello\n`;
+
+const create = (w: World, name: string, extra: object = {}) =>
+  ok("vps.instances.create", { pool: w.id, flavor: w.small, name, userData: script(name), ...extra }, w.key);
+
+const get = (w: World, id: string) => ok("vps.instances.get", { id }, w.key);
+
+/** One cron pass of the reconcilers (the NodeDO also runs vps's after each status it records). */
+const pass = () => compute.reconcile(env, client.store);
+
+async function until(w: World, id: string, state: string) {
+  await expect
+    .poll(
+      async () => {
+        await pass();
+        return (await get(w, id)).state;
+      },
+      { timeout: 20_000, interval: 100 },
+    )
+    .toBe(state);
+  return get(w, id);
+}
+
+/** The host's entry for the instance, as the host gets it (nodes.spec.get hides the user data). */
+const entryOn = async (node: string, id: string) =>
+  (await compute.moduleContext("vps", env, client.store).nodeSpecs.get(node))?.sections.instances?.[id] as any;
+
+const reservations = async (pool: string) =>
+  ((await client.store.db.execute(sql`SELECT count(*)::int AS n FROM capacity_reservations WHERE pool = ${pool}`)).rows[0] as { n: number })
+    .n;
+
+describe("host pools: the operator's setup", () => {
+  it("creates a host pool idempotently, with its defaults; refuses provider fields on it and offers on its flavors", async () => {
+    const id = `setup-${crypto.randomUUID().slice(0, 6)}`;
+    const pool = { id, class: "host", hosts: { labels: { rack: "r1" } }, overcommit: { cpu: 4 } };
+    expect(await ok("vps.pools.create", pool)).toMatchObject({
+      id,
+      class: "host",
+      account: null,
+      hosts: { labels: { rack: "r1" } },
+      runtime: "qemu-microvm",
+      overcommit: { cpu: 4, memory: 1 },
+      strategy: "spread",
+      image: "bc-guest",
+      created: true,
+    });
+    expect(await ok("vps.pools.create", pool)).toMatchObject({ created: false });
+    expect((await refused("vps.pools.create", { ...pool, strategy: "pack" }, "CONFLICT")).details!.fields).toEqual(["strategy"]);
+    await refused("vps.pools.create", { ...pool, id: `${id}-x`, account: "acct" }, "INVALID_ARGUMENT");
+    await refused("vps.pools.create", { id: `${id}-y`, runtime: "qemu-microvm" }, "INVALID_ARGUMENT");
+    await refused("vps.flavors.create", { id: `${id}-f`, pool: id, offer: "cx22", image: "debian-12" }, "INVALID_ARGUMENT");
+    await refused("vps.flavors.create", { id: `${id}-f`, pool: id, vcpus: 2 }, "INVALID_ARGUMENT");
+    expect(await ok("vps.flavors.create", { id: `${id}-f`, pool: id, vcpus: 2, memoryMiB: 1024, diskGiB: 5 })).toMatchObject({
+      offer: null,
+      image: null,
+      vcpus: 2,
+      created: true,
+    });
+  });
+});
+
+describe("host pools: placement", () => {
+  it("places a tenant's instances by capacity and anti-affinity, explains the one no host takes, runs the placed ones and shows their guest", async () => {
+    const w = await world("place", { strategy: "pack" });
+    const a = await host(w.labels);
+    const b = await host(w.labels);
+
+    // pack would put both on one host: the anti-affinity group keeps them apart.
+    const one = await create(w, "one", { antiAffinityGroup: "web" });
+    const two = await create(w, "two", { antiAffinityGroup: "web" });
+    expect([one.state, two.state]).toEqual(["starting", "starting"]);
+    expect(new Set([one.host, two.host])).toEqual(new Set([a.node, b.node]));
+
+    // 4 vCPUs fit on neither host (2 of 4 are used on each): kept pending, with each host's reason.
+    const three = await create(w, "three", { flavor: w.large });
+    expect(three).toMatchObject({ state: "pending", host: null });
+    expect(three.placement.rejections).toEqual(
+      expect.arrayContaining([
+        { nodeId: a.node, filter: "fits", reason: expect.stringContaining("needs 4 vCPUs, 2 free of 4") },
+        { nodeId: b.node, filter: "fits", reason: expect.stringContaining("needs 4 vCPUs, 2 free of 4") },
+      ]),
+    );
+    expect(await reservations(w.id)).toBe(2);
+
+    // The entry the host got: the instance id is the one name, the stored bytes in base64 with their sha256.
+    const stored = await sha256Hex(script("one"));
+    expect(await entryOn(one.host, one.id)).toEqual({
+      name: one.id,
+      runtime: "qemu-microvm",
+      desired: "running",
+      vcpus: 2,
+      memory: "2048M",
+      disk: "10G",
+      image: "bc-guest",
+      userData: btoa(script("one")),
+      userDataSha256: stored,
+      rebootCount: 0,
+    });
+    // An operator reading the host's NodeSpec sees the sha256, not the tenant's bytes.
+    const shown = (await ok("nodes.spec.get", { node: one.host })).sections.instances[one.id];
+    expect(shown).toMatchObject({ userDataSha256: stored });
+    expect(JSON.stringify(shown)).not.toContain(btoa(script("one")));
+
+    const running = await until(w, one.id, "running");
+    await until(w, two.id, "running");
+    expect(running.guest).toEqual({
+      hostname: one.id,
+      userDataSha256: stored,
+      storedUserDataSha256: stored,
+      hostKeys: [expect.stringMatching(/^ssh-ed25519 /)],
+      knownHosts: `${one.id} ${running.guest.hostKeys[0].split(" ").slice(0, 2).join(" ")}\n`,
+      address: "10.0.2.2/30",
+    });
+    const onHost = one.host === a.node ? a : b;
+    expect(onHost.runtime.boots).toEqual([one.id]);
+
+    // Deleting one frees its host: the pending instance is placed there by the next pass.
+    await ok("vps.instances.delete", { id: one.id }, w.key);
+    await until(w, one.id, "deleted");
+    expect(onHost.runtime.removed).toEqual([one.id]);
+    expect(await entryOn(onHost.node, one.id)).toBeUndefined();
+    const placed = await until(w, three.id, "running");
+    expect(placed).toMatchObject({ host: onHost.node, placement: null });
+    expect(await reservations(w.id)).toBe(2);
+  });
+
+  it("FC-USERDATA-REQUIRED: refuses a host instance without user data (or with too much) before anything is reserved or written", async () => {
+    const w = await world("userdata");
+    await host(w.labels);
+    const before = await reservations(w.id);
+    const missing = await refused("vps.instances.create", { pool: w.id, flavor: w.small, name: "bare" }, "INVALID_ARGUMENT", w.key);
+    expect(missing.message).toContain("userData");
+    await refused("vps.instances.create", { pool: w.id, flavor: w.small, name: "bare", userData: "" }, "INVALID_ARGUMENT", w.key);
+    await refused(
+      "vps.instances.create",
+      { pool: w.id, flavor: w.small, name: "big", userData: "x".repeat(32 * 1024 + 1) },
+      "INVALID_ARGUMENT",
+      w.key,
+    );
+    expect(await reservations(w.id)).toBe(before);
+    expect((await client.store.db.execute(sql`SELECT 1 FROM vps_instances WHERE pool_id = ${w.id}`)).rows).toHaveLength(0);
+  });
+
+  it("FC-ENRICH-ONCE: the stored user data is the tenant's bytes, sent unchanged by every later entry write", async () => {
+    const w = await world("enrich");
+    const h = await host(w.labels);
+    const userData = "#cloud-config\nruncmd:\n  - [touch, /run/ünïcode]\n";
+    const created = await create(w, "once", { userData });
+    const row = (await client.store.db.execute(sql`SELECT user_data, user_data_sha256 FROM vps_instances WHERE id = ${created.id}`))
+      .rows[0] as { user_data: string; user_data_sha256: string };
+    expect(row).toEqual({ user_data: userData, user_data_sha256: await sha256Hex(userData) });
+    await until(w, created.id, "running");
+    await ok("vps.instances.stop", { id: created.id }, w.key);
+    await until(w, created.id, "stopped");
+    const entry = await entryOn(h.node, created.id);
+    expect(new TextDecoder().decode(Uint8Array.from(atob(entry.userData), (c) => c.charCodeAt(0)))).toBe(userData);
+    expect((await get(w, created.id)).guest.userDataSha256).toBe(row.user_data_sha256);
+  });
+});
+
+describe("host pools: lifecycle", () => {
+  it("stop, start and reboot move the entry and the state; a guest that powers off stays stopped with its reason; the console is the host's", async () => {
+    const w = await world("life");
+    const h = await host(w.labels);
+    const vm = await create(w, "life");
+    await until(w, vm.id, "running");
+
+    expect(await ok("vps.instances.stop", { id: vm.id }, w.key)).toMatchObject({ state: "stopping", desired: "stopped" });
+    expect(await entryOn(h.node, vm.id)).toMatchObject({ desired: "stopped" });
+    expect(await until(w, vm.id, "stopped")).toMatchObject({ reason: null });
+
+    expect(await ok("vps.instances.start", { id: vm.id }, w.key)).toMatchObject({ state: "starting", desired: "running" });
+    expect(await entryOn(h.node, vm.id)).toMatchObject({ desired: "running" });
+    await until(w, vm.id, "running");
+
+    expect(await ok("vps.instances.reboot", { id: vm.id }, w.key)).toMatchObject({ state: "starting" });
+    expect(await entryOn(h.node, vm.id)).toMatchObject({ desired: "running", rebootCount: 1 });
+    await until(w, vm.id, "running");
+    // Booted at create, at start and once for the reboot: never twice for one ask.
+    expect(h.runtime.boots).toEqual([vm.id, vm.id, vm.id]);
+
+    const tail = await ok("vps.instances.console", { id: vm.id, maxBytes: 4096 }, w.key);
+    expect(tail).toMatchObject({ id: vm.id, host: h.node, stale: false, error: null });
+    expect(tail.console).toContain(`SIMULATED console of ${vm.id}`);
+    await refused("vps.instances.console", { id: vm.id, maxBytes: 16 * 1024 + 1 }, "INVALID_ARGUMENT", w.key);
+
+    // The guest powers itself off: noticed, kept off (not booted again), with why.
+    h.runtime.powerOff(vm.id);
+    expect(await until(w, vm.id, "stopped")).toMatchObject({ reason: "guest_poweroff", desired: "stopped" });
+    expect(await entryOn(h.node, vm.id)).toMatchObject({ desired: "stopped" });
+    await h.daemon.node!.idle();
+    expect(h.runtime.boots).toHaveLength(3);
+
+    await ok("vps.instances.delete", { id: vm.id }, w.key);
+    expect(await entryOn(h.node, vm.id)).toBeUndefined();
+    await until(w, vm.id, "deleted");
+    expect(h.runtime.removed).toEqual([vm.id]);
+    expect(await reservations(w.id)).toBe(0);
+  });
+});
+
+describe("host pools: a guest the host cannot run", () => {
+  it("is failed with the host's reason and message, and deleted once the host no longer has it", async () => {
+    // The host advertises firecracker (a label) without having the runtime: it reports the entry failed.
+    const w = await world("fail", { runtime: "firecracker" });
+    const h = await host(w.labels, { drivers: [{ id: "firecracker", version: "1" }] });
+    const vm = await create(w, "nope");
+    expect(vm).toMatchObject({ host: h.node, state: "starting" });
+    const failed = await until(w, vm.id, "failed");
+    expect(failed).toMatchObject({
+      reason: "UNSUPPORTED",
+      lastError: { code: "UNSUPPORTED", message: expect.stringContaining("firecracker") },
+    });
+    await refused("vps.instances.start", { id: vm.id }, "FAILED_PRECONDITION", w.key);
+    await ok("vps.instances.delete", { id: vm.id }, w.key);
+    await until(w, vm.id, "deleted");
+    expect(await reservations(w.id)).toBe(0);
+  });
+});
+
+describe("host pools: drain", () => {
+  it("moves a cordoned host's stopped instance to another host and says why a running one cannot move", async () => {
+    const w = await world("drain", { strategy: "pack" });
+    const a = await host(w.labels);
+    const stopped = await create(w, "parked");
+    const running = await create(w, "busy");
+    // pack: both on the first host; the second host joins afterwards.
+    expect(running.host).toBe(stopped.host);
+    expect(stopped.host).toBe(a.node);
+    const b = await host(w.labels);
+    await until(w, running.id, "running");
+    await until(w, stopped.id, "running");
+    await ok("vps.instances.stop", { id: stopped.id }, w.key);
+    await until(w, stopped.id, "stopped");
+
+    // A tenant may not drain; an operator must cordon first, or a moved instance could land on the same host.
+    await refused("vps.hosts.drain", { node: a.node }, "PERMISSION_DENIED", w.key);
+    await refused("vps.hosts.drain", { node: a.node }, "FAILED_PRECONDITION");
+    await ok("capacity.hosts.cordon", { node: a.node, reason: "disk replacement" });
+
+    const drained = await ok("vps.hosts.drain", { node: a.node });
+    expect(drained).toEqual({
+      node: a.node,
+      moved: [{ id: stopped.id, to: b.node }],
+      notMoved: [{ id: running.id, state: "running", reason: expect.stringContaining("cannot move live") }],
+    });
+    expect(await entryOn(a.node, stopped.id)).toBeUndefined();
+    expect(await entryOn(b.node, stopped.id)).toMatchObject({ desired: "stopped" });
+    expect(await get(w, stopped.id)).toMatchObject({ host: b.node, state: "stopped" });
+
+    await ok("vps.instances.start", { id: stopped.id }, w.key);
+    expect(await until(w, stopped.id, "running")).toMatchObject({ host: b.node });
+    expect(b.runtime.boots).toEqual([stopped.id]);
+    await expect.poll(() => a.runtime.removed, { timeout: 10_000 }).toEqual([stopped.id]);
+  });
+});

@@ -10,7 +10,12 @@ export { MicroVmRuntime, type CrashStep, type MicroVmImage, type MicroVmRuntimeO
 export { parseSize } from "./microvm/helpers.ts";
 export { DEFAULT_NETWORK, guestMac, type NetworkPlan } from "./microvm/network.ts";
 export { QemuBackend, qemuCommand, type QemuBackendOptions } from "./microvm/qemu.ts";
-export { FirecrackerBackend, firecrackerRuntime, type FirecrackerBackendOptions, type FirecrackerRuntimeOptions } from "./microvm/firecracker.ts";
+export {
+  FirecrackerBackend,
+  firecrackerRuntime,
+  type FirecrackerBackendOptions,
+  type FirecrackerRuntimeOptions,
+} from "./microvm/firecracker.ts";
 
 export type QemuMicroVmRuntimeOptions = Omit<MicroVmRuntimeOptions, "backend"> & { qemu?: QemuBackendOptions };
 

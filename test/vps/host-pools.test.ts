@@ -41,9 +41,12 @@ async function refused(name: string, input: unknown, code: string, key?: string)
 }
 
 /** A host: a FakeDaemon joined with the world's label, reporting these resources, running a simulated qemu-microvm. */
-async function host(labels: Record<string, string>, opts: { drivers?: { id: string; version: string }[] } = {}) {
+async function host(
+  labels: Record<string, string>,
+  opts: { drivers?: { id: string; version: string }[]; resources?: { cpus: number; memoryMiB: number; diskGiB: number } } = {},
+) {
   const runtime = simulatedRuntime({ id: "qemu-microvm", bootDelayMs: 10 });
-  const resources = { cpus: 4, memoryMiB: 8192, diskGiB: 100 };
+  const resources = opts.resources ?? { cpus: 4, memoryMiB: 8192, diskGiB: 100 };
   const d = new FakeDaemon({
     baseUrl: "http://bc.test",
     fetch: fetcher(compute, env),
@@ -332,5 +335,46 @@ describe("host pools: drain", () => {
     expect(await until(w, stopped.id, "running")).toMatchObject({ host: b.node });
     expect(b.runtime.boots).toEqual([stopped.id]);
     await expect.poll(() => a.runtime.removed, { timeout: 10_000 }).toEqual([stopped.id]);
+  });
+});
+
+describe("host pools: racing creates", () => {
+  it("100 creates at once from two tenants for 10 slots place exactly 10 and overbook no host", async () => {
+    const w = await world("race");
+    const drivers = [{ id: "qemu-microvm", version: "1" }];
+    // 2 hosts of 10 vCPUs: 5 small (2-vCPU) instances each.
+    const hosts = [
+      await host(w.labels, { drivers, resources: { cpus: 10, memoryMiB: 65536, diskGiB: 1000 } }),
+      await host(w.labels, { drivers, resources: { cpus: 10, memoryMiB: 65536, diskGiB: 1000 } }),
+    ];
+    await ok("vps.quotas.set", { tenant: w.id, pool: w.id, instances: 100, vcpus: 400, memoryMiB: 1 << 20, diskGiB: 10_000 });
+    const other = `${w.id}-b`;
+    await ok("vps.tenants.create", { id: other, name: "Tenant race b" });
+    await ok("vps.quotas.set", { tenant: other, pool: w.id, instances: 100, vcpus: 400, memoryMiB: 1 << 20, diskGiB: 10_000 });
+    const otherKey = await ok<{ id: string; key: string }>("iam.apiKeys.create", { name: `tenant ${other}`, roles: ["vps-tenant"] });
+    await ok("vps.tenants.addMember", { tenant: other, principal: `apikey:${otherKey.id}` });
+
+    const created = await Promise.all(
+      Array.from({ length: 100 }, (_, i) =>
+        ok<{ id: string; host: string | null; state: string }>(
+          "vps.instances.create",
+          { pool: w.id, flavor: w.small, name: `race-${i}`, userData: script(`race-${i}`) },
+          i % 2 ? otherKey.key : w.key,
+        ),
+      ),
+    );
+    const placed = created.filter((c) => c.host !== null);
+    expect(placed).toHaveLength(10);
+    expect(created.filter((c) => c.host === null && c.state === "pending")).toHaveLength(90);
+    // What the capacity module booked, per host: never more than the host has.
+    const booked = (
+      await client.store.db.execute(sql`
+        SELECT node_id, sum(vcpus)::int AS vcpus, count(*)::int AS n FROM capacity_reservations WHERE pool = ${w.id} GROUP BY node_id`)
+    ).rows as { node_id: string; vcpus: number; n: number }[];
+    expect(booked.map((b) => b.vcpus).sort()).toEqual([10, 10]);
+    expect(new Set(booked.map((b) => b.node_id))).toEqual(new Set(hosts.map((h) => h.node)));
+    // A reconciler pass retries the pending ones: still no room, nothing more is placed.
+    await pass();
+    expect(await reservations(w.id)).toBe(10);
   });
 });

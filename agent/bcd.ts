@@ -26,7 +26,7 @@ import { AGENT_VERSION, AgentClient, AgentError, type AgentLogger, type CommandH
 import { FileState, writeAtomic } from "./file-state.ts";
 import { nodeCommandHandlers, nodeRole, type NodeRole } from "./roles/node.ts";
 import type { RuntimeDriver } from "./runtimes/contract.ts";
-import { firecrackerRuntime, qemuMicroVmRuntime } from "./runtimes/index.ts";
+import { firecrackerRuntime, qemuMicroVmRuntime, type CrashStep } from "./runtimes/index.ts";
 import { ensureGuestImage, GUEST_IMAGE_NAME, type GuestImage } from "./runtimes/microvm/image.ts";
 import type { HelloFrame } from "../core/protocol.ts";
 import { httpProxyHandlers } from "./roles/http-proxy.ts";
@@ -190,8 +190,9 @@ export async function nodeRuntimes(opts: NodeRuntimeOptions): Promise<RuntimeDri
     });
     return image;
   };
+  const crashPoint = testCrashPoint(opts.log);
   if (await onPath("qemu-system-x86_64"))
-    runtimes.push(qemuMicroVmRuntime({ root: path.join(opts.runtimeDir, "qemu-microvm"), images, log: opts.log }));
+    runtimes.push(qemuMicroVmRuntime({ root: path.join(opts.runtimeDir, "qemu-microvm"), images, log: opts.log, crashPoint }));
   else opts.log.warn("qemu-system-x86_64 is not installed: this host offers no qemu-microvm runtime", {});
   if (opts.firecrackerBin)
     runtimes.push(
@@ -199,10 +200,28 @@ export async function nodeRuntimes(opts: NodeRuntimeOptions): Promise<RuntimeDri
         root: path.join(opts.runtimeDir, "firecracker"),
         images,
         log: opts.log,
+        crashPoint,
         firecracker: { binary: [path.resolve(opts.firecrackerBin)] },
       }),
     );
   return runtimes;
+}
+
+/**
+ * A TEST HOOK that does nothing unless BC_TEST_CRASH_AT is set: it names a runtime step (a
+ * CrashStep, e.g. "netns"; "<step>:<n>" for its n-th time in this process) at which bcd SIGKILLs
+ * itself, so test/node/bcd-node-chaos.test.ts can kill the real agent at every step of create,
+ * stop and delete.
+ */
+function testCrashPoint(log: AgentLogger): ((step: CrashStep) => void) | undefined {
+  const at = process.env.BC_TEST_CRASH_AT;
+  if (!at) return undefined;
+  const [want, nth = "1"] = at.split(":");
+  log.warn("BC_TEST_CRASH_AT is set: this bcd kills itself at that runtime step (a test hook)", { at });
+  let seen = 0;
+  return (step) => {
+    if (step === want && ++seen === Number(nth)) process.kill(process.pid, "SIGKILL");
+  };
 }
 
 /** Whether an executable of this name is on PATH. */

@@ -11,17 +11,20 @@
 //   --site             the simulated site (what npm run dev passes); --machines N of them (default 3)
 //   --providers        with --site: the Hetzner Cloud, Hetzner Robot and Proxmox emulators, registered
 //                      as accounts and pools with a tenant (scripts/local/dev-providers.ts)
+//   --vms              with --site: this machine as the host of a host pool (a real bcd node booting
+//                      QEMU microVMs) with a tenant (scripts/local/dev-vms.ts)
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { nodeTransport } from "../agent/node-transport.ts";
 import { FakeDaemon } from "../agent/testing.ts";
 import { startDevProviders, type DevTenant } from "./local/dev-providers.ts";
 import { startDevSite, type DevSite } from "./local/dev-site.ts";
+import { devGuestImage, devVmsProblem, registerDevVms, type DevVms } from "./local/dev-vms.ts";
 import { repoRoot } from "./local/node-store.ts";
 import { shownPath, StackRefusedError, startStack, type Stack } from "./local/stack.ts";
 
 const USAGE =
-  "usage: npm start -- [--port P] [--new-admin-key] [--sim N]    npm run dev -- [--machines N] [--providers] [--port P] [--sim N]";
+  "usage: npm start -- [--port P] [--new-admin-key] [--sim N]    npm run dev -- [--machines N] [--providers] [--vms] [--port P] [--sim N]";
 
 let values;
 try {
@@ -32,6 +35,7 @@ try {
       site: { type: "boolean", default: false },
       machines: { type: "string" },
       providers: { type: "boolean", default: false },
+      vms: { type: "boolean", default: false },
       "new-admin-key": { type: "boolean", default: false },
     },
   }));
@@ -43,6 +47,7 @@ const siteMode = values.site;
 if (values.machines !== undefined && !siteMode) usage("--machines is for the simulated site: npm run dev -- --machines N");
 // The emulators live in this process only: their accounts belong in npm run dev's data, started afresh.
 if (values.providers && !siteMode) usage("--providers is for npm run dev (its data starts afresh): npm run dev -- --providers");
+if (values.vms && !siteMode) usage("--vms is for npm run dev (its data starts afresh): npm run dev -- --vms");
 const machines = count(values.machines ?? "3", "--machines", "machines", 1, 100);
 const port = Number(values.port ?? process.env.PORT ?? 8787);
 if (!Number.isInteger(port) || port < 1 || port > 65535) usage(`--port takes a port number, not ${values.port ?? process.env.PORT}`);
@@ -65,6 +70,15 @@ console.log(
 // the Proxmox emulator's self-signed certificate (workerd verifies it like any other).
 const providers = values.providers ? await startDevProviders() : undefined;
 if (providers) process.env.NODE_EXTRA_CA_CERTS = providers.caFile;
+// The VM host's guest image is built (minutes, the first time) or found while the stack starts.
+const vmsProblem = values.vms ? await devVmsProblem() : undefined;
+if (vmsProblem) {
+  await providers?.stop();
+  console.error(vmsProblem);
+  process.exit(1);
+}
+const guestImage = values.vms ? devGuestImage((line) => console.log(line)) : undefined;
+guestImage?.catch(() => {}); // awaited below, once the stack runs
 
 let stack: Stack;
 try {
@@ -83,13 +97,14 @@ try {
   console.error(err.message);
   process.exit(1);
 }
-const running: { daemons: FakeDaemon[]; site?: DevSite; tenant?: DevTenant } = { daemons: [] };
+const running: { daemons: FakeDaemon[]; site?: DevSite; tenant?: DevTenant; vms?: DevVms } = { daemons: [] };
 let stopping = false;
 for (const signal of ["SIGINT", "SIGTERM"] as const) {
   process.on(signal, async () => {
     if (stopping) return;
     stopping = true;
     console.log("\nstopping…");
+    await running.vms?.stop();
     await running.site?.stop();
     await providers?.stop();
     await Promise.all(running.daemons.map((d) => d.stop()));
@@ -102,23 +117,33 @@ try {
   running.daemons = await simulate(stack, simulated);
   if (siteMode) running.site = await startDevSite(stack, { machines, print: (line) => console.log(line) });
   if (providers) running.tenant = await providers.register(stack);
+  if (guestImage) running.vms = await registerDevVms(stack, await guestImage, (line) => console.log(line));
 } catch (err) {
+  await running.vms?.stop();
   await running.site?.stop();
   await providers?.stop();
   await Promise.all(running.daemons.map((d) => d.stop()));
   await stack.stop();
   throw err;
 }
-console.log(banner(stack, running.daemons, running.site, running.tenant));
+console.log(banner(stack, running.daemons, running.site, running.tenant, running.vms));
 running.site?.watch();
 running.tenant?.watch((line) => console.log(line));
+// --providers' watch prints every instance's transitions: then this one adds only the guests' reports.
+running.vms?.watch((line) => console.log(line), { transitions: !running.tenant });
 
-function banner(stack: Stack, daemons: FakeDaemon[], site: DevSite | undefined, vps: DevTenant | undefined): string {
+function banner(
+  stack: Stack,
+  daemons: FakeDaemon[],
+  site: DevSite | undefined,
+  vps: DevTenant | undefined,
+  vms: DevVms | undefined,
+): string {
   const keyFile = shownPath(path.join(stack.dataDir, "admin-key"));
   const key = stack.adminKeyReused ? `reused from ${keyFile}; --new-admin-key mints another` : `new, kept in ${keyFile}`;
   const cron = stack.crons.length ? `the cron (${stack.crons.map((c) => `"${c}"`).join(", ")}) fires locally` : "no cron in wrangler.toml";
   const lines = [
-    `Better Compute is running at ${stack.url}${site ? ` with a simulated site${vps ? " and simulated providers" : ""} (npm run dev)` : ""}`,
+    `Better Compute is running at ${stack.url}${site ? ` with a simulated site${vps ? " and simulated providers" : ""}${vms ? " and this machine as a VM host" : ""} (npm run dev)` : ""}`,
     "",
     `  admin API key (${key}): ${stack.adminKey}`,
     site
@@ -134,6 +159,7 @@ function banner(stack: Stack, daemons: FakeDaemon[], site: DevSite | undefined, 
       `             the site agent (a bcd process, node ${site.siteAgent.nodeId}, state in ${shownPath(site.siteAgent.stateDir)}),`,
       "             the ramdisk and installed-OS agents' protocol (joins, signed hellos and results over WebSockets)",
       ...(vps?.banner.real ?? []),
+      ...(vms?.banner.real ?? []),
       `  SIMULATED  ${site.machines.length} machines and their disks (in memory), their BMCs (a Redfish emulator at ${site.bmcUrl}),`,
       "             PXE/DHCP: a ramdisk's discovery join is vouched for with the site agent's key, read from its state dir",
       "             (the site agent's own proxy DHCP/iPXE is not built yet); a demo disk image served over HTTP",
@@ -141,6 +167,7 @@ function banner(stack: Stack, daemons: FakeDaemon[], site: DevSite | undefined, 
       "",
       `  machines in pool ${site.pool}: ${site.machines.map((m) => m.node).join(", ")} (enrolled; their states follow below)`,
       ...(vps?.banner.summary ?? []),
+      ...(vms?.banner.summary ?? []),
       "",
       "  try:",
       "    npx better-compute metal nodes list",
@@ -152,6 +179,7 @@ function banner(stack: Stack, daemons: FakeDaemon[], site: DevSite | undefined, 
         : []),
       "",
       ...(vps?.banner.commands ?? []),
+      ...(vms?.banner.commands ?? []),
     );
   } else {
     lines.push(

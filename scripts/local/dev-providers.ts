@@ -288,10 +288,14 @@ function watchInstances(stack: Stack, print: (line: string) => void): () => void
   return () => clearInterval(timer);
 }
 
+const HOST_POOL_EVENTS = new Set(["placed", "state", "moved"]);
+
 function instanceLine(event: { type: string; subject: string | null; data: Record<string, unknown> }): string | undefined {
   const id = event.subject?.replace(/^vps\/instances\//, "");
   if (!id) return undefined;
   const what = event.type.slice("vps.instance.".length);
+  // A host pool's instance changes (placed, state, moved) are --vms's to print (scripts/local/dev-vms.ts).
+  if (HOST_POOL_EVENTS.has(what)) return undefined;
   const d = event.data;
   if (what === "created") return `  instance ${id}  created for tenant ${String(d.tenant)} in pool ${String(d.pool)} (pending)`;
   if (what === "requested") return `  instance ${id}  ${String(d.action)} asked`;

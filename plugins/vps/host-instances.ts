@@ -221,14 +221,17 @@ export async function placeHostInstance(ctx: ModuleContext, tx: Tx, row: Instanc
 
 // ---------------------------------------------------------------- what the methods do to a host instance
 
-/** start / stop: the entry's desired state; the host converges it and the reconciler records what it reports. */
+/**
+ * start / stop: the entry's desired state; the host converges it and the reconciler records what it
+ * reports. A tenant's start or stop during a drain's restart wins: the drain mark goes.
+ */
 export async function desireHost(ctx: ModuleContext, tx: Tx, row: InstanceRow, desired: "running" | "stopped"): Promise<InstanceRow> {
-  if (row.host_node_id === null) return updated(tx, row.id, sql`desired = ${desired}`);
+  if (row.host_node_id === null) return updated(tx, row.id, sql`desired = ${desired}, drain_restart_at = NULL`);
   const generation = await writeEntry(ctx, tx, { ...row, desired }, desired);
   return updated(
     tx,
     row.id,
-    sql`desired = ${desired}, spec_generation = ${generation}, reason = NULL,
+    sql`desired = ${desired}, spec_generation = ${generation}, reason = NULL, drain_restart_at = NULL,
         state = ${desired === "running" ? "starting" : "stopping"}, state_changed_at = compute_now()`,
   );
 }
@@ -256,13 +259,17 @@ export async function deleteHost(ctx: ModuleContext, tx: Tx, row: InstanceRow): 
   if (row.host_node_id === null) {
     await ctx.capacity.release(tx, ownerOf(row.id));
     await ctx.events.publish(tx, { type: "vps.instance.deleted", subject: `vps/instances/${row.id}` });
-    return updated(tx, row.id, sql`desired = 'deleted', state = 'deleted', placement = NULL, state_changed_at = compute_now()`);
+    return updated(
+      tx,
+      row.id,
+      sql`desired = 'deleted', state = 'deleted', placement = NULL, drain_restart_at = NULL, state_changed_at = compute_now()`,
+    );
   }
   const { generation } = await ctx.nodeSpecs.setEntry(tx, row.host_node_id, INSTANCES_SECTION, row.id, null);
   return updated(
     tx,
     row.id,
-    sql`desired = 'deleted', spec_generation = ${generation}, state = 'deleting', state_changed_at = compute_now()`,
+    sql`desired = 'deleted', spec_generation = ${generation}, state = 'deleting', drain_restart_at = NULL, state_changed_at = compute_now()`,
   );
 }
 
@@ -283,11 +290,11 @@ function stateFor(
 ): { state: InstanceState; reason: string | null; guest?: GuestReport; error?: object } | undefined {
   switch (seen.state) {
     case "booting":
-      return { state: "starting", reason: null };
+      return { state: "starting", reason: drainReason(row) };
     case "running":
       // Booted before the reboot asked for: still starting.
-      if ((seen.rebootCount ?? 0) < row.reboot_count) return { state: "starting", reason: null };
-      return { state: "running", reason: null, guest: seen.report };
+      if ((seen.rebootCount ?? 0) < row.reboot_count) return { state: "starting", reason: drainReason(row) };
+      return { state: "running", reason: drainReason(row), guest: seen.report };
     case "stopping":
       return { state: "stopping", reason: null };
     case "stopped":
@@ -345,6 +352,9 @@ export async function reconcileHostInstance(ctx: ModuleContext, id: string, spec
     });
   }
 
+  // A drain stopped it to start it on another host: now that it is stopped, it moves.
+  if (row.drain_restart_at !== null && row.state === "stopped" && row.desired === "stopped") return restartDrained(ctx, row, guard);
+
   if (!fresh || !seen || row.state === "failed") return false;
   const next = stateFor(row, seen);
   if (!next) return false;
@@ -352,7 +362,7 @@ export async function reconcileHostInstance(ctx: ModuleContext, id: string, spec
   const error = next.error ?? (next.state === "failed" ? row.last_error : null);
   if (next.state === row.state && next.reason === row.reason && JSON.stringify(guest) === JSON.stringify(row.guest)) return false;
 
-  return ctx.store.transaction(async (tx) => {
+  const recorded = await ctx.store.transaction(async (tx) => {
     const locked = (await tx.execute(sql`SELECT * FROM vps_instances WHERE ${guard} FOR UPDATE`)).rows[0] as InstanceRow | undefined;
     if (!locked) return false;
     let set = sql`state = ${next.state}, reason = ${next.reason}, guest = ${guest ? JSON.stringify(guest) : null}::jsonb,
@@ -372,6 +382,36 @@ export async function reconcileHostInstance(ctx: ModuleContext, id: string, spec
         subject: `vps/instances/${row.id}`,
         data: { from: row.state, to: next.state, host, ...(next.reason ? { reason: next.reason } : {}) },
       });
+    return true;
+  });
+  // Stopped for a drain's restart: it moves in this same pass (nothing else wakes the reconciler for it).
+  if (recorded && next.state === "stopped" && row.drain_restart_at !== null) await reconcileHostInstance(ctx, id, specs);
+  return recorded;
+}
+
+/** The reason a drain recorded when it started the instance again where it was, kept while it runs there. */
+const DRAIN_REASON_PREFIX = "drain: ";
+const drainReason = (row: InstanceRow) => (row.reason?.startsWith(DRAIN_REASON_PREFIX) ? row.reason : null);
+
+/**
+ * A drain's restart, once the instance is stopped: it moves to another host and starts there. If no
+ * other host takes it by now, it starts again where it was, with why: a drain never leaves it stopped.
+ */
+async function restartDrained(ctx: ModuleContext, row: InstanceRow, guard: SQL): Promise<boolean> {
+  return ctx.store.transaction(async (tx) => {
+    const locked = (await tx.execute(sql`SELECT * FROM vps_instances WHERE ${guard} AND drain_restart_at IS NOT NULL FOR UPDATE`))
+      .rows[0] as InstanceRow | undefined;
+    if (!locked) return false;
+    const moved = await moveStopped(ctx, tx, locked, "running");
+    if (typeof moved === "string") return true;
+    const reason = `${DRAIN_REASON_PREFIX}${moved.reason}`;
+    await desireHost(ctx, tx, locked, "running");
+    await updated(tx, row.id, sql`reason = ${reason}`);
+    await ctx.events.publish(tx, {
+      type: "vps.instance.notMoved",
+      subject: `vps/instances/${row.id}`,
+      data: { host: row.host_node_id, reason },
+    });
     return true;
   });
 }
@@ -487,10 +527,13 @@ const drainResult = z.object({
   moved: z.array(z.object({ id: z.string(), to: z.string() })),
   /** Instances left on the host, and why. */
   notMoved: z.array(z.object({ id: z.string(), state: z.string(), reason: z.string() })),
+  /** With restart: running instances asked to stop; each moves and starts on another host once stopped. */
+  stopping: z.array(z.object({ id: z.string() })).optional(),
 });
 
 export const hostActions = {
-  "vps.hosts.drain": "Move a cordoned host's stopped instances to other hosts, and say which cannot move",
+  "vps.hosts.drain":
+    "Move a cordoned host's stopped instances to other hosts (with restart, its running ones too), and say which cannot move",
 };
 
 export function hostMethods(): MethodDefinition<any, any>[] {
@@ -499,8 +542,12 @@ export function hostMethods(): MethodDefinition<any, any>[] {
     action: "vps.hosts.drain",
     resource: (input) => `nodes/${input.node}`,
     description:
-      "Re-place a host's stopped vps instances on other hosts (their root disk starts afresh from the image); running ones cannot move live and are listed with why. The host must be cordoned first (capacity.hosts.cordon) or in maintenance",
-    input: z.object({ node: resourceId }),
+      "Re-place a host's stopped vps instances on other hosts (their root disk starts afresh from the image); running ones cannot move live and are listed with why. With restart: true, each running one another host takes is stopped, moved and started there (a fresh root disk from the image: what was on its disk is lost); if no host takes it by then it starts again where it was. The host must be cordoned first (capacity.hosts.cordon) or in maintenance",
+    input: z.object({
+      node: resourceId,
+      /** Stop the running instances another host can take, move them and start them there. */
+      restart: z.boolean().default(false),
+    }),
     output: drainResult,
     handler: async (ctx, input, tx) => {
       const node = input.node;
@@ -520,21 +567,50 @@ export function hostMethods(): MethodDefinition<any, any>[] {
       ).rows as unknown as InstanceRow[];
       const moved: { id: string; to: string }[] = [];
       const notMoved: { id: string; state: string; reason: string }[] = [];
+      const stopping: { id: string }[] = [];
       for (const row of rows) {
+        if (row.drain_restart_at !== null && row.state !== "failed") {
+          // An earlier drain's restart is under way: the reconciler moves it once it is stopped.
+          if (input.restart) stopping.push({ id: row.id });
+          else
+            notMoved.push({
+              id: row.id,
+              state: row.state,
+              reason: "a drain (restart) moves it and starts it elsewhere once it is stopped",
+            });
+          continue;
+        }
+        if (input.restart && row.desired === "running" && (row.state === "running" || row.state === "starting")) {
+          const refused = await noOtherHostFor(ctx, tx, row);
+          if (refused) {
+            notMoved.push({ id: row.id, state: row.state, reason: refused });
+            continue;
+          }
+          await desireHost(ctx, tx, row, "stopped");
+          await updated(tx, row.id, sql`drain_restart_at = compute_now()`);
+          await ctx.events.publish(tx, {
+            type: "vps.instance.requested",
+            subject: `vps/instances/${row.id}`,
+            data: { action: "stop", desired: "stopped", drain: node },
+          });
+          stopping.push({ id: row.id });
+          continue;
+        }
         if (row.state !== "stopped" || row.desired !== "stopped") {
           notMoved.push({ id: row.id, state: row.state, reason: whyNotMoved(row) });
           continue;
         }
-        const to = await moveStopped(ctx, tx, row);
+        const to = await moveStopped(ctx, tx, row, "stopped");
         if (typeof to === "string") moved.push({ id: row.id, to });
         else notMoved.push({ id: row.id, state: row.state, reason: to.reason });
       }
+      const ids = (list: { id: string }[]) => list.map((m) => m.id);
       await ctx.events.publish(tx, {
         type: "vps.host.drained",
         subject: `nodes/${node}`,
-        data: { moved: moved.map((m) => m.id), notMoved: notMoved.map((m) => m.id) },
+        data: { moved: ids(moved), notMoved: ids(notMoved), ...(input.restart ? { stopping: ids(stopping) } : {}) },
       });
-      return { node, moved, notMoved };
+      return { node, moved, notMoved, ...(input.restart ? { stopping } : {}) };
     },
   });
   return [drain];
@@ -545,31 +621,55 @@ const UNSCHEDULABLE = ["connected", "maintenance", "cordon"];
 
 function whyNotMoved(row: InstanceRow): string {
   if (row.state === "running" || row.state === "starting")
-    return `${row.state}: a running guest cannot move live; stop it (vps.instances.stop) and drain again`;
+    return `${row.state}: a running guest cannot move live; stop it (vps.instances.stop) and drain again, or drain with restart: true`;
   if (row.state === "stopping") return "stopping: drain again once it is stopped";
   if (row.state === "failed") return "failed: delete it (vps.instances.delete)";
   return `${row.state}: only a stopped instance moves`;
 }
 
+/** Why no host but the instance's own would take it (a dry run of its placement), or null when one would. */
+async function noOtherHostFor(ctx: ModuleContext, tx: Tx, row: InstanceRow): Promise<string | null> {
+  const { owner: _owner, ...request } = placementRequest(row, await hostPool(tx, row.pool_id));
+  const others = (await ctx.capacity.explain(tx, request)).verdicts.filter((v) => v.nodeId !== row.host_node_id);
+  if (others.some((v) => v.accepted)) return null;
+  return noOtherHost(others.flatMap((v) => (v.accepted ? [] : [v])));
+}
+
+const noOtherHost = (rejections: Pick<PlacementRejection, "nodeId" | "reason">[]) => {
+  const why = rejections.map((r) => `${r.nodeId}: ${r.reason}`).join("; ");
+  return `no other host takes it${why ? ` (${why})` : ""}`;
+};
+
 /**
  * Re-places one stopped instance in a savepoint: its reservation released, booked elsewhere, its
- * entry moved. When no other host takes it, the savepoint rolls back and it stays where it is.
+ * entry moved, kept stopped or (a drain's restart) started there. When no other host takes it, the
+ * savepoint rolls back and it stays where it is.
  */
-async function moveStopped(ctx: ModuleContext, tx: Tx, row: InstanceRow): Promise<string | { reason: string }> {
-  class Unplaceable {
-    constructor(readonly rejections: PlacementRejection[]) {}
+async function moveStopped(
+  ctx: ModuleContext,
+  tx: Tx,
+  row: InstanceRow,
+  then: "running" | "stopped",
+): Promise<string | { reason: string }> {
+  class NotMoved {
+    constructor(readonly reason: string) {}
   }
+  const from = row.host_node_id!;
   const pool = await hostPool(tx, row.pool_id);
   try {
     return await tx.transaction(async (attempt) => {
       await ctx.capacity.release(attempt, ownerOf(row.id));
       const result = await ctx.capacity.reserve(attempt, placementRequest(row, pool));
-      if ("unplaceable" in result) throw new Unplaceable(result.unplaceable.rejections);
+      if ("unplaceable" in result) throw new NotMoved(noOtherHost(result.unplaceable.rejections.filter((r) => r.nodeId !== from)));
       const to = result.placed.nodeId;
-      await ctx.nodeSpecs.setEntry(attempt, row.host_node_id!, INSTANCES_SECTION, row.id, null);
-      const { generation } = await ctx.nodeSpecs.setEntry(attempt, to, INSTANCES_SECTION, row.id, entryOf(row, pool, "stopped"));
+      // Only a host uncordoned since the drain takes it back.
+      if (to === from) throw new NotMoved(`no other host takes it (${from} is schedulable again and was picked)`);
+      await ctx.nodeSpecs.setEntry(attempt, from, INSTANCES_SECTION, row.id, null);
+      const { generation } = await ctx.nodeSpecs.setEntry(attempt, to, INSTANCES_SECTION, row.id, entryOf(row, pool, then));
+      const started = then === "running" ? sql`, desired = 'running', state = 'starting', state_changed_at = compute_now()` : sql``;
       await attempt.execute(sql`
-        UPDATE vps_instances SET host_node_id = ${to}, spec_generation = ${generation}, reason = NULL, guest = NULL, updated_at = compute_now()
+        UPDATE vps_instances SET host_node_id = ${to}, spec_generation = ${generation}, reason = NULL, guest = NULL,
+          drain_restart_at = NULL, updated_at = compute_now() ${started}
         WHERE id = ${row.id}`);
       await ctx.events.publish(attempt, {
         type: "vps.instance.moved",
@@ -579,11 +679,7 @@ async function moveStopped(ctx: ModuleContext, tx: Tx, row: InstanceRow): Promis
       return to;
     });
   } catch (err) {
-    if (!(err instanceof Unplaceable)) throw err;
-    const why = err.rejections
-      .filter((r) => r.nodeId !== row.host_node_id)
-      .map((r) => `${r.nodeId}: ${r.reason}`)
-      .join("; ");
-    return { reason: `no other host takes it${why ? ` (${why})` : ""}` };
+    if (!(err instanceof NotMoved)) throw err;
+    return { reason: err.reason };
   }
 }

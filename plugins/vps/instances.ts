@@ -115,6 +115,8 @@ export interface InstanceRow {
   guest: { hostname?: string; userDataSha256?: string; hostKeys?: string[]; address?: string } | null;
   reason: string | null;
   reboot_count: number;
+  /** vps/0003: when vps.hosts.drain { restart } stopped it to start it on another host. */
+  drain_restart_at: string | null;
   /** loadInstance's: the pool's class. */
   pool_class?: "provider" | "host";
 }
@@ -349,7 +351,8 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
       handler: async (ctx, input, tx) => {
         const row = await loadInstance(ctx, tx, input.id, true);
         refuseIfGone(row, name);
-        if (row.desired === desired) return toInstance(row);
+        // A tenant's stop while a drain stops the instance to move it wins: it stays stopped (desireHost clears the mark).
+        if (row.desired === desired && row.drain_restart_at == null) return toInstance(row);
         if (row.pool_class === "host") {
           const after = await desireHost(ctx, tx, row, desired);
           await ctx.events.publish(tx, {

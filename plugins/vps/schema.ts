@@ -146,7 +146,15 @@ ALTER TABLE vps_instances
   ADD COLUMN reboot_count integer NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS vps_instances_host ON vps_instances (host_node_id) WHERE state <> 'deleted';`;
 
+// vps.hosts.drain { restart: true } (docs/vps.md, "Cordon and drain"): a running host instance the
+// drain stopped to re-place; once stopped, the host reconciler moves it and starts it elsewhere.
+const DRAIN_RESTART_SQL = `
+ALTER TABLE vps_instances
+  -- When a drain stopped it to start it on another host (null: no drain is moving it).
+  ADD COLUMN drain_restart_at timestamptz;`;
+
 export const vpsMigrations: Migration[] = [
   { name: "vps/0001_vps", sql: SCHEMA_SQL },
   { name: "vps/0002_host_pools", sql: HOST_POOLS_SQL },
+  { name: "vps/0003_drain_restart", sql: DRAIN_RESTART_SQL },
 ];

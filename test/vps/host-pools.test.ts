@@ -40,12 +40,19 @@ async function refused(name: string, input: unknown, code: string, key?: string)
   return res.body as { code: string; message: string; details?: Record<string, any> };
 }
 
-/** A host: a FakeDaemon joined with the world's label, reporting these resources, running a simulated qemu-microvm. */
+/**
+ * A host: a FakeDaemon joined with the world's label, reporting these resources, running a simulated
+ * qemu-microvm. With `restart`, that host's agent again (its state and its guests kept, no join).
+ */
 async function host(
   labels: Record<string, string>,
-  opts: { drivers?: { id: string; version: string }[]; resources?: { cpus: number; memoryMiB: number; diskGiB: number } } = {},
+  opts: {
+    drivers?: { id: string; version: string }[];
+    resources?: { cpus: number; memoryMiB: number; diskGiB: number };
+    restart?: { daemon: FakeDaemon; runtime: SimulatedRuntime };
+  } = {},
 ) {
-  const runtime = simulatedRuntime({ id: "qemu-microvm", bootDelayMs: 10 });
+  const runtime = opts.restart?.runtime ?? simulatedRuntime({ id: "qemu-microvm", bootDelayMs: 10 });
   const resources = opts.resources ?? { cpus: 4, memoryMiB: 8192, diskGiB: 100 };
   const d = new FakeDaemon({
     baseUrl: "http://bc.test",
@@ -55,9 +62,10 @@ async function host(
     drivers: opts.drivers ?? [],
     resources: { ...resources, devices: [] },
     node: { runtimes: [runtime] },
+    ...(opts.restart ? { state: opts.restart.daemon.state } : {}),
   });
   daemons.push(d);
-  await d.join((await client.call("joinTokens.create", { role: "node", labels })).body.token);
+  if (!opts.restart) await d.join((await client.call("joinTokens.create", { role: "node", labels })).body.token);
   await d.connect();
   await expect
     .poll(async () => ((await client.store.db.execute(sql`SELECT state FROM bc_nodes WHERE id = ${d.nodeId!}`)).rows[0] as any)?.state)
@@ -335,6 +343,100 @@ describe("host pools: drain", () => {
     expect(await until(w, stopped.id, "running")).toMatchObject({ host: b.node });
     expect(b.runtime.boots).toEqual([stopped.id]);
     await expect.poll(() => a.runtime.removed, { timeout: 10_000 }).toEqual([stopped.id]);
+  });
+});
+
+describe("host pools: drain with restart", () => {
+  const events = async (type: string, subject: string) =>
+    (await client.store.db.execute(sql`SELECT data FROM bc_events WHERE type = ${type} AND subject = ${subject} ORDER BY id`)).rows.map(
+      (r) => (r as { data: unknown }).data,
+    );
+
+  it("stops a running instance another host takes, moves it there and starts it; one no host takes stays running, with each host's reason", async () => {
+    const w = await world("restart", { strategy: "pack" });
+    const a = await host(w.labels, { resources: { cpus: 8, memoryMiB: 8192, diskGiB: 100 } });
+    const busy = await create(w, "busy");
+    const big = await create(w, "big", { flavor: w.large });
+    expect([busy.host, big.host]).toEqual([a.node, a.node]);
+    await until(w, busy.id, "running");
+    await until(w, big.id, "running");
+    // The second host has room for the small instance only.
+    const b = await host(w.labels, { resources: { cpus: 2, memoryMiB: 8192, diskGiB: 100 } });
+    await ok("capacity.hosts.cordon", { node: a.node, reason: "firmware update" });
+
+    const drained = await ok("vps.hosts.drain", { node: a.node, restart: true });
+    expect(drained).toEqual({
+      node: a.node,
+      moved: [],
+      notMoved: [{ id: big.id, state: "running", reason: expect.stringContaining(`no other host takes it (${b.node}: `) }],
+      stopping: [{ id: busy.id }],
+    });
+    expect(drained.notMoved[0].reason).toContain("needs 4 vCPUs");
+
+    // Stopped on the drained host, moved, booted once on the other: its entry and its reservation went with it.
+    expect(await until(w, busy.id, "running")).toMatchObject({ host: b.node, desired: "running", reason: null });
+    expect(await entryOn(a.node, busy.id)).toBeUndefined();
+    expect(await entryOn(b.node, busy.id)).toMatchObject({ desired: "running" });
+    expect(b.runtime.boots).toEqual([busy.id]);
+    await expect.poll(() => a.runtime.removed, { timeout: 10_000 }).toEqual([busy.id]);
+    expect(await events("vps.instance.moved", `vps/instances/${busy.id}`)).toEqual([{ from: a.node, to: b.node }]);
+    const booked = await client.store.db.execute(
+      sql`SELECT node_id FROM capacity_reservations WHERE owner = ${`vps/instances/${busy.id}`}`,
+    );
+    expect(booked.rows).toEqual([{ node_id: b.node }]);
+
+    // The one no other host takes was left alone: still running on the drained host, booted once.
+    expect(await get(w, big.id)).toMatchObject({ host: a.node, state: "running", desired: "running" });
+    expect(await entryOn(a.node, big.id)).toMatchObject({ desired: "running" });
+    expect(a.runtime.boots).toEqual([busy.id, big.id]);
+
+    // Without restart the answer is as before: a running instance cannot move live.
+    expect(await ok("vps.hosts.drain", { node: a.node })).toEqual({
+      node: a.node,
+      moved: [],
+      notMoved: [{ id: big.id, state: "running", reason: expect.stringContaining("cannot move live") }],
+    });
+  });
+
+  it("starts an instance again where it was when no other host takes it by the time it stopped; a tenant's stop meanwhile keeps it stopped", async () => {
+    const w = await world("restart-back", { strategy: "pack" });
+    const a = await host(w.labels);
+    const back = await create(w, "back");
+    const kept = await create(w, "kept");
+    await until(w, back.id, "running");
+    await until(w, kept.id, "running");
+    const b = await host(w.labels);
+    await ok("capacity.hosts.cordon", { node: a.node, reason: "memory test" });
+
+    // The drained host is offline: its guests stop once it is back, by which time the other host is cordoned too.
+    await a.daemon.stop();
+    daemons.splice(daemons.indexOf(a.daemon), 1);
+    const first = await ok("vps.hosts.drain", { node: a.node, restart: true });
+    expect(first).toMatchObject({ moved: [], notMoved: [] });
+    expect(first.stopping).toHaveLength(2);
+    expect(first.stopping).toEqual(expect.arrayContaining([{ id: back.id }, { id: kept.id }]));
+    // The tenant stops one while the drain stops it: the tenant's stop wins (it is not started anywhere).
+    expect(await ok("vps.instances.stop", { id: kept.id }, w.key)).toMatchObject({ desired: "stopped", state: "stopping" });
+    await ok("capacity.hosts.cordon", { node: b.node, reason: "full" });
+    // Drained again meanwhile: the restart under way is reported, the tenant's stopped one is not.
+    expect(await ok("vps.hosts.drain", { node: a.node, restart: true })).toMatchObject({
+      stopping: [{ id: back.id }],
+      notMoved: [{ id: kept.id, state: "stopping", reason: expect.stringContaining("stopping") }],
+    });
+    await host(w.labels, { restart: a });
+
+    const again = await until(w, back.id, "running");
+    expect(again).toMatchObject({ host: a.node, desired: "running", reason: expect.stringMatching(/^drain: no other host takes it \(/) });
+    expect(again.reason).toContain(b.node);
+    expect(await events("vps.instance.notMoved", `vps/instances/${back.id}`)).toEqual([{ host: a.node, reason: again.reason }]);
+    expect(await until(w, kept.id, "stopped")).toMatchObject({ host: a.node, desired: "stopped" });
+    await a.daemon.node!.idle();
+    expect(await get(w, kept.id)).toMatchObject({ state: "stopped", desired: "stopped" });
+    expect(await entryOn(a.node, kept.id)).toMatchObject({ desired: "stopped" });
+    // Booted at create, and once more where it was (back); never again (kept).
+    expect(a.runtime.boots.filter((n) => n === back.id)).toHaveLength(2);
+    expect(a.runtime.boots.filter((n) => n === kept.id)).toHaveLength(1);
+    expect(b.runtime.boots).toEqual([]);
   });
 });
 

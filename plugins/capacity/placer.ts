@@ -126,12 +126,12 @@ export function judge(p: Placer, host: HostView, req: PlacementRequest): Verdict
   return { nodeId: host.nodeId, accepted: true, score, scores, atoms };
 }
 
-/** Every host's verdict; the accepted ones best first (ties: by node id, so every placer ranks alike). */
+/** Every host's verdict; the accepted ones best first (ties: by node id, compared by code unit like port.ts's ORDER BY ... COLLATE "C"). */
 export function rank(p: Placer, hosts: readonly HostView[], req: PlacementRequest) {
   const verdicts = hosts.map((h) => judge(p, h, req));
   const accepted = verdicts
     .filter((v): v is Extract<Verdict, { accepted: true }> => v.accepted)
-    .sort((a, b) => b.score - a.score || a.nodeId.localeCompare(b.nodeId));
+    .sort((a, b) => b.score - a.score || (a.nodeId < b.nodeId ? -1 : a.nodeId > b.nodeId ? 1 : 0));
   const rejected = verdicts.filter((v): v is Extract<Verdict, { accepted: false }> => !v.accepted);
   return { verdicts, accepted, rejected };
 }

@@ -1,9 +1,13 @@
 // The CapacityPort (ctx.capacity): reads hosts, asks the placer, and books in the caller's
-// transaction. The guard against overbooking is in SQL: the chosen host's capacity_hosts row is
-// locked (FOR UPDATE) and its sums read again under the lock before the reservation is written;
-// a host that filled up meanwhile is given up (its lock too: each attempt is a savepoint) for the
-// next best. Holds expire by compute_now(), never the isolate's clock.
-import { sql } from "drizzle-orm";
+// transaction. A reserve reads only the hosts the built-in filters let through, filtered (and,
+// when the built-in score is the whole ranking, ordered and cut to the best few) in SQL; the
+// placer judges and ranks them again in TypeScript, which has the last word. When none of them
+// takes the request, every host is read and judged, so an unplaceable request is explained per host.
+// The guard against overbooking is in SQL: the chosen host's capacity_hosts row is locked and the
+// host read again under the lock before the reservation is written; a host that filled up
+// meanwhile is given up (its lock too: each attempt is a savepoint) for the next best. Holds
+// expire by compute_now(), never the isolate's clock.
+import { sql, type SQL } from "drizzle-orm";
 import type { SchedulerPluginDefinition } from "better-compute";
 import {
   ComputeError,
@@ -16,6 +20,7 @@ import {
   type PlacementResult,
   type Tx,
 } from "better-compute/core";
+import { ANY_VALUE, DRIVER_LABEL_PREFIX, strategyScorer } from "./builtins.ts";
 import { admit, parseRequest, placer, rank, judge, type PlacerDefaults, type Placer, type Verdict } from "./placer.ts";
 
 /** A reservation counts while active, or while its hold has not expired. */
@@ -38,8 +43,19 @@ interface HostRow {
   reservations: string | number;
 }
 
+/** How many of the best hosts a reserve reads when the built-in score alone ranks them (more are read when these fail). */
+const BEST_FEW = 8;
+
+interface WhichHosts {
+  labels?: Record<string, string>;
+  nodeId?: string;
+  /** Only the hosts the built-in filters accept for this request; with `best`, only that many, best first. */
+  fitting?: { req: PlacementRequest; best?: number };
+}
+
 /** Hosts (live nodes of role node), with the operator's settings and their live reservations summed. */
-export async function readHosts(tx: Tx, which: { labels?: Record<string, string>; nodeId?: string } = {}): Promise<HostView[]> {
+export async function readHosts(tx: Tx, which: WhichHosts = {}): Promise<HostView[]> {
+  const { fitting } = which;
   const rows = await tx.execute(sql`
     SELECT n.id, n.hostname, n.labels, n.state, n.resources,
            coalesce(h.cordoned, false) AS cordoned, coalesce(h.maintenance, false) AS maintenance, h.reason,
@@ -56,7 +72,8 @@ export async function readHosts(tx: Tx, which: { labels?: Record<string, string>
     WHERE n.role = 'node' AND n.revoked_at IS NULL
       AND n.labels @> ${JSON.stringify(which.labels ?? {})}::jsonb
       AND (${which.nodeId ?? null}::text IS NULL OR n.id = ${which.nodeId ?? null})
-    ORDER BY n.id`);
+      ${fitting ? sql`AND ${passesBuiltinFilters(fitting.req)}` : sql``}
+    ${fitting?.best ? sql`ORDER BY ${strategyScore(fitting.req)} DESC, n.id COLLATE "C" LIMIT ${fitting.best}` : sql`ORDER BY n.id`}`);
   return (rows.rows as unknown as HostRow[]).map((r) => ({
     nodeId: r.id,
     hostname: r.hostname,
@@ -74,6 +91,44 @@ export async function readHosts(tx: Tx, which: { labels?: Record<string, string>
   }));
 }
 
+// The built-in filters and the strategy score of builtins.ts, in SQL over readHosts' columns, so a
+// reserve reads only the hosts that can take the request, best first. The placer still judges
+// every host read, and reads every host when none of these takes the request: a filter here that
+// is stricter or looser than its twin costs only speed, but an order that differs would pick
+// another host (the placement tests check reserve picks what capacity.explain, which judges every host, picks).
+const capacityOf = (field: "cpus" | "memoryMiB" | "diskGiB") => sql`(n.resources->>${field})::float8`;
+
+function passesBuiltinFilters(req: PlacementRequest): SQL {
+  const nodeLabels = Object.entries(req.nodeLabels ?? {});
+  const exact = Object.fromEntries(nodeLabels.filter(([, value]) => value !== ANY_VALUE));
+  const present = nodeLabels.filter(([, value]) => value === ANY_VALUE).map(([key]) => key);
+  if (req.runtime !== undefined) present.push(`${DRIVER_LABEL_PREFIX}${req.runtime}`);
+  const cpu = req.overcommit?.cpu ?? 1;
+  const memory = req.overcommit?.memory ?? 1;
+  const devices = req.devices
+    ? sql`AND ${req.devices.count} <= (
+        SELECT count(*) FROM jsonb_array_elements(coalesce(n.resources->'devices', '[]'::jsonb)) d
+        WHERE d->>'kind' = ${req.devices.kind}
+          AND NOT coalesce(u.devices, '[]'::jsonb) @> jsonb_build_array(jsonb_build_array(d->'id')))`
+    : sql``;
+  const antiAffinity = req.antiAffinity ? sql`AND NOT coalesce(u.groups, '{}') @> ARRAY[${req.antiAffinity.group}::text]` : sql``;
+  return sql`n.state = 'connected' AND NOT coalesce(h.maintenance, false) AND NOT coalesce(h.cordoned, false)
+    AND n.labels @> ${JSON.stringify(exact)}::jsonb AND n.labels ?& ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(present)}::jsonb))
+    AND ${req.vcpus} <= floor(${capacityOf("cpus")} * ${cpu}::float8) - coalesce(u.vcpus, 0)
+    AND ${req.memoryMiB} <= floor(${capacityOf("memoryMiB")} * ${memory}::float8) - coalesce(u.memory_mib, 0)
+    AND ${req.diskGiB} <= ${capacityOf("diskGiB")} - coalesce(u.disk_gib, 0)
+    ${devices} ${antiAffinity}`;
+}
+
+/** strategyScorer's score: spread, 1 - utilisation; pack, utilisation (the mean of the CPU and memory shares). */
+function strategyScore(req: PlacementRequest): SQL {
+  const share = (used: SQL, asked: number, total: SQL) =>
+    sql`CASE WHEN ${total} > 0 THEN least(1, (${used} + ${asked}::int)::float8 / (${total})) ELSE 1 END`;
+  const utilisation = sql`(${share(sql`coalesce(u.vcpus, 0)`, req.vcpus, sql`${capacityOf("cpus")} * ${req.overcommit?.cpu ?? 1}::float8`)}
+    + ${share(sql`coalesce(u.memory_mib, 0)`, req.memoryMiB, sql`${capacityOf("memoryMiB")} * ${req.overcommit?.memory ?? 1}::float8`)}) / 2`;
+  return req.strategy === "pack" ? utilisation : sql`1 - ${utilisation}`;
+}
+
 interface ReservationRow {
   id: string;
   node_id: string;
@@ -89,9 +144,12 @@ const placed = (r: ReservationRow): PlacementResult => ({ placed: { nodeId: r.no
 
 /** The owner's live reservation; an expired hold of the owner's is deleted on the way (it counts for nothing). */
 async function liveOf(tx: Tx, owner: string): Promise<ReservationRow | undefined> {
-  await tx.execute(sql`DELETE FROM capacity_reservations WHERE owner = ${owner} AND state = 'held' AND expires_at <= compute_now()`);
   const rows = await tx.execute(sql`
-    SELECT id, node_id, owner, state, vcpus, memory_mib, disk_gib, devices FROM capacity_reservations WHERE owner = ${owner}`);
+    WITH expired AS (
+      DELETE FROM capacity_reservations WHERE owner = ${owner} AND state = 'held' AND expires_at <= compute_now() RETURNING id
+    )
+    SELECT id, node_id, owner, state, vcpus, memory_mib, disk_gib, devices FROM capacity_reservations
+    WHERE owner = ${owner} AND id NOT IN (SELECT id FROM expired)`);
   return rows.rows[0] as ReservationRow | undefined;
 }
 
@@ -105,54 +163,81 @@ export function capacityPort(ctx: ModuleContext, defaults: PlacerDefaults = {}):
 
   /** Places and writes the reservation (active, or held until ttlSeconds from now). */
   async function book(tx: Tx, req: PlacementRequest, p: Placer, ttlSeconds?: number): Promise<PlacementResult> {
-    const { accepted, rejected } = rank(p, await readHosts(tx, { labels: req.candidates?.labels }), req);
-    const rejections: PlacementRejection[] = rejected.map(({ nodeId, filter, reason }) => ({ nodeId, filter, reason }));
-    for (const candidate of accepted) {
-      try {
-        return await tx.transaction(async (attempt) => {
-          await attempt.execute(sql`INSERT INTO capacity_hosts (node_id) VALUES (${candidate.nodeId}) ON CONFLICT (node_id) DO NOTHING`);
-          await attempt.execute(sql`SELECT 1 FROM capacity_hosts WHERE node_id = ${candidate.nodeId} FOR UPDATE`);
-          // Under the lock, the host as it is now: whoever held the lock before has committed or rolled back.
-          const [now] = await readHosts(attempt, { nodeId: candidate.nodeId });
-          const verdict: Verdict = now
-            ? judge(p, now, req)
-            : { nodeId: candidate.nodeId, accepted: false, filter: "connected", reason: "revoked meanwhile" };
-          if (!verdict.accepted) throw new GaveUp({ nodeId: verdict.nodeId, filter: verdict.filter, reason: verdict.reason });
-          const id = `r-${crypto.randomUUID().replaceAll("-", "").slice(0, 16)}`;
-          const inserted = await attempt.execute(sql`
-            INSERT INTO capacity_reservations (id, node_id, owner, pool, vcpus, memory_mib, disk_gib, devices, anti_affinity_group, state, expires_at)
-            VALUES (${id}, ${candidate.nodeId}, ${req.owner}, ${req.pool ?? null}, ${req.vcpus}, ${req.memoryMiB}, ${req.diskGiB},
-                    ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(verdict.atoms)}::jsonb)), ${req.antiAffinity?.group ?? null},
-                    ${ttlSeconds === undefined ? "active" : "held"},
-                    CASE WHEN ${ttlSeconds ?? null}::float8 IS NULL THEN NULL ELSE compute_now() + make_interval(secs => ${ttlSeconds ?? 0}) END)
-            ON CONFLICT (owner) DO NOTHING RETURNING id`);
-          // The same owner booked in another transaction that committed first: that booking stands.
-          if (inserted.rows.length === 0) throw new GaveUp();
-          await ctx.events.publish(attempt, {
-            type: ttlSeconds === undefined ? "capacity.reserved" : "capacity.held",
-            subject: `capacity/hosts/${candidate.nodeId}`,
-            data: {
-              owner: req.owner,
-              reservationId: id,
-              vcpus: req.vcpus,
-              memoryMiB: req.memoryMiB,
-              diskGiB: req.diskGiB,
-              devices: verdict.atoms,
-            },
-          });
-          return { placed: { nodeId: candidate.nodeId, reservationId: id, atoms: verdict.atoms } };
-        });
-      } catch (err) {
-        if (!(err instanceof GaveUp)) throw err;
-        if (!err.rejection) {
-          const theirs = await liveOf(tx, req.owner);
-          if (theirs) return placed(theirs);
+    const labels = req.candidates?.labels;
+    /** Hosts given up under their lock, with why. */
+    const gaveUp = new Map<string, PlacementRejection>();
+    /** Tries the accepted hosts best first (skipping those given up already); the booking, or undefined. */
+    const tryInOrder = async (accepted: Extract<Verdict, { accepted: true }>[]) => {
+      for (const candidate of accepted) {
+        if (gaveUp.has(candidate.nodeId)) continue;
+        const result = await tryHost(tx, req, p, candidate.nodeId, ttlSeconds);
+        if (!(result instanceof GaveUp)) return result;
+        if (result.rejection) {
+          gaveUp.set(candidate.nodeId, result.rejection);
           continue;
         }
-        rejections.push(err.rejection);
+        // The same owner booked in another transaction that committed first: that booking stands.
+        const theirs = await liveOf(tx, req.owner);
+        if (theirs) return placed(theirs);
       }
+      return undefined;
+    };
+    // The hosts the built-in filters let through; only the best few when the built-in score is the whole ranking.
+    const onlyBuiltinScore = p.scorers.every((s) => s === strategyScorer);
+    const fitting = await readHosts(tx, { labels, fitting: { req, best: onlyBuiltinScore ? BEST_FEW : undefined } });
+    const booked = await tryInOrder(rank(p, fitting, req).accepted);
+    if (booked) return booked;
+    // None of them took it: every host, judged, so the answer explains each (or books one freed meanwhile).
+    const all = rank(p, await readHosts(tx, { labels }), req);
+    const bookedLater = await tryInOrder(all.accepted);
+    if (bookedLater) return bookedLater;
+    const rejections: PlacementRejection[] = all.rejected.map(({ nodeId, filter, reason }) => ({ nodeId, filter, reason }));
+    for (const { nodeId } of all.accepted) {
+      const rejection = gaveUp.get(nodeId);
+      if (rejection) rejections.push(rejection);
     }
     return { unplaceable: { rejections } };
+  }
+
+  /** Books on one host under its lock, or gives it up (GaveUp, the savepoint rolled back with its lock). */
+  async function tryHost(tx: Tx, req: PlacementRequest, p: Placer, nodeId: string, ttlSeconds?: number): Promise<PlacementResult | GaveUp> {
+    try {
+      return await tx.transaction(async (attempt) => {
+        // Takes the host's row lock, creating the row the first time (the no-op update is what locks it).
+        await attempt.execute(sql`
+          INSERT INTO capacity_hosts (node_id) VALUES (${nodeId}) ON CONFLICT (node_id) DO UPDATE SET node_id = excluded.node_id`);
+        // Under the lock, the host as it is now: whoever held the lock before has committed or rolled back.
+        const [now] = await readHosts(attempt, { nodeId });
+        const verdict: Verdict = now ? judge(p, now, req) : { nodeId, accepted: false, filter: "connected", reason: "revoked meanwhile" };
+        if (!verdict.accepted) throw new GaveUp({ nodeId, filter: verdict.filter, reason: verdict.reason });
+        const id = `r-${crypto.randomUUID().replaceAll("-", "").slice(0, 16)}`;
+        const inserted = await attempt.execute(sql`
+          INSERT INTO capacity_reservations (id, node_id, owner, pool, vcpus, memory_mib, disk_gib, devices, anti_affinity_group, state, expires_at)
+          VALUES (${id}, ${nodeId}, ${req.owner}, ${req.pool ?? null}, ${req.vcpus}, ${req.memoryMiB}, ${req.diskGiB},
+                  ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(verdict.atoms)}::jsonb)), ${req.antiAffinity?.group ?? null},
+                  ${ttlSeconds === undefined ? "active" : "held"},
+                  CASE WHEN ${ttlSeconds ?? null}::float8 IS NULL THEN NULL ELSE compute_now() + make_interval(secs => ${ttlSeconds ?? 0}) END)
+          ON CONFLICT (owner) DO NOTHING RETURNING id`);
+        // The same owner booked in another transaction that committed first (book() returns that one).
+        if (inserted.rows.length === 0) throw new GaveUp();
+        await ctx.events.publish(attempt, {
+          type: ttlSeconds === undefined ? "capacity.reserved" : "capacity.held",
+          subject: `capacity/hosts/${nodeId}`,
+          data: {
+            owner: req.owner,
+            reservationId: id,
+            vcpus: req.vcpus,
+            memoryMiB: req.memoryMiB,
+            diskGiB: req.diskGiB,
+            devices: verdict.atoms,
+          },
+        });
+        return { placed: { nodeId, reservationId: id, atoms: verdict.atoms } };
+      });
+    } catch (err) {
+      if (err instanceof GaveUp) return err;
+      throw err;
+    }
   }
 
   /** Turns a live hold into the owner's active reservation; the request must fit inside what it holds. */

@@ -308,6 +308,124 @@ describe("scheduler plugins", () => {
   });
 });
 
+describe("what a reserve reads (the hosts filtered and ranked in SQL, judged again by the placer)", () => {
+  // Without plugin scorers the built-in score is the whole ranking: a reserve reads only the best few hosts.
+  const onlyBuiltins = betterCompute({ modules: [capacity()] });
+  const builtinPort = () => onlyBuiltins.moduleContext("agents", env, client.store).capacity;
+
+  /** A mixed fleet: sizes, usage, labels, devices, a runtime, and hosts every filter refuses; ids that sort differently by locale. */
+  async function mixedFleet(s: ReturnType<typeof scope>) {
+    const gpus = (n: number) => Array.from({ length: n }, (_, i) => ({ id: `gpu${i}`, kind: "gpu" }));
+    const zone = (z: string) => ({ ...s.labels, zone: z });
+    await Promise.all([
+      insertHost(`${s.group}-B`, { labels: zone("a"), cpus: 8 }),
+      insertHost(`${s.group}-a`, { labels: zone("a"), cpus: 8 }),
+      insertHost(`${s.group}-c`, { labels: zone("b"), cpus: 16, memoryMiB: 65536, devices: gpus(4) }),
+      insertHost(`${s.group}-D`, { labels: zone("b"), cpus: 4, memoryMiB: 8192, devices: gpus(2) }),
+      insertHost(`${s.group}-e`, { labels: { ...zone("a"), "bc.dev/driver.qemu-microvm": "1" }, cpus: 6, diskGiB: 50 }),
+      // Alike, more than a reserve reads at first: they tie, and the tie goes by node id (by code unit, not by locale).
+      ...["tie-a", "tie-B", "tie-C", "tie-D", "tie-E", "tie-F", "tie-G", "tie-H", "tie-I"].map((id) =>
+        insertHost(`${s.group}-${id}`, { labels: zone("c"), cpus: 4 }),
+      ),
+      insertHost(`${s.group}-gone`, { labels: zone("a"), cpus: 64, state: "disconnected" }),
+      insertHost(`${s.group}-new`, { labels: zone("a"), cpus: 64, state: "joined" }),
+      insertHost(`${s.group}-cordoned`, { labels: zone("b"), cpus: 64 }),
+      insertHost(`${s.group}-maint`, { labels: zone("b"), cpus: 64 }),
+    ]);
+    expect((await client.call("capacity.hosts.cordon", { node: `${s.group}-cordoned`, reason: "test" })).status).toBe(200);
+    expect((await client.call("capacity.hosts.maintenance", { node: `${s.group}-maint`, on: true, reason: "test" })).status).toBe(200);
+    // Some usage to begin with (and a held reservation, which counts).
+    await reserve(
+      vm(`${s.group}/pre-1`, { candidates: s.candidates, nodeLabels: { zone: "b" }, vcpus: 3, devices: { kind: "gpu", count: 1 } }),
+    );
+    await client.store.transaction((tx) =>
+      port().hold(tx, { ...vm(`${s.group}/pre-2`, { candidates: s.candidates, nodeLabels: { zone: "a" }, vcpus: 5 }), ttlSeconds: 600 }),
+    );
+  }
+
+  /** Requests of every kind the built-in filters and scorer look at, repeated until the fleet runs out of room. */
+  const requests = (s: ReturnType<typeof scope>): Omit<PlacementRequest, "owner">[] => [
+    { candidates: s.candidates, vcpus: 2, memoryMiB: 2048, diskGiB: 10 },
+    { candidates: s.candidates, vcpus: 1, memoryMiB: 1024, diskGiB: 5, strategy: "pack" },
+    { candidates: s.candidates, nodeLabels: { zone: "b" }, vcpus: 2, memoryMiB: 4096, diskGiB: 10, devices: { kind: "gpu", count: 2 } },
+    { candidates: s.candidates, nodeLabels: { zone: "*" }, vcpus: 3, memoryMiB: 1024, diskGiB: 10, overcommit: { cpu: 1.5 } },
+    { candidates: s.candidates, runtime: "qemu-microvm", vcpus: 1, memoryMiB: 512, diskGiB: 10 },
+    {
+      candidates: s.candidates,
+      vcpus: 1,
+      memoryMiB: 12000,
+      diskGiB: 1,
+      overcommit: { memory: 2 },
+      antiAffinity: { group: `${s.group}/db` },
+    },
+    { candidates: s.candidates, vcpus: 4, memoryMiB: 1024, diskGiB: 40, strategy: "pack", devices: { kind: "gpu", count: 1 } },
+    { candidates: s.candidates, nodeLabels: { zone: "c" }, vcpus: 1, memoryMiB: 1024, diskGiB: 10 },
+  ];
+
+  for (const [name, ports] of [
+    ["the built-ins only: the best few hosts read", () => builtinPort()],
+    ["with a plugin's scorer: every fitting host read", () => port()],
+  ] as const) {
+    it(`${name}: every reserve books the host capacity.explain (every host judged) picks, until none is left`, async () => {
+      const s = scope();
+      await mixedFleet(s);
+      let placements = 0;
+      for (let round = 0; round < 8; round++) {
+        for (const [i, request] of requests(s).entries()) {
+          const explained = await client.store.transaction((tx) => ports().explain(tx, request));
+          const result = await client.store.transaction((tx) => ports().reserve(tx, { ...request, owner: `${s.group}/${round}/${i}` }));
+          expect(placedOn(result) ?? null).toBe(explained.pick);
+          if ("placed" in result) placements++;
+          // An unplaceable request is explained by every host, once each, as explain explains it.
+          else
+            expect(result.unplaceable.rejections).toEqual(
+              explained.verdicts.map((v) => (v.accepted ? expect.anything() : { nodeId: v.nodeId, filter: v.filter, reason: v.reason })),
+            );
+        }
+      }
+      // The fleet filled up on the way: both answers were seen.
+      expect(placements).toBeGreaterThan(10);
+      expect(placements).toBeLessThan(8 * requests(s).length);
+    });
+  }
+
+  it("when a plugin's filter refuses the best few hosts, the reserve goes on to the next ones", async () => {
+    const s = scope();
+    const picky = betterCompute({
+      modules: [capacity()],
+      scheduler: {
+        plugins: [
+          defineSchedulerPlugin({
+            id: "picky",
+            filters: [{ name: "flaky", filter: (host: HostView) => host.labels.flaky !== "yes" || "flaky hardware" }],
+          }),
+        ],
+      },
+    });
+    const pickyPort = () => picky.moduleContext("agents", env, client.store).capacity;
+    // Twelve empty flaky hosts outrank the one half-used sound host when spreading.
+    const flaky = await Promise.all(
+      Array.from({ length: 12 }, (_, i) => insertHost(`${s.group}-flaky-${i}`, { labels: { ...s.labels, flaky: "yes" } })),
+    );
+    const sound = await insertHost(`${s.group}-sound`, { labels: s.labels, cpus: 4 });
+    const first = await client.store.transaction((tx) => pickyPort().reserve(tx, vm(`${s.group}/a`, { candidates: s.candidates })));
+    expect(placedOn(first)).toBe(sound);
+    const second = await client.store.transaction((tx) => pickyPort().reserve(tx, vm(`${s.group}/b`, { candidates: s.candidates })));
+    expect(placedOn(second)).toBe(sound);
+    // Full now: every host says why not, once.
+    const third = await client.store.transaction((tx) => pickyPort().reserve(tx, vm(`${s.group}/c`, { candidates: s.candidates })));
+    expect(third).toEqual({
+      unplaceable: {
+        rejections: expect.arrayContaining([
+          { nodeId: sound, filter: "fits", reason: "needs 2 vCPUs, 0 free of 4 (overcommit 1.0)" },
+          ...flaky.map((nodeId) => ({ nodeId, filter: "picky/flaky", reason: "flaky hardware" })),
+        ]),
+      },
+    });
+    expect("unplaceable" in third && third.unplaceable.rejections).toHaveLength(13);
+  });
+});
+
 describe("holds", () => {
   it("a hold books capacity ahead of an instance, a reserve naming it takes it over, a release frees it", async () => {
     const s = scope();

@@ -441,7 +441,7 @@ describe("host pools: drain with restart", () => {
 });
 
 describe("host pools: racing creates", () => {
-  it("100 creates at once from two tenants for 10 slots place exactly 10 and overbook no host", async () => {
+  it("100 racing creates (40 in flight) from two tenants for 10 slots place exactly 10 and overbook no host", async () => {
     const w = await world("race");
     const drivers = [{ id: "qemu-microvm", version: "1" }];
     // 2 hosts of 10 vCPUs: 5 small (2-vCPU) instances each.
@@ -456,14 +456,22 @@ describe("host pools: racing creates", () => {
     const otherKey = await ok<{ id: string; key: string }>("iam.apiKeys.create", { name: `tenant ${other}`, roles: ["vps-tenant"] });
     await ok("vps.tenants.addMember", { tenant: other, principal: `apikey:${otherKey.id}` });
 
-    const created = await Promise.all(
-      Array.from({ length: 100 }, (_, i) =>
+    // Every create is its own API request with its own database connection: 40 in flight at a time
+    // keeps a real Postgres under its default max_connections (100) while they still race.
+    const created: { id: string; host: string | null; state: string }[] = [];
+    const requests = Array.from(
+      { length: 100 },
+      (_, i) => () =>
         ok<{ id: string; host: string | null; state: string }>(
           "vps.instances.create",
           { pool: w.id, flavor: w.small, name: `race-${i}`, userData: script(`race-${i}`) },
           i % 2 ? otherKey.key : w.key,
         ),
-      ),
+    );
+    await Promise.all(
+      Array.from({ length: 40 }, async () => {
+        for (let next = requests.shift(); next; next = requests.shift()) created.push(await next());
+      }),
     );
     const placed = created.filter((c) => c.host !== null);
     expect(placed).toHaveLength(10);

@@ -100,7 +100,7 @@ async function wipesEnqueued(id: string): Promise<number> {
 it("completes after a crash at every boundary, and sends the destructive command exactly once", async () => {
   await run();
   const boundaries = chaos.count; // transactions of one clean run, workflows.start included
-  expect(boundaries).toBeGreaterThanOrEqual(10);
+  expect(boundaries).toBeGreaterThanOrEqual(9);
 
   const outcomes: string[] = [];
   for (const boundary of ["before-commit", "after-commit"] as const) {

@@ -1,7 +1,7 @@
 // The store: drizzle on @neondatabase/serverless's Pool (Postgres over WebSocket), with
 // interactive transactions. Locally the same driver reaches a plain Postgres (or PGlite)
 // through a WebSocket-to-TCP bridge, so the production path is the tested path.
-import { neonConfig, Pool } from "@neondatabase/serverless";
+import { neonConfig, Pool, type PoolClient } from "@neondatabase/serverless";
 import type { ExtractTablesWithRelations } from "drizzle-orm";
 import { drizzle, type NeonDatabase } from "drizzle-orm/neon-serverless";
 import type { NeonTransaction } from "drizzle-orm/neon-serverless";
@@ -31,6 +31,11 @@ export interface PostgresOptions {
   wsProxy?: string;
   /** Connections per Store (per request); default 4. */
   maxConnections?: number;
+  /**
+   * TEST AND BENCH HOOK: called once per message the driver sends and waits on (every statement,
+   * a transaction's BEGIN and COMMIT included): a Postgres round trip. Unset in production.
+   */
+  onRoundTrip?: () => void;
 }
 
 export function postgres(options: PostgresOptions = {}): DatabasePort {
@@ -40,7 +45,7 @@ export function postgres(options: PostgresOptions = {}): DatabasePort {
       if (!url) throw invalidConfig("no database configured: set DATABASE_URL or pass database: postgres({ url })");
       const wsProxy = options.wsProxy ?? nonEmpty(env.BC_DB_WS_PROXY);
       if (wsProxy) useBridge(wsProxy);
-      return openStore(url, options.maxConnections ?? 4);
+      return openStore(url, options.maxConnections ?? 4, options.onRoundTrip);
     },
   };
 }
@@ -53,10 +58,11 @@ export function useBridge(bridge: string): void {
   neonConfig.pipelineTLS = false;
 }
 
-function openStore(connectionString: string, max: number): Store {
+function openStore(connectionString: string, max: number, onRoundTrip?: () => void): Store {
   const pool = new Pool({ connectionString, max });
   // An idle client that drops (server restart, bridge gone) must not crash the isolate.
   pool.on("error", () => {});
+  if (onRoundTrip) pool.on("connect", (client: PoolClient) => countQueries(client, onRoundTrip));
   const db: Db = drizzle({ client: pool });
   let closed: Promise<void> | undefined;
   return {
@@ -64,6 +70,15 @@ function openStore(connectionString: string, max: number): Store {
     transaction: (fn) => db.transaction(fn),
     close: () => (closed ??= pool.end().catch(() => {})),
   };
+}
+
+/** Counts every query the client runs (the pool's own queries run on its clients too). */
+function countQueries(client: PoolClient, onRoundTrip: () => void): void {
+  const query = client.query.bind(client) as (...args: unknown[]) => unknown;
+  client.query = ((...args: unknown[]) => {
+    onRoundTrip();
+    return query(...args);
+  }) as PoolClient["query"];
 }
 
 /** A variable that is set: an empty or non-string value (a misconfigured binding) counts as unset. */

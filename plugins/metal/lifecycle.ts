@@ -8,7 +8,7 @@
 //   enrolled → commissioning → ready → deploying → deployed → releasing → ready
 //   off path: failed (maintenance on), retired; deployed → rescuing → rescue → unrescuing → deployed
 import { sql } from "drizzle-orm";
-import { ComputeError, type ModuleContext, type Tx } from "better-compute/core";
+import { ComputeError, type MethodContext, type ModuleContext, type Tx } from "better-compute/core";
 
 export const METAL_STATES = [
   "enrolled",
@@ -160,32 +160,35 @@ export async function transition(
 ): Promise<MetalState | undefined> {
   const { from, to } = TRANSITIONS[event];
   const set = (key: keyof TransitionPatch) => patch[key] !== undefined;
+  const data = {
+    to,
+    ...(patch.workflowId ? { workflow: patch.workflowId } : {}),
+    ...(patch.reason ? { reason: patch.reason } : {}),
+  };
+  // A method's call names who did it in the event, as its ctx.events would.
+  const { principal, requestId } = ctx as Partial<MethodContext>;
+  // The move, its history row and its event in one statement (one round trip).
   const updated = await tx.execute(sql`
-    UPDATE metal_nodes AS n SET
-      state = ${to},
-      workflow_id = CASE WHEN ${set("workflowId")} THEN ${patch.workflowId ?? null} ELSE n.workflow_id END,
-      maintenance = CASE WHEN ${set("maintenance")} THEN ${patch.maintenance ?? false} ELSE n.maintenance END,
-      maintenance_reason = CASE WHEN ${set("reason")} THEN ${patch.reason ?? null} ELSE n.maintenance_reason END,
-      role = CASE WHEN ${set("role")} THEN ${patch.role ?? null} ELSE n.role END,
-      last_error = CASE WHEN ${set("lastError")} THEN ${patch.lastError ? JSON.stringify(patch.lastError) : null}::jsonb ELSE n.last_error END,
-      state_changed_at = compute_now(), updated_at = compute_now()
-    FROM (SELECT id, state FROM metal_nodes WHERE id = ${nodeId} FOR UPDATE) AS before
-    WHERE n.id = before.id AND before.state = ANY(${`{${from.join(",")}}`}::text[])
-    RETURNING before.state AS previous`);
-  const previous = (updated.rows[0] as { previous: MetalState } | undefined)?.previous;
-  if (!previous) return undefined;
-  await tx.execute(sql`
-    INSERT INTO metal_transitions (node_id, event, from_state, to_state, workflow_id, reason)
-    SELECT id, ${event}, ${previous}, ${to}, workflow_id, ${patch.reason ?? null} FROM metal_nodes WHERE id = ${nodeId}`);
-  await ctx.events.publish(tx, {
-    type: `metal.node.${event}`,
-    subject: `metal/nodes/${nodeId}`,
-    data: {
-      from: previous,
-      to,
-      ...(patch.workflowId ? { workflow: patch.workflowId } : {}),
-      ...(patch.reason ? { reason: patch.reason } : {}),
-    },
-  });
-  return previous;
+    WITH moved AS (
+      UPDATE metal_nodes AS n SET
+        state = ${to},
+        workflow_id = CASE WHEN ${set("workflowId")} THEN ${patch.workflowId ?? null} ELSE n.workflow_id END,
+        maintenance = CASE WHEN ${set("maintenance")} THEN ${patch.maintenance ?? false} ELSE n.maintenance END,
+        maintenance_reason = CASE WHEN ${set("reason")} THEN ${patch.reason ?? null} ELSE n.maintenance_reason END,
+        role = CASE WHEN ${set("role")} THEN ${patch.role ?? null} ELSE n.role END,
+        last_error = CASE WHEN ${set("lastError")} THEN ${patch.lastError ? JSON.stringify(patch.lastError) : null}::jsonb ELSE n.last_error END,
+        state_changed_at = compute_now(), updated_at = compute_now()
+      FROM (SELECT id, state FROM metal_nodes WHERE id = ${nodeId} FOR UPDATE) AS before
+      WHERE n.id = before.id AND before.state = ANY(${`{${from.join(",")}}`}::text[])
+      RETURNING n.id, n.workflow_id, before.state AS previous),
+    history AS (
+      INSERT INTO metal_transitions (node_id, event, from_state, to_state, workflow_id, reason)
+      SELECT id, ${event}, previous, ${to}, workflow_id, ${patch.reason ?? null} FROM moved),
+    published AS (
+      INSERT INTO bc_events (event_id, type, module, subject, data, actor, request_id)
+      SELECT ${crypto.randomUUID()}, ${`metal.node.${event}`}, 'metal', ${`metal/nodes/${nodeId}`},
+             jsonb_build_object('from', previous) || ${JSON.stringify(data)}::jsonb, ${principal?.id ?? null}, ${requestId ?? null}
+      FROM moved)
+    SELECT previous FROM moved`);
+  return (updated.rows[0] as { previous: MetalState } | undefined)?.previous;
 }

@@ -1,10 +1,12 @@
 // The workflow engine: advance() moves a workflow as far as it can go now and says when to
 // look again. Every write is a store transaction (the chaos test crashes at each of them). It is level-triggered and idempotent: every transition is one Postgres
 // transaction with its event, guarded by the state it expects, so running it twice, or again
-// after a crash at any point, changes nothing twice. An agent step's command is keyed by
+// after a crash at any point, changes nothing twice. A transition is one statement where it can be
+// (CTEs that write the attempt, the workflow and the event together; a step's success begins the
+// next step), and a pass goes on from what its last write returned rather than reading it back. An agent step's command is keyed by
 // (workflow, step, attempt) and enqueued in the same transaction that records it, so a
 // resumed workflow never sends a command twice.
-import { sql } from "drizzle-orm";
+import { sql, type SQL } from "drizzle-orm";
 import {
   canonicalJson,
   ComputeError,
@@ -76,8 +78,29 @@ interface AttemptRow {
   state: AttemptState;
   input: Record<string, unknown>;
   command_id: string | null;
+  /** Its command as it stands (read with the attempt); undefined when this pass sent it. */
+  command?: CommandRow | null;
   wait_ms: number | null;
   overdue: boolean;
+}
+
+interface CommandRow {
+  state: string;
+  result: unknown;
+  error: { code: string; message: string; permanent?: boolean } | null;
+}
+
+type LoadedWorkflow = WorkflowRow & { attempt: AttemptRow | undefined };
+
+/**
+ * What one advance() pass knows, so it does not read back what it just wrote: the workflow as
+ * the last transition left it, and the outputs of the steps that succeeded once they were needed.
+ */
+interface Pass {
+  /** Set by a transition whose guarded write took effect; unset: read the workflow again. */
+  next?: LoadedWorkflow;
+  /** Succeeded steps' outputs by name, read on first use (a succeeded attempt never changes). */
+  outputs?: Map<string, unknown>;
 }
 
 const DEFAULT_POLL_SECONDS = 5;
@@ -88,8 +111,15 @@ const MAX_TRANSITIONS_PER_ADVANCE = 200;
 export const commandKey = (workflowId: string, position: number, attempt: number) => `wf:${workflowId}:${position}:${attempt}`;
 
 export async function advance(ctx: EngineContext, workflowId: string): Promise<Advanced> {
+  const pass: Pass = {};
   for (let i = 0; i < MAX_TRANSITIONS_PER_ADVANCE; i++) {
-    const loaded = await loadWorkflow(ctx, workflowId);
+    let loaded = pass.next;
+    pass.next = undefined;
+    if (!loaded) {
+      // Read again: someone else may have moved it, so forget what this pass knew.
+      pass.outputs = undefined;
+      loaded = await loadWorkflow(ctx, pass, workflowId);
+    }
     if (!loaded) return { state: "missing", wakeInMs: null };
     const { attempt, ...wf } = loaded;
     if (wf.state !== "running") return { state: wf.state, wakeInMs: null };
@@ -109,7 +139,7 @@ export async function advance(ctx: EngineContext, workflowId: string): Promise<A
       await finish(ctx, wf, "succeeded", null);
       continue;
     }
-    const wait = await advanceStep(ctx, wf, profile, attempt);
+    const wait = await advanceStep(ctx, pass, wf, profile, attempt);
     if (wait !== undefined) return { state: "running", wakeInMs: wait };
   }
   return { state: "running", wakeInMs: 0 };
@@ -118,6 +148,7 @@ export async function advance(ctx: EngineContext, workflowId: string): Promise<A
 /** One transition of the current step; returns how long to wait, or undefined to go on at once. */
 async function advanceStep(
   ctx: EngineContext,
+  pass: Pass,
   wf: WorkflowRow,
   profile: ProfileDefinition,
   attempt: AttemptRow | undefined,
@@ -129,7 +160,7 @@ async function advanceStep(
     await finish(ctx, wf, "failed", { code: "INVALID_CONFIG", message: `step ${entry.step} is no longer registered`, step: name });
     return undefined;
   }
-  if (!attempt) return beginAttempt(ctx, wf, profile, step, 1);
+  if (!attempt) return beginAttempt(ctx, pass, wf, profile, step);
 
   switch (attempt.state) {
     case "scheduled":
@@ -151,12 +182,12 @@ async function advanceStep(
         );
       // The agent it waits for has connected: look now, not at the next poll.
       if (attempt.wait_ms! > 0 && wf.agent_wait !== "fired") return attempt.wait_ms!;
-      return runControlPlane(ctx, wf, step, attempt, name);
+      return runControlPlane(ctx, pass, wf, profile, step, attempt, name);
     case "ready":
-      if (step.runsOn === "control-plane") return runControlPlane(ctx, wf, step, attempt, name);
-      return sendCommand(ctx, wf, step, attempt, name);
+      if (step.runsOn === "control-plane") return runControlPlane(ctx, pass, wf, profile, step, attempt, name);
+      return sendCommand(ctx, pass, wf, step, attempt, name);
     case "waiting":
-      return checkCommand(ctx, wf, step, attempt, name);
+      return checkCommand(ctx, pass, wf, profile, step, attempt, name);
     case "succeeded":
     case "failed":
       // A finished attempt whose workflow did not move on (a crash between the two cannot
@@ -165,61 +196,108 @@ async function advanceStep(
   }
 }
 
-/** Computes and checks the attempt's input, and records the attempt as ready (or failed). */
+/** A step's first attempt, its input computed (and checked against the step's schema) but not yet written. */
+interface NextAttempt {
+  position: number;
+  name: string;
+  step: StepDefinition;
+  input: Record<string, unknown>;
+  digest: string;
+  /** The input breaks the step's schema: the attempt is recorded, then failed. */
+  issues?: ReturnType<typeof schemaIssues>;
+}
+
+/** The first attempt of the step at position; `finished` is the step that succeeds with it, its output not yet in Postgres. */
+async function nextAttempt(
+  ctx: EngineContext,
+  pass: Pass,
+  wf: WorkflowRow,
+  profile: ProfileDefinition,
+  position: number,
+  step: StepDefinition,
+  finished?: { name: string; output: unknown },
+): Promise<NextAttempt> {
+  const entry = profile.steps[position]!;
+  const name = entry.name ?? entry.step;
+  const earlier = !entry.fromStep
+    ? undefined
+    : entry.fromStep === finished?.name
+      ? finished.output
+      : (await outputsOf(ctx, pass, wf.id)).get(entry.fromStep);
+  const merged = { ...wf.input, ...entry.input, ...asObject(earlier) };
+  const parsed = step.input.safeParse(merged);
+  const input = parsed.success ? (parsed.data as Record<string, unknown>) : merged;
+  const digest = await sha256Hex(canonicalJson(input));
+  return { position, name, step, input, digest, ...(parsed.success ? {} : { issues: schemaIssues(parsed.error) }) };
+}
+
+/** The INSERT of the attempt as ready, as the CTE `began`; `when` guards it on an earlier CTE of the same statement. */
+function beginSql(wf: WorkflowRow, next: NextAttempt, when: SQL = sql``): SQL {
+  return sql`began AS (
+      INSERT INTO workflow_steps (workflow_id, position, attempt, name, step_id, state, input, input_digest, started_at, deadline_at)
+      SELECT ${wf.id}, ${next.position}, 1, ${next.name}, ${next.step.id}, ${ATTEMPT_MOVES.begin.to}, ${JSON.stringify(next.input)}::jsonb, ${next.digest},
+             compute_now(), ${deadlineSql(next.step)} ${when}
+      ON CONFLICT DO NOTHING RETURNING attempt)`;
+}
+
+const startedEvent = (next: NextAttempt): StatementEvent => ({
+  from: "began",
+  type: "workflow.step.started",
+  data: { step: next.name, position: next.position, attempt: 1 },
+});
+
+/** The attempt as it stands once begun. */
+const begunAttempt = (next: NextAttempt): AttemptRow => ({
+  attempt: 1,
+  state: ATTEMPT_MOVES.begin.to,
+  input: next.input,
+  command_id: null,
+  wait_ms: null,
+  overdue: false,
+});
+
+/** Computes and checks the first attempt's input, and records the attempt as ready (or failed). */
 async function beginAttempt(
   ctx: EngineContext,
+  pass: Pass,
   wf: WorkflowRow,
   profile: ProfileDefinition,
   step: StepDefinition,
-  attempt: number,
 ): Promise<undefined> {
-  const entry = profile.steps[wf.position]!;
-  const name = entry.name ?? entry.step;
-  const fromStep = entry.fromStep ? asObject((await loadOutputs(ctx, wf.id)).get(entry.fromStep)) : {};
-  const merged = { ...wf.input, ...entry.input, ...fromStep };
-  const parsed = step.input.safeParse(merged);
-  const input = parsed.success ? (parsed.data as Record<string, unknown>) : merged;
-  await ctx.store.transaction(async (tx) => {
-    const inserted = await tx
-      .execute(
-        sql`
-      INSERT INTO workflow_steps (workflow_id, position, attempt, name, step_id, state, input, input_digest, started_at, deadline_at)
-      VALUES (${wf.id}, ${wf.position}, ${attempt}, ${name}, ${step.id}, ${ATTEMPT_MOVES.begin.to}, ${JSON.stringify(input)}::jsonb, ${await sha256Hex(canonicalJson(input))},
-              compute_now(), ${deadlineSql(step)})
-      ON CONFLICT DO NOTHING RETURNING attempt`,
-      )
-      .then((r) => r.rows.length > 0);
-    if (inserted)
-      await ctx.events.publish(tx, {
-        type: "workflow.step.started",
-        subject: `workflows/${wf.id}`,
-        data: { step: name, position: wf.position, attempt },
-      });
+  const next = await nextAttempt(ctx, pass, wf, profile, wf.position, step);
+  const began = await ctx.store.transaction(async (tx) => {
+    const result = await tx.execute(sql`
+      WITH ${beginSql(wf, next)}, ${eventsSql(wf.id, [startedEvent(next)])}
+      SELECT count(*)::int AS began FROM began`);
+    return (result.rows[0] as { began: number }).began > 0;
   });
-  if (!parsed.success) {
-    const issues = schemaIssues(parsed.error);
+  if (next.issues) {
     const row = (await loadAttempt(ctx, wf.id, wf.position))!;
     await failStep(
       ctx,
       wf,
       step,
       row,
-      new StepError("INVALID_ARGUMENT", `the input of step ${name} does not match its schema`, false, { issues }),
+      new StepError("INVALID_ARGUMENT", `the input of step ${next.name} does not match its schema`, false, { issues: next.issues }),
     );
+  } else if (began) {
+    pass.next = { ...wf, attempt: begunAttempt(next) };
   }
   return undefined;
 }
 
 async function runControlPlane(
   ctx: EngineContext,
+  pass: Pass,
   wf: WorkflowRow,
+  profile: ProfileDefinition,
   step: StepDefinition,
   attempt: AttemptRow,
   name: string,
 ): Promise<number | undefined> {
   if (step.runsOn !== "control-plane") return undefined;
   let output: unknown;
-  const stepCtx = await stepContext(ctx, wf, step, attempt, name);
+  const stepCtx = await stepContext(ctx, pass, wf, step, attempt, name);
   try {
     output = await step.run(stepCtx, attempt.input);
   } catch (err) {
@@ -239,19 +317,20 @@ async function runControlPlane(
     return failStep(ctx, wf, step, attempt, err);
   }
   await stepCtx.afterCommit();
-  await succeedStep(ctx, wf, attempt, name, output);
+  await succeedStep(ctx, pass, wf, profile, attempt, name, output);
   return undefined;
 }
 
 async function sendCommand(
   ctx: EngineContext,
+  pass: Pass,
   wf: WorkflowRow,
   step: StepDefinition,
   attempt: AttemptRow,
   name: string,
 ): Promise<undefined> {
   if (step.runsOn === "control-plane") return undefined;
-  const stepCtx = await stepContext(ctx, wf, step, attempt, name);
+  const stepCtx = await stepContext(ctx, pass, wf, step, attempt, name);
   let target: string;
   let body: Record<string, unknown>;
   let secretRefs: SecretRef[];
@@ -264,7 +343,7 @@ async function sendCommand(
     return undefined;
   }
   try {
-    await ctx.store.transaction(async (tx) => {
+    const sent = await ctx.store.transaction(async (tx) => {
       const command = await ctx.commands.enqueue(tx, {
         nodeId: target,
         kind: step.command.kind,
@@ -274,15 +353,17 @@ async function sendCommand(
         origin: `workflow:${wf.id}`,
         ...(step.deadlineSeconds ? { deadlineSeconds: step.deadlineSeconds } : {}),
       });
-      await tx.execute(sql`
-        UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.send.to}, command_id = ${command.id}::bigint
-        WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("send")}`);
-      await ctx.events.publish(tx, {
-        type: "workflow.step.sent",
-        subject: `workflows/${wf.id}`,
-        data: { step: name, kind: step.command.kind, node: target, command: command.id },
-      });
+      const updated = await tx.execute(sql`
+        WITH sent AS (
+          UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.send.to}, command_id = ${command.id}::bigint
+          WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("send")}
+          RETURNING attempt),
+        ${eventsSql(wf.id, [{ from: "sent", type: "workflow.step.sent", data: { step: name, kind: step.command.kind, node: target, command: command.id } }])}
+        SELECT count(*)::int AS sent FROM sent`);
+      return (updated.rows[0] as { sent: number }).sent > 0 ? command.id : undefined;
     });
+    // Sent by this pass: the command has no result yet.
+    if (sent) pass.next = { ...wf, attempt: { ...attempt, state: ATTEMPT_MOVES.send.to, command_id: sent } };
   } catch (err) {
     // Refused at enqueue (unknown node, a body that breaks the kind's schema): nothing was sent.
     // Anything else (the database failed, perhaps after the commit) is not the step's failure:
@@ -297,16 +378,16 @@ async function sendCommand(
 
 async function checkCommand(
   ctx: EngineContext,
+  pass: Pass,
   wf: WorkflowRow,
+  profile: ProfileDefinition,
   step: StepDefinition,
   attempt: AttemptRow,
   name: string,
 ): Promise<number | undefined> {
-  const found = await ctx.store.db.execute(sql`SELECT state, result, error FROM bc_commands WHERE id = ${attempt.command_id}::bigint`);
-  const command = found.rows[0] as
-    { state: string; result: unknown; error: { code: string; message: string; permanent?: boolean } | null } | undefined;
+  const command = attempt.command;
   if (command?.state === "succeeded") {
-    await succeedStep(ctx, wf, attempt, name, command.result);
+    await succeedStep(ctx, pass, wf, profile, attempt, name, command.result);
     return undefined;
   }
   if (command?.state === "failed" || command?.state === "expired") {
@@ -331,24 +412,55 @@ async function checkCommand(
   return attempt.wait_ms !== null && attempt.wait_ms > 0 ? Math.min(attempt.wait_ms, WAITING_RECHECK_MS) : WAITING_RECHECK_MS;
 }
 
-async function succeedStep(ctx: EngineContext, wf: WorkflowRow, attempt: AttemptRow, name: string, output: unknown): Promise<void> {
-  await ctx.store.transaction(async (tx) => {
-    const updated = await tx.execute(sql`
-      UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.succeed.to}, output = ${JSON.stringify(output ?? null)}::jsonb, error = NULL, finished_at = compute_now()
-      WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("succeed")}
-      RETURNING attempt`);
-    if (updated.rows.length === 0) return;
-    // A wait for an agent belongs to the step that registered it.
-    if (wf.agent_wait) await tx.execute(sql`DELETE FROM bc_agent_waits WHERE workflow_id = ${wf.id}`);
-    await tx.execute(
-      sql`UPDATE workflows SET position = position + 1, updated_at = compute_now() WHERE id = ${wf.id} AND state = 'running' AND position = ${wf.position}`,
-    );
-    await ctx.events.publish(tx, {
-      type: "workflow.step.succeeded",
-      subject: `workflows/${wf.id}`,
-      data: { step: name, position: wf.position, attempt: attempt.attempt },
-    });
+/**
+ * Records the step's success and moves the workflow on, in one statement: the next step's first
+ * attempt begins in it (when its input is valid: otherwise the next pass begins it and fails it),
+ * or, after the last step, the workflow succeeds in it.
+ */
+async function succeedStep(
+  ctx: EngineContext,
+  pass: Pass,
+  wf: WorkflowRow,
+  profile: ProfileDefinition,
+  attempt: AttemptRow,
+  name: string,
+  output: unknown,
+): Promise<void> {
+  const last = wf.position + 1 >= profile.steps.length;
+  const nextStep = last ? undefined : stepsById(ctx.registered).get(profile.steps[wf.position + 1]!.step);
+  const next = nextStep && (await nextAttempt(ctx, pass, wf, profile, wf.position + 1, nextStep, { name, output }));
+  const beginsNext = next !== undefined && !next.issues;
+  const events: StatementEvent[] = [
+    { from: "done", type: "workflow.step.succeeded", data: { step: name, position: wf.position, attempt: attempt.attempt } },
+    ...(last ? [{ from: "moved", type: "workflow.succeeded", data: { profile: wf.profile_id } }] : beginsNext ? [startedEvent(next)] : []),
+  ];
+  const moved = await ctx.store.transaction(async (tx) => {
+    const result = await tx.execute(sql`
+      WITH done AS (
+        UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.succeed.to}, output = ${JSON.stringify(output ?? null)}::jsonb, error = NULL, finished_at = compute_now()
+        WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("succeed")}
+        RETURNING workflow_id),
+      -- A wait for an agent belongs to the step that registered it.
+      unwaited AS (DELETE FROM bc_agent_waits WHERE workflow_id IN (SELECT workflow_id FROM done)),
+      moved AS (
+        UPDATE workflows SET position = position + 1, updated_at = compute_now()
+          ${last ? sql`, state = 'succeeded', finished_at = compute_now()` : sql``}
+        WHERE id IN (SELECT workflow_id FROM done) AND state = 'running' AND position = ${wf.position}
+        RETURNING id),
+      ${beginsNext ? sql`${beginSql(wf, next, sql`WHERE EXISTS (SELECT 1 FROM moved)`)},` : sql``}
+      ${eventsSql(wf.id, events)}
+      SELECT (SELECT count(*) FROM moved)::int AS moved ${beginsNext ? sql`, (SELECT count(*) FROM began)::int AS began` : sql``}`);
+    return result.rows[0] as { moved: number; began?: number };
   });
+  if (!moved.moved || (beginsNext && !moved.began)) return;
+  pass.outputs?.set(name, output ?? null);
+  pass.next = {
+    ...wf,
+    position: wf.position + 1,
+    state: last ? "succeeded" : "running",
+    agent_wait: null,
+    attempt: beginsNext ? begunAttempt(next) : undefined,
+  };
 }
 
 /** Records the failure; schedules another attempt with backoff, or fails the workflow. */
@@ -423,12 +535,13 @@ async function failWorkflow(ctx: ModuleContext, tx: Tx, workflowId: string, erro
 
 async function stepContext(
   ctx: EngineContext,
+  pass: Pass,
   wf: WorkflowRow,
   step: StepDefinition,
   attempt: AttemptRow,
   name: string,
 ): Promise<StepContext & { afterCommit(): Promise<void> }> {
-  const outputs = await loadOutputs(ctx, wf.id);
+  const outputs = await outputsOf(ctx, pass, wf.id);
   const sends = new Set(step.sends ?? []);
   // A step may send only what it declared: the declaration is what quorum and audits see.
   const commands: StepContext["commands"] = {
@@ -446,23 +559,34 @@ async function stepContext(
   });
 }
 
-/** The workflow and the latest attempt of its current step, in one round trip. */
-async function loadWorkflow(ctx: ModuleContext, id: string): Promise<(WorkflowRow & { attempt: AttemptRow | undefined }) | undefined> {
+/**
+ * The workflow, the latest attempt of its current step and that attempt's command, in one round
+ * trip; and the succeeded steps' outputs into the pass, unless the attempt waits on a command that
+ * has not ended (the pass will run no step).
+ */
+async function loadWorkflow(ctx: ModuleContext, pass: Pass, id: string): Promise<LoadedWorkflow | undefined> {
   const rows = await ctx.store.db.execute(sql`
     SELECT w.id, w.profile_id, w.profile_version, w.target, w.state, w.position, w.input,
            (w.deadline IS NOT NULL AND w.deadline < compute_now()) AS overdue,
            (SELECT CASE WHEN a.fired_at IS NULL THEN 'waiting' ELSE 'fired' END FROM bc_agent_waits a WHERE a.workflow_id = w.id) AS agent_wait,
+           CASE WHEN s.state = 'waiting' AND c.state NOT IN ('succeeded', 'failed', 'expired') THEN NULL ELSE
+             (SELECT coalesce(json_object_agg(o.name, o.output), '{}') FROM workflow_steps o WHERE o.workflow_id = w.id AND o.state = 'succeeded') END AS outputs,
            CASE WHEN s.attempt IS NULL THEN NULL ELSE json_build_object(
              'attempt', s.attempt, 'state', s.state, 'input', s.input, 'command_id', s.command_id::text,
              'wait_ms', (extract(epoch FROM (s.next_attempt_at - compute_now())) * 1000)::float8,
-             'overdue', coalesce(s.deadline_at < compute_now(), false)) END AS attempt
+             'overdue', coalesce(s.deadline_at < compute_now(), false),
+             'command', CASE WHEN c.id IS NULL THEN NULL ELSE json_build_object('state', c.state, 'result', c.result, 'error', c.error) END) END AS attempt
     FROM workflows w
     LEFT JOIN LATERAL (
       SELECT * FROM workflow_steps WHERE workflow_id = w.id AND position = w.position ORDER BY attempt DESC LIMIT 1
     ) s ON true
+    LEFT JOIN bc_commands c ON c.id = s.command_id
     WHERE w.id = ${id}`);
-  const row = rows.rows[0] as (WorkflowRow & { attempt: AttemptRow | null }) | undefined;
-  return row && { ...row, attempt: row.attempt ?? undefined };
+  const row = rows.rows[0] as (WorkflowRow & { attempt: AttemptRow | null; outputs: Record<string, unknown> | null }) | undefined;
+  if (!row) return undefined;
+  const { outputs, ...wf } = row;
+  if (outputs) pass.outputs = new Map(Object.entries(outputs));
+  return { ...wf, attempt: wf.attempt ?? undefined };
 }
 
 async function loadAttempt(ctx: ModuleContext, workflowId: string, position: number): Promise<AttemptRow | undefined> {
@@ -476,11 +600,38 @@ async function loadAttempt(ctx: ModuleContext, workflowId: string, position: num
   return rows.rows[0] as AttemptRow | undefined;
 }
 
-async function loadOutputs(ctx: ModuleContext, workflowId: string): Promise<Map<string, unknown>> {
+/** The succeeded steps' outputs by name: read once per pass, on first use. */
+async function outputsOf(ctx: ModuleContext, pass: Pass, workflowId: string): Promise<Map<string, unknown>> {
+  if (pass.outputs) return pass.outputs;
   const rows = await ctx.store.db.execute(
     sql`SELECT name, output FROM workflow_steps WHERE workflow_id = ${workflowId} AND state = 'succeeded'`,
   );
-  return new Map((rows.rows as { name: string; output: unknown }[]).map((r) => [r.name, r.output]));
+  return (pass.outputs = new Map((rows.rows as { name: string; output: unknown }[]).map((r) => [r.name, r.output])));
+}
+
+/** An event of a statement: written once for each row its CTE `from` returned. */
+interface StatementEvent {
+  from: string;
+  type: string;
+  data: Record<string, unknown>;
+}
+
+/**
+ * The INSERT of the statement's events (the rows ctx.events.publish writes), as the CTE `events`:
+ * they ride in the statement of the state change they record, in the order given (the order
+ * their ids, and so the event stream, have).
+ */
+function eventsSql(workflowId: string, events: StatementEvent[]): SQL {
+  const rows = events.map(
+    (
+      e,
+      i,
+    ) => sql`SELECT ${i}::int AS ord, ${crypto.randomUUID()}::uuid AS event_id, ${e.type}::text AS type, ${JSON.stringify(e.data)}::jsonb AS data
+      FROM ${sql.raw(e.from)}`,
+  );
+  return sql`events AS (
+    INSERT INTO bc_events (event_id, type, module, subject, data)
+    SELECT event_id, type, 'provision', ${`workflows/${workflowId}`}, data FROM (${sql.join(rows, sql` UNION ALL `)}) e ORDER BY ord)`;
 }
 
 const ENQUEUE_REFUSALS = new Set(["INVALID_ARGUMENT", "NOT_FOUND", "CONFLICT", "FAILED_PRECONDITION"]);

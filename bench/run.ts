@@ -1,7 +1,7 @@
 // npm run bench: runs the benchmark sections in order and prints their figures. Not a test:
 // nothing here asserts a timing; a section fails only when requests fail.
 //
-//   BENCH_ONLY          comma-separated section ids to run (api, commands, agents, workflows, fleet, vps; default all)
+//   BENCH_ONLY          comma-separated section ids to run (api, commands, agents, workflows, fleet, vps, vms; default all)
 //   BENCH_CONCURRENCY   API section: concurrent closed-loop clients (default 8)
 //   BENCH_SECONDS       API section: measured window per target, seconds (default 10)
 //   BENCH_WARMUP        API section: unrecorded warm-up per target, seconds (default 2)
@@ -14,6 +14,7 @@
 //   BENCH_FLEET_TIMEOUT fleet section: seconds a phase may take before the run is failed (default 1800)
 //   BENCH_VPS_INSTANCES vps section: instances, split across the three providers (default 30)
 //   BENCH_VPS_ACTION_MS vps section: how long each emulated action, boot and task takes, ms (default 1500)
+//   BENCH_VMS_GUESTS    vms section: real guests booted on a real bcd node, per phase (default 6)
 //   DATABASE_URL        bench a real Postgres instead of the embedded PGlite
 import os from "node:os";
 import { agentsSection } from "./agents.ts";
@@ -22,6 +23,7 @@ import { commandsSection } from "./commands.ts";
 import { workflowsSection } from "./workflows.ts";
 import { fleetSection } from "./fleet.ts";
 import { vpsSection } from "./vps.ts";
+import { vmsSection } from "./vms.ts";
 
 export interface BenchContext {
   concurrency: number;
@@ -61,7 +63,7 @@ export interface BenchSection {
 }
 
 /** Sections in the order they run; later issues append theirs. */
-const allSections: BenchSection[] = [apiSection, commandsSection, agentsSection, workflowsSection, fleetSection, vpsSection];
+const allSections: BenchSection[] = [apiSection, commandsSection, agentsSection, workflowsSection, fleetSection, vpsSection, vmsSection];
 const only = (process.env.BENCH_ONLY ?? "")
   .split(",")
   .map((s) => s.trim())

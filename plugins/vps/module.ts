@@ -5,7 +5,7 @@
 // vps.hostInstances reconciler (host-instances.ts) follows what the hosts report of host pools'
 // instances (the NodeSpec `instances` section the module owns). Providers are registered as the
 // module's extensions.
-import { defineModule, type Module } from "better-compute";
+import { defineDriver, defineModule, type Module } from "better-compute";
 import { accountActions, accountMethods } from "./accounts.ts";
 import { consoleCommand, hostActions, hostInstancesReconciler, hostMethods, instancesSection } from "./host-instances.ts";
 import { instanceActions, instanceMethods } from "./instances.ts";
@@ -14,6 +14,16 @@ import { poolActions, poolMethods } from "./pools.ts";
 import { instancesReconciler } from "./reconciler.ts";
 import { vpsMigrations } from "./schema.ts";
 import { tenantActions, tenantMethods } from "./tenants.ts";
+
+/**
+ * The runtimes `bcd node` has built in (agent/runtimes, docs/runtimes.md), as the drivers a host pool
+ * names: a host advertises each it can run in its hello (label bc.dev/driver.<id>), and the placer
+ * puts a pool's guests only on hosts that do. A plugin's runtime registers its own defineDriver.
+ */
+export const runtimeDrivers = [
+  defineDriver({ id: "qemu-microvm", kinds: ["runtime"], runsOn: "node" }),
+  defineDriver({ id: "firecracker", kinds: ["runtime"], runsOn: "node" }),
+];
 
 export function vps(options: VpsOptions = {}): Module {
   return defineModule({
@@ -27,7 +37,7 @@ export function vps(options: VpsOptions = {}): Module {
     },
     migrations: vpsMigrations,
     api: [...accountMethods(options), ...poolMethods(options), ...tenantMethods(), ...instanceMethods(), ...hostMethods()],
-    extensions: options.providers ?? [],
+    extensions: [...runtimeDrivers, ...(options.providers ?? [])],
     nodeSpecSections: [instancesSection],
     commands: [consoleCommand],
     reconcilers: [instancesReconciler(options), hostInstancesReconciler()],

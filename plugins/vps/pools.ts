@@ -17,6 +17,7 @@ import {
   type MethodDefinition,
   type Tx,
 } from "better-compute/core";
+import type { DriverDefinition } from "better-compute";
 import type { ProviderOffers } from "./contracts.ts";
 import { DEFAULT_IMAGE, DEFAULT_RUNTIME } from "./host-instances.ts";
 import {
@@ -259,6 +260,17 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
         fields: providerOnly,
       });
     const wanted = { class: "host", ...hostFields(input) };
+    // The runtime is a driver someone registered (the built-in ones, or a plugin's): a typo would
+    // leave every instance pending on hosts that can never advertise it.
+    const runtimes = ctx.registered
+      .extensions<DriverDefinition>("driver")
+      .filter((d) => d.kinds.includes("runtime"))
+      .map((d) => d.id);
+    if (!runtimes.includes(wanted.runtime))
+      throw invalidArgument(`runtime ${wanted.runtime} is not a registered runtime driver (registered: ${runtimes.join(", ") || "none"})`, {
+        runtime: wanted.runtime,
+        registered: runtimes,
+      });
     const inserted = await tx.execute(sql`
       INSERT INTO vps_pools (id, account_id, class, agent, location, host_labels, runtime, overcommit, strategy, image)
       VALUES (${input.id}, NULL, 'host', 'none', NULL, ${JSON.stringify(wanted.host_labels)}::jsonb, ${wanted.runtime},

@@ -139,6 +139,13 @@ describe("host pools: the operator's setup", () => {
     expect((await refused("vps.pools.create", { ...pool, strategy: "pack" }, "CONFLICT")).details!.fields).toEqual(["strategy"]);
     await refused("vps.pools.create", { ...pool, id: `${id}-x`, account: "acct" }, "INVALID_ARGUMENT");
     await refused("vps.pools.create", { id: `${id}-y`, runtime: "qemu-microvm" }, "INVALID_ARGUMENT");
+    // The runtime is a registered runtime driver (the built-in ones are listed with the drivers).
+    expect((await refused("vps.pools.create", { id: `${id}-k`, class: "host", runtime: "kata" }, "INVALID_ARGUMENT")).message).toContain(
+      "registered: qemu-microvm, firecracker",
+    );
+    expect((await ok("drivers.list", {})).drivers).toEqual(
+      expect.arrayContaining([expect.objectContaining({ id: "qemu-microvm", kinds: ["runtime"], runsOn: "node" })]),
+    );
     await refused("vps.flavors.create", { id: `${id}-f`, pool: id, offer: "cx22", image: "debian-12" }, "INVALID_ARGUMENT");
     await refused("vps.flavors.create", { id: `${id}-f`, pool: id, vcpus: 2 }, "INVALID_ARGUMENT");
     expect(await ok("vps.flavors.create", { id: `${id}-f`, pool: id, vcpus: 2, memoryMiB: 1024, diskGiB: 5 })).toMatchObject({

@@ -420,22 +420,31 @@ export function hostInstancesReconciler(): Reconciler {
   return {
     id: "vps.hostInstances",
     async run(ctx) {
-      // Oldest first: an instance waiting for capacity gets it before a newer one.
-      const due = await ctx.store.db.execute(sql`
-        SELECT i.id FROM vps_instances i JOIN vps_pools p ON p.id = i.pool_id
-        WHERE p.class = 'host' AND i.state NOT IN ('deleted', 'failed')
-        ORDER BY i.created_at, i.id LIMIT ${BATCH}`);
       const specs = new Map<string, Promise<NodeSpecView | undefined>>();
       let changed = 0;
-      for (const { id } of due.rows as { id: string }[]) {
-        try {
-          if (await reconcileHostInstance(ctx, id, specs)) changed++;
-        } catch (err) {
-          ctx.log.warn("reconciling a host instance failed; a later pass retries", {
-            instance: id,
-            error: err instanceof Error ? err.message : String(err),
-          });
+      // Every live host instance, oldest first (one waiting for capacity gets it before a newer one),
+      // a page at a time: a pass reaches all of them however many there are.
+      let after: { created_at: string; id: string } | undefined;
+      for (;;) {
+        const page = (
+          await ctx.store.db.execute(sql`
+            SELECT i.id, i.created_at::text AS created_at FROM vps_instances i JOIN vps_pools p ON p.id = i.pool_id
+            WHERE p.class = 'host' AND i.state NOT IN ('deleted', 'failed')
+              ${after ? sql`AND (i.created_at, i.id) > (${after.created_at}::timestamptz, ${after.id})` : sql``}
+            ORDER BY i.created_at, i.id LIMIT ${BATCH}`)
+        ).rows as { id: string; created_at: string }[];
+        for (const { id } of page) {
+          try {
+            if (await reconcileHostInstance(ctx, id, specs)) changed++;
+          } catch (err) {
+            ctx.log.warn("reconciling a host instance failed; a later pass retries", {
+              instance: id,
+              error: err instanceof Error ? err.message : String(err),
+            });
+          }
         }
+        if (page.length < BATCH) break;
+        after = page.at(-1)!;
       }
       return changed;
     },

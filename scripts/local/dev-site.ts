@@ -3,16 +3,14 @@
 // BMCs (createMetalSim's, booted when their BMC powers them on), enrolled into a pool, and a
 // demo disk image served over HTTP for metal.deploy. Once watched, each machine's state change
 // is printed as it happens, and one line when all of them are ready.
-import { spawn, type ChildProcess } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
-import { createRequire } from "node:module";
 import path from "node:path";
-import { createInterface } from "node:readline";
 import { createImageCache } from "../../agent/roles/image-cache.ts";
 import { createMetalSim, siteAgentFromStateDir, type ExternalSiteAgent, type MetalSim } from "../../agent/testing/metal-sim.ts";
 import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
-import { repoRoot } from "./node-store.ts";
-import { formatLogLine, type Stack } from "./stack.ts";
+import { startBcd } from "./bcd-process.ts";
+import type { Stack } from "./stack.ts";
 
 export interface DevSiteOptions {
   /** Simulated machines to enroll. */
@@ -56,7 +54,17 @@ export async function startDevSite(stack: Stack, options: DevSiteOptions): Promi
 
     const stateDir = path.join(stack.dataDir, "site-agent");
     const { token } = await call<{ token: string }>("siteTokens.create", { site: SITE });
-    const bcd = startSiteAgent(stack.url, stateDir, token, options.print);
+    // The real site agent: `bcd start --role site`.
+    const bcd = startBcd({
+      url: stack.url,
+      role: "site",
+      stateDir,
+      hostname: `${SITE}-site-agent`,
+      token,
+      tag: "site-agent",
+      print: options.print,
+      stopGraceMs: 5_000,
+    });
     cleanup.push(() => bcd.stop());
     const siteAgent = await joinedSiteAgent(stateDir, bcd.process, call);
 
@@ -87,68 +95,6 @@ export async function startDevSite(stack: Stack, options: DevSiteOptions): Promi
     await stop();
     throw err;
   }
-}
-
-/** The real site agent: `bcd start --role site`, its JSON log lines shown one readable line each. */
-function startSiteAgent(
-  url: string,
-  stateDir: string,
-  token: string,
-  print: (line: string) => void,
-): { process: ChildProcess; stop(): Promise<void> } {
-  const tsx = createRequire(import.meta.url).resolve("tsx/cli");
-  const child = spawn(
-    process.execPath,
-    [
-      tsx,
-      path.join(repoRoot, "agent", "bcd.ts"),
-      "start",
-      "--url",
-      url,
-      "--role",
-      "site",
-      "--state-dir",
-      stateDir,
-      "--hostname",
-      `${SITE}-site-agent`,
-    ],
-    {
-      cwd: repoRoot,
-      env: { ...process.env, BC_JOIN_TOKEN: token },
-      stdio: ["ignore", "pipe", "pipe"],
-    },
-  );
-  let stopping = false;
-  for (const stream of [child.stdout!, child.stderr!]) {
-    createInterface({ input: stream, crlfDelay: Infinity }).on("line", (line) => {
-      if (line.trim() && !stopping) print(`  [site-agent] ${siteAgentLine(line)}`);
-    });
-  }
-  return {
-    process: child,
-    stop: () =>
-      new Promise<void>((resolve) => {
-        stopping = true;
-        if (child.exitCode !== null || child.signalCode !== null) return resolve();
-        const force = setTimeout(() => child.kill("SIGKILL"), 5_000);
-        child.once("exit", () => {
-          clearTimeout(force);
-          resolve();
-        });
-        child.kill("SIGTERM");
-      }),
-  };
-}
-
-/** bcd's JSON log line as one readable line (fields named like secrets redacted); its plain lines as they are. */
-function siteAgentLine(line: string): string {
-  try {
-    const fields = JSON.parse(line) as Record<string, unknown>;
-    if (typeof fields.level === "string" && typeof fields.message === "string") return formatLogLine(fields);
-  } catch {
-    // a plain line ("joined as …", "bcd: …")
-  }
-  return line;
 }
 
 /** Waits for bcd to have joined (its identity in the state dir) and connected; answers its identity. */

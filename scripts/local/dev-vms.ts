@@ -10,17 +10,15 @@
 // is schedulable. stop() stops bcd and removes every guest it left (VMM, network namespace, work
 // dir) with the runtime's own remove: bcd keeps its guests running across a restart by design,
 // and Ctrl-C stops the stack's API with it, so the dev process removes them itself.
-import { spawn, type ChildProcess } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { constants } from "node:fs";
 import fs from "node:fs/promises";
-import { createRequire } from "node:module";
 import path from "node:path";
-import { createInterface } from "node:readline";
 import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
 import { ensureGuestImage, type GuestImage } from "../../agent/runtimes/microvm/image.ts";
 import { QemuBackend, qemuMicroVmRuntime } from "better-compute/runtimes";
-import { repoRoot } from "./node-store.ts";
-import { formatLogLine, shownPath, type Stack } from "./stack.ts";
+import { startBcd } from "./bcd-process.ts";
+import { shownPath, type Stack } from "./stack.ts";
 
 const POOL = "dev-vms";
 const POOL_LABELS = { "bc.dev/dev": "vms" };
@@ -92,7 +90,20 @@ export async function registerDevVms(stack: Stack, image: GuestImage, print: (li
     await call("vps.tenants.addMember", { tenant: TENANT, principal: `apikey:${key.id}` });
 
     const { token } = await call<{ token: string }>("joinTokens.create", { role: "node", labels: POOL_LABELS });
-    const bcd = startHostAgent(stack.url, stateDir, runtimeDir, token, print);
+    // The host: `bcd start --role node`, in its own process group: Ctrl-C reaches the dev process,
+    // which stops bcd before it removes the guests.
+    const bcd = startBcd({
+      url: stack.url,
+      role: "node",
+      stateDir,
+      hostname: HOST_NAME,
+      token,
+      args: ["--runtime-dir", runtimeDir],
+      tag: "vms-host",
+      print,
+      detached: true,
+      stopGraceMs: 10_000,
+    });
     // bcd first (it stops converging), then whatever guests it leaves.
     cleanup.push(() => bcd.stop());
     const host = await schedulableHost(bcd.process, call);
@@ -140,57 +151,6 @@ export async function registerDevVms(stack: Stack, image: GuestImage, print: (li
     await stop();
     throw err;
   }
-}
-
-/** The host: `bcd start --role node`, its JSON log lines shown one readable line each. */
-function startHostAgent(
-  url: string,
-  stateDir: string,
-  runtimeDir: string,
-  token: string,
-  print: (line: string) => void,
-): { process: ChildProcess; stop(): Promise<void> } {
-  const tsx = createRequire(import.meta.url).resolve("tsx/cli");
-  const bcd = path.join(repoRoot, "agent", "bcd.ts");
-  const args = ["start", "--url", url, "--role", "node", "--state-dir", stateDir, "--runtime-dir", runtimeDir, "--hostname", HOST_NAME];
-  // Its own process group: Ctrl-C reaches the dev process, which stops bcd before it removes the guests.
-  const child = spawn(process.execPath, [tsx, bcd, ...args], {
-    cwd: repoRoot,
-    env: { ...process.env, BC_JOIN_TOKEN: token },
-    stdio: ["ignore", "pipe", "pipe"],
-    detached: true,
-  });
-  let stopping = false;
-  for (const stream of [child.stdout!, child.stderr!]) {
-    createInterface({ input: stream, crlfDelay: Infinity }).on("line", (line) => {
-      if (line.trim() && !stopping) print(`  [vms-host] ${agentLine(line)}`);
-    });
-  }
-  return {
-    process: child,
-    stop: () =>
-      new Promise<void>((resolve) => {
-        stopping = true;
-        if (child.exitCode !== null || child.signalCode !== null) return resolve();
-        const force = setTimeout(() => child.kill("SIGKILL"), 10_000);
-        child.once("exit", () => {
-          clearTimeout(force);
-          resolve();
-        });
-        child.kill("SIGTERM");
-      }),
-  };
-}
-
-/** bcd's JSON log line as one readable line (fields named like secrets redacted); its plain lines as they are. */
-function agentLine(line: string): string {
-  try {
-    const fields = JSON.parse(line) as Record<string, unknown>;
-    if (typeof fields.level === "string" && typeof fields.message === "string") return formatLogLine(fields);
-  } catch {
-    // a plain line ("joined as …", "bcd: …")
-  }
-  return line;
 }
 
 interface HostSummary {

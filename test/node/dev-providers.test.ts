@@ -4,52 +4,25 @@
 // running at the provider's emulator, then stops and deletes. SIMULATED: the three providers'
 // APIs (emulators in the dev process) and the site's machines; the Worker, Postgres and the CLI
 // are real, and the Worker reaches the Proxmox emulator over HTTPS with its certificate verified.
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, expect, it } from "vitest";
 import { pinnedFetch } from "better-compute/proxmox/pinned-fetch";
 import { FREE_NAME } from "better-compute/hetzner-robot";
-import { repoRoot } from "../../scripts/local/node-store.ts";
 import { freePort } from "../../scripts/local/stack.ts";
+import { repoRoot } from "../../scripts/local/node-store.ts";
+import { NpmRunDev } from "../support/npm-run-dev.ts";
 
 const baseDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-dev-providers-"));
 const devDir = path.join(baseDir, "dev");
-let dev: ChildProcess | undefined;
-let output = "";
+let dev: NpmRunDev | undefined;
 
 afterAll(async () => {
-  if (dev && dev.exitCode === null && dev.signalCode === null) await interrupt(dev);
+  await dev?.interrupt();
   fs.rmSync(baseDir, { recursive: true, force: true });
 });
-
-function interrupt(child: ChildProcess): Promise<void> {
-  return new Promise((resolve) => {
-    child.once("exit", () => resolve());
-    process.kill(-child.pid!, "SIGINT");
-  });
-}
-
-/** Resolves with the match once the output shows it; rejects after ms or if npm run dev exits. */
-function waitFor(pattern: RegExp, ms: number, what: string): Promise<RegExpExecArray> {
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => {
-      clearInterval(poll);
-      reject(new Error(`npm run dev did not show ${what} within ${ms / 1000} s:\n${output}`));
-    }, ms);
-    const poll = setInterval(() => {
-      const match = pattern.exec(output);
-      const exited = dev!.exitCode !== null || dev!.signalCode !== null;
-      if (match || exited) {
-        clearInterval(poll);
-        clearTimeout(timer);
-        if (match) resolve(match);
-        else reject(new Error(`npm run dev exited with ${dev!.exitCode ?? dev!.signalCode}:\n${output}`));
-      }
-    }, 100);
-  });
-}
 
 /** A printed command (`npx better-compute …`, no quoting needed) run with the CLI, with the tenant's BC_URL and BC_API_KEY. */
 async function asTenant(command: string, env: Record<string, string>): Promise<string> {
@@ -110,70 +83,67 @@ async function atProviders(c: Credentials) {
 
 it("registers the three providers with a tenant, whose printed commands take instances to running at the emulators, stopped and deleted", async () => {
   const port = await freePort();
-  // Its own process group, so Ctrl-C (SIGINT to the group) reaches npm, tsx, wrangler and bcd.
-  dev = spawn("npm", ["run", "dev", "--", "--providers", "--machines", "1"], {
-    cwd: repoRoot,
-    env: { ...process.env, PORT: String(port), BC_DATA_DIR: baseDir, DATABASE_URL: "", NODE_EXTRA_CA_CERTS: "" },
-    detached: true,
-    stdio: ["ignore", "pipe", "pipe"],
+  dev = new NpmRunDev(["--providers", "--machines", "1"], {
+    PORT: String(port),
+    BC_DATA_DIR: baseDir,
+    DATABASE_URL: "",
+    NODE_EXTRA_CA_CERTS: "",
   });
-  dev.stdout!.on("data", (d) => (output += d));
-  dev.stderr!.on("data", (d) => (output += d));
 
-  await waitFor(/Press Ctrl-C to stop\./, 180_000, "its banner");
+  await dev.waitFor(/Press Ctrl-C to stop\./, 180_000, "its banner");
 
   // The banner: what is real (the adapters in the Worker, the Proxmox certificate trusted through
   // NODE_EXTRA_CA_CERTS) and what is simulated (the providers), the tenant and its commands.
-  expect(output).toContain(`running at http://127.0.0.1:${port} with a simulated site and simulated providers`);
-  expect(output).toMatch(/the vps module, its reconciler and the Hetzner Cloud, Hetzner Robot and Proxmox adapters \(in the Worker\)/);
-  expect(output).toMatch(
+  expect(dev.output).toContain(`running at http://127.0.0.1:${port} with a simulated site and simulated providers`);
+  expect(dev.output).toMatch(/the vps module, its reconciler and the Hetzner Cloud, Hetzner Robot and Proxmox adapters \(in the Worker\)/);
+  expect(dev.output).toMatch(
     /verifies the Proxmox emulator's self-signed certificate, trusted through\s+NODE_EXTRA_CA_CERTS=\S+ given to wrangler dev/,
   );
-  expect(output).toMatch(
+  expect(dev.output).toMatch(
     /the providers: Hetzner Cloud at http:\/\/127\.0\.0\.1:\d+\/v1, Hetzner Robot at http:\/\/127\.0\.0\.1:\d+ and Proxmox VE at https:\/\/127\.0\.0\.1:\d+:\s+emulators in this process/,
   );
-  expect(output).toMatch(/at each sweep: here every 5 s while one is on its way/);
-  const exported = /^ {4}export BC_URL=(\S+) BC_API_KEY=(bck_\S+)$/m.exec(output);
-  expect(exported, output).not.toBeNull();
+  expect(dev.output).toMatch(/at each sweep: here every 5 s while one is on its way/);
+  const exported = /^ {4}export BC_URL=(\S+) BC_API_KEY=(bck_\S+)$/m.exec(dev.output);
+  expect(exported, dev.output).not.toBeNull();
   const tenant = { BC_URL: exported![1]!, BC_API_KEY: exported![2]! };
   expect(tenant.BC_URL).toBe(`http://127.0.0.1:${port}`);
-  const creates = [...output.matchAll(/^ {4}(npx better-compute vps instances create .*)$/gm)].map((m) => m[1]!);
+  const creates = [...dev.output.matchAll(/^ {4}(npx better-compute vps instances create .*)$/gm)].map((m) => m[1]!);
   expect(creates).toEqual([
     "npx better-compute vps instances create --id web-1 --pool hcloud --flavor hcloud-cx22 --name web-1 --sshKeys demo",
     "npx better-compute vps instances create --id box-1 --pool robot --flavor robot-ax41 --name box-1 --sshKeys demo",
     "npx better-compute vps instances create --id vm-1 --pool proxmox --flavor proxmox-small --name vm-1 --sshKeys demo",
   ]);
-  const stop = /^ {4}(npx better-compute vps instances stop web-1)$/m.exec(output)![1]!;
-  const remove = /^ {4}(npx better-compute vps instances delete web-1)$/m.exec(output)![1]!;
+  const stop = /^ {4}(npx better-compute vps instances stop web-1)$/m.exec(dev.output)![1]!;
+  const remove = /^ {4}(npx better-compute vps instances delete web-1)$/m.exec(dev.output)![1]!;
 
   // The key is the tenant's: it sees the flavors of the pools offered to it.
   expect(await asTenant("npx better-compute vps flavors list", tenant)).toMatch(/hcloud-cx22[\s\S]*proxmox-small[\s\S]*robot-ax41/);
   for (const create of creates) expect(await asTenant(create, tenant)).toMatch(/^created: true$/m);
 
   // Each reaches running through the reconciler (the request's pass, then the dev sweeps), as its provider says.
-  for (const id of ["web-1", "box-1", "vm-1"]) await waitFor(transition(id, "running"), 240_000, `instance ${id} running`);
+  for (const id of ["web-1", "box-1", "vm-1"]) await dev.waitFor(transition(id, "running"), 240_000, `instance ${id} running`);
   const credentials = JSON.parse(fs.readFileSync(path.join(devDir, "providers.json"), "utf8")) as Credentials;
   expect(await atProviders(credentials)).toMatchObject({ web1: "running", box1: "running", vm1: "running" });
 
   await asTenant(stop, tenant);
   await asTenant(remove.replace("web-1", "box-1"), tenant);
   await asTenant(remove.replace("web-1", "vm-1"), tenant);
-  await waitFor(transition("web-1", "stopped"), 180_000, "web-1 stopped");
-  await waitFor(transition("box-1", "deleted"), 180_000, "box-1 deleted");
-  await waitFor(transition("vm-1", "deleted"), 180_000, "vm-1 deleted");
+  await dev.waitFor(transition("web-1", "stopped"), 180_000, "web-1 stopped");
+  await dev.waitFor(transition("box-1", "deleted"), 180_000, "box-1 deleted");
+  await dev.waitFor(transition("vm-1", "deleted"), 180_000, "vm-1 deleted");
   const after = await atProviders(credentials);
   expect(after).toMatchObject({ web1: "off", box1: undefined, vm1: undefined });
   // The Robot box is released, not cancelled: still the account's, free for the next instance.
   expect(after.robotNames.filter((n) => n === FREE_NAME)).toHaveLength(1);
 
   await asTenant(remove, tenant);
-  await waitFor(transition("web-1", "deleted"), 180_000, "web-1 deleted");
+  await dev.waitFor(transition("web-1", "deleted"), 180_000, "web-1 deleted");
   expect((await atProviders(credentials)).web1).toBeUndefined();
 
   // No provider credential in anything printed.
   for (const secret of [credentials["hetzner-cloud"].token, credentials["hetzner-robot"].password, credentials.proxmox.tokenSecret])
-    expect(output).not.toContain(secret);
+    expect(dev.output).not.toContain(secret);
 
-  await interrupt(dev);
+  await dev.interrupt();
   for (const file of ["lock", "local.json", "providers.json"]) expect(fs.existsSync(path.join(devDir, file))).toBe(false);
 }, 900_000);

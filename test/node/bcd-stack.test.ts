@@ -8,6 +8,7 @@ import { afterAll, beforeAll, expect, it } from "vitest";
 import { repoRoot } from "../../scripts/local/node-store.ts";
 import { startStack, type Stack } from "../../scripts/local/stack.ts";
 import { startRedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
+import { eventually as poll } from "../support/eventually.ts";
 
 const BMC_PASSWORD = "bmc-password-never-logged";
 
@@ -27,6 +28,9 @@ afterAll(async () => {
   fs.rmSync(dataDir, { recursive: true, force: true });
 });
 
+const eventually = <T>(read: () => Promise<T>, done: (v: T) => boolean, what: string) =>
+  poll(read, done, what, { detail: () => `bcd said:\n${bcdOutput}` });
+
 async function api(name: string, input: object) {
   const res = await fetch(`${stack.url}/v1/${name}`, {
     method: "POST",
@@ -34,17 +38,6 @@ async function api(name: string, input: object) {
     body: JSON.stringify(input),
   });
   return { status: res.status, body: (await res.json()) as any };
-}
-
-async function eventually<T>(read: () => Promise<T>, done: (v: T) => boolean, what: string, ms = 30_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await read();
-    if (done(value)) return value;
-    if (Date.now() > deadline)
-      throw new Error(`${what} did not happen within ${ms} ms; last: ${JSON.stringify(value)}\nbcd said:\n${bcdOutput}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
 }
 
 it("joins with a site token, connects, runs a command, drives a BMC for commissioning, and disconnects on SIGTERM", async () => {

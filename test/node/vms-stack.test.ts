@@ -19,6 +19,7 @@ import { FakeDaemon } from "../../agent/testing.ts";
 import { simulatedRuntime } from "../../agent/testing/simulated-runtime.ts";
 import { repoRoot } from "../../scripts/local/node-store.ts";
 import { startStack, type Stack } from "../../scripts/local/stack.ts";
+import { eventually as poll } from "../support/eventually.ts";
 
 const POOL_LABELS = { "bc.dev/pool": "vms" };
 /** What bcd reports for this machine (2 here): a guest of this many vCPUs fills a host, real or simulated. */
@@ -69,16 +70,8 @@ async function ok(name: string, input: object, key?: string): Promise<any> {
   return res.body;
 }
 
-async function eventually<T>(read: () => Promise<T>, done: (v: T) => boolean, what: string, ms = 60_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await read();
-    if (done(value)) return value;
-    if (Date.now() > deadline)
-      throw new Error(`${what} did not happen within ${ms} ms; last: ${JSON.stringify(value)}\nbcd said:\n${bcdOutput.slice(-4000)}`);
-    await new Promise((r) => setTimeout(r, 250));
-  }
-}
+const eventually = <T>(read: () => Promise<T>, done: (v: T) => boolean, what: string, ms = 60_000) =>
+  poll(read, done, what, { ms, intervalMs: 250, detail: () => `bcd said:\n${bcdOutput.slice(-4000)}` });
 
 /** What a guest leaves on its host while it exists: its VMM, its work dir, its network namespace. */
 async function leftovers(id: string): Promise<string[]> {

@@ -20,6 +20,7 @@ import { vps } from "better-compute/vps";
 import { recordingFetch } from "better-compute/vps/record-replay";
 import { inProcessControlPlane, type SimControlPlane } from "../../agent/testing/metal-sim-control-plane.ts";
 import { repoRoot } from "../../scripts/local/node-store.ts";
+import { eventually } from "../support/eventually.ts";
 
 const HCLOUD_TOKEN = "hcloud-bcd-join-token-Qw7Er4Ty1Ui8";
 const KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop";
@@ -110,16 +111,6 @@ function parseCloudConfig(text: string): Record<string, unknown> {
     else throw new Error(`user data line not understood: ${line}`);
   }
   return doc;
-}
-
-async function eventually<T>(read: () => Promise<T>, done: (v: T) => boolean, what: string, ms = 30_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await read();
-    if (done(value)) return value;
-    if (Date.now() > deadline) throw new Error(`${what} did not happen within ${ms} ms; last: ${JSON.stringify(value)}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
 }
 
 it("an agent: bcd pool's instance joins as its node with the token from its user data, which is used up and shown nowhere else", async () => {

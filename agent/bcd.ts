@@ -1,15 +1,17 @@
 // bcd: the Better Compute agent (Node). Run with `tsx agent/bcd.ts <command> ...`.
 //
-//   bcd join  --url URL --token TOKEN --role site|node|ramdisk --state-dir DIR [--hostname NAME] [--attestor join-token|provisioned]
+//   bcd join  --url URL --role site|node|ramdisk --state-dir DIR [--hostname NAME] [--attestor ID] <the attestor's flags>
 //   bcd run   --state-dir DIR [--url URL] [--label k=v ...] [--heartbeat SECONDS]
 //             [--runtime-dir DIR] [--access-file FILE] [--firecracker-bin PATH]   (role node)
-//   bcd start --url URL --token TOKEN [--attestor ...] --role ROLE --state-dir DIR [...]   join unless joined, then run
+//   bcd start --url URL [--attestor ID] <its flags> --role ROLE --state-dir DIR [...]   join unless joined, then run
 //
-// The token may also come from --token-file FILE or the BC_JOIN_TOKEN environment variable
+// A join token (--token TOKEN) may also come from --token-file FILE or the BC_JOIN_TOKEN environment variable
 // (a command line is visible to every user of the machine). It is sent once and never
-// written to the state directory or the logs. --attestor names what the token is for: `join-token`
-// (default; minted by an operator) or `provisioned` (minted for this machine by the control plane,
-// e.g. in a VPS instance's user data: it joins as the node the token names).
+// written to the state directory or the logs. --attestor names what vouches for the machine:
+// `join-token` (default; a token minted by an operator), `provisioned` (a token minted for this
+// machine by the control plane, e.g. in a VPS instance's user data: it joins as the node the token
+// names), `x509pop` (a certificate and its key), `cloud-iid` (the cloud's instance identity), `tpm`.
+// agent/attestation/index.ts builds each one's evidence from its flags (docs/attestors.md).
 //
 // As a node, bcd runs the node role (agent/roles/node.ts): it converges the NodeSpec the control
 // plane sends (docs/nodespec.md) with the runtimes this host has, advertises them as drivers in its
@@ -17,7 +19,7 @@
 //
 // Exit codes: 0 done (or stopped by SIGINT/SIGTERM), 1 runtime failure, 2 usage.
 import { constants, realpathSync } from "node:fs";
-import { access, mkdir, readFile, statfs } from "node:fs/promises";
+import { access, mkdir, statfs } from "node:fs/promises";
 import { cpus, hostname as osHostname, totalmem } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -32,22 +34,26 @@ import type { HelloFrame } from "../core/protocol.ts";
 import { httpProxyHandlers } from "./roles/http-proxy.ts";
 import { siteHandlers } from "./roles/site.ts";
 import { nodeTransport } from "./node-transport.ts";
+import { evidenceProducers, ProducerUsageError } from "./attestation/index.ts";
 import type { Role } from "./state.ts";
 
 const USAGE = `usage:
-  bcd join  --url URL (--token TOKEN | --token-file FILE | $BC_JOIN_TOKEN) --role site|node|ramdisk --state-dir DIR
-            [--hostname NAME] [--attestor join-token|provisioned]   the token's kind (default join-token)
+  bcd join  --url URL --role site|node|ramdisk --state-dir DIR [--hostname NAME] [--attestor ID] <the attestor's flags>
+${Object.entries(evidenceProducers)
+  .map(([id, p]) => `            --attestor ${id}${id === "join-token" ? " (default)" : ""}: ${p.usage}`)
+  .join("\n")}
   bcd run   --state-dir DIR [--url URL] [--label KEY=VALUE ...] [--heartbeat SECONDS]
             [--runtime-dir DIR]        role node: where guests' work dirs live (default <state-dir>/runtime)
             [--access-file FILE]       role node: the authorized_keys file the NodeSpec's access section owns
             [--firecracker-bin PATH]   role node: the firecracker binary (the firecracker runtime)
-  bcd start --url URL (--token ... ) [--attestor ...] --role ROLE --state-dir DIR [run options]   join unless already joined, then run
+  bcd start --url URL [--attestor ID] <its flags> --role ROLE --state-dir DIR [run options]   join unless already joined, then run
   bcd help`;
 
 const ROLES: readonly Role[] = ["site", "node", "ramdisk"];
-/** What the token is: an operator's join token, or one the control plane minted for this machine. */
-const ATTESTORS = ["join-token", "provisioned"] as const;
-type Attestor = (typeof ATTESTORS)[number];
+/** The attestors bcd makes evidence for. */
+const ATTESTORS = Object.keys(evidenceProducers);
+/** Every producer's flags, parsed with bcd's own. */
+const ATTESTOR_FLAGS = Object.assign({}, ...Object.values(evidenceProducers).map((p) => p.flags)) as Record<string, { type: "string" }>;
 
 class UsageError extends Error {}
 
@@ -83,9 +89,9 @@ export function builtinHandlers(info: {
 interface Parsed {
   command: string;
   url?: string;
-  token?: string;
-  tokenFile?: string;
-  attestor: Attestor;
+  attestor: string;
+  /** Every flag as parsed: the attestor's producer reads its own. */
+  flags: Record<string, string | boolean | string[] | undefined>;
   role?: string;
   stateDir?: string;
   hostname?: string;
@@ -108,9 +114,8 @@ function parse(argv: string[]): Parsed {
       strict: true,
       allowPositionals: false,
       options: {
+        ...ATTESTOR_FLAGS,
         url: { type: "string" },
-        token: { type: "string" },
-        "token-file": { type: "string" },
         attestor: { type: "string" },
         role: { type: "string" },
         "state-dir": { type: "string" },
@@ -139,11 +144,9 @@ function parse(argv: string[]): Parsed {
     heartbeatMs = s * 1000;
   }
   const attestor = values.attestor ?? "join-token";
-  if (!ATTESTORS.includes(attestor as Attestor)) throw new UsageError(`--attestor wants ${ATTESTORS.join("|")}, got ${attestor}`);
-  const p: Parsed = { command, labels, attestor: attestor as Attestor, quiet: values.quiet ?? false };
+  if (!ATTESTORS.includes(attestor)) throw new UsageError(`--attestor wants ${ATTESTORS.join("|")}, got ${attestor}`);
+  const p: Parsed = { command, labels, attestor, flags: values, quiet: values.quiet ?? false };
   if (values.url !== undefined) p.url = values.url;
-  if (values.token !== undefined) p.token = values.token;
-  if (values["token-file"] !== undefined) p.tokenFile = values["token-file"];
   if (values.role !== undefined) p.role = values.role;
   if (values["state-dir"] !== undefined) p.stateDir = values["state-dir"];
   if (values.hostname !== undefined) p.hostname = values.hostname;
@@ -158,9 +161,8 @@ function parse(argv: string[]): Parsed {
 
 interface JoinArgs {
   url: string;
-  token: string;
   role: Role;
-  attestor: Attestor;
+  attestor: string;
 }
 
 /** What a node host runs guests with, from bcd's flags. */
@@ -248,14 +250,10 @@ async function hostResources(runtimeDir: string): Promise<NonNullable<HelloFrame
   };
 }
 
-async function joinArgs(p: Parsed): Promise<JoinArgs> {
+function joinArgs(p: Parsed): JoinArgs {
   if (!p.url) throw new UsageError(`${p.command} needs --url`);
   if (!p.role || !ROLES.includes(p.role as Role)) throw new UsageError(`${p.command} needs --role ${ROLES.join("|")}`);
-  let token = p.token;
-  if (token === undefined && p.tokenFile !== undefined) token = (await readFile(p.tokenFile, "utf8")).trim();
-  token ??= process.env.BC_JOIN_TOKEN;
-  if (!token) throw new UsageError(`${p.command} needs --token, --token-file or BC_JOIN_TOKEN`);
-  return { url: p.url, token, role: p.role as Role, attestor: p.attestor };
+  return { url: p.url, role: p.role as Role, attestor: p.attestor };
 }
 
 export async function main(argv: string[]): Promise<number> {
@@ -276,8 +274,8 @@ export async function main(argv: string[]): Promise<number> {
   const bootId = crypto.randomUUID();
   try {
     let join: JoinArgs | undefined;
-    if (p.command === "join") join = await joinArgs(p);
-    if (p.command === "start" && !(await state.loadIdentity())) join = await joinArgs(p);
+    if (p.command === "join") join = joinArgs(p);
+    if (p.command === "start" && !(await state.loadIdentity())) join = joinArgs(p);
 
     // A node host: its runtimes and resources go into every hello.
     const role = join?.role ?? (await state.loadIdentity())?.role;
@@ -307,10 +305,20 @@ export async function main(argv: string[]): Promise<number> {
       c.handle(kind, h);
 
     if (join) {
+      // The evidence is sent once: never saved, never logged.
+      const evidence = await evidenceProducers[join.attestor]!.produce({
+        command: p.command,
+        url: join.url,
+        role: join.role,
+        publicKey: () => c.publicKey(),
+        flags: p.flags,
+        env: process.env,
+        fetch: globalThis.fetch,
+      });
       const identity = await client.join({
         baseUrl: join.url,
         attestor: join.attestor,
-        evidence: { token: join.token },
+        evidence,
         role: join.role,
         hostname: p.hostname ?? osHostname(),
       });
@@ -363,7 +371,7 @@ export async function main(argv: string[]): Promise<number> {
     log.info("stopped", {});
     return 0;
   } catch (e) {
-    if (e instanceof UsageError) {
+    if (e instanceof UsageError || e instanceof ProducerUsageError) {
       process.stderr.write(`bcd: ${e.message}\n${USAGE}\n`);
       return 2;
     }

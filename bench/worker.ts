@@ -20,6 +20,7 @@ const entry = deploymentEntry(compute);
 export const NodeDO = entry.NodeDO;
 export { EchoDO } from "./echo-do.ts";
 export const WorkflowDO = entry.WorkflowDO;
+export const SinkDO = entry.SinkDO;
 
 type Env = Record<string, unknown>;
 

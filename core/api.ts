@@ -84,6 +84,7 @@ async function invoke(c: Context<AppEnv>, deps: MethodDeps, mod: Module, method:
         await tx
           .insert(audit)
           .values({ actor: principal.id, action: method.action, resource, method: method.name, requestId: c.var.requestId });
+        platform.wake.sinks(); // audit sinks hear of it after commit
       }
       return result;
     } finally {

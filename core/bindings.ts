@@ -2,7 +2,7 @@
 // deployment. Every entry is optional: Node scripts and tests pass only what they use, and the
 // code that needs one says so when it is missing (INVALID_CONFIG, UNAVAILABLE).
 
-/** What both Durable Objects answer over RPC: the NodeDO delivers its open commands, the WorkflowDO advances. */
+/** What the Durable Objects answer over RPC: the NodeDO delivers its open commands, the WorkflowDO advances, the SinkDO delivers the outbox. */
 export interface WakeableObject extends Rpc.DurableObjectBranded {
   wake(): Promise<void>;
 }
@@ -18,4 +18,6 @@ export type Bindings = {
   NODE?: DurableObjectNamespace<WakeableObject>;
   /** One WorkflowDO per workflow (idFromName(workflowId)). */
   WORKFLOW?: DurableObjectNamespace<WakeableObject>;
+  /** The one SinkDO (idFromName("sinks")): delivers the outbox to the event and audit sinks. */
+  SINKS?: DurableObjectNamespace<WakeableObject>;
 };

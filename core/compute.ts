@@ -4,7 +4,11 @@
 import type { Hono } from "hono";
 import { methodRoutes } from "./api.ts";
 import type { Bindings } from "./bindings.ts";
+import { auditModule } from "./audit.ts";
 import { coreModule } from "./core-module.ts";
+import { checkSinks } from "./events/dispatch.ts";
+import { sinksModule } from "./events/module.ts";
+import { watchRoutes } from "./events/watch.ts";
 import {
   databaseClock,
   databaseCommands,
@@ -12,6 +16,7 @@ import {
   databaseNodes,
   databaseSecrets,
   databaseWork,
+  type Approvers,
   type CapacityPort,
   type Clock,
   type PlatformContext,
@@ -21,7 +26,7 @@ import {
 import { gatewayRoutes, joinRoutes } from "./agents/join.ts";
 import { agentsModule } from "./agents/module.ts";
 import { databaseNodeSpecs } from "./agents/node-specs.ts";
-import { wakeObjects } from "./agents/notify.ts";
+import { SINKS_OBJECT, wakeObjects } from "./agents/notify.ts";
 import type { Migration, Module } from "./contracts.ts";
 import { hex } from "./encoding.ts";
 import { ComputeError, invalidConfig } from "./errors.ts";
@@ -35,8 +40,11 @@ import { postgres, type DatabasePort, type Store } from "./store/database.ts";
 import { applyMigrations, type MigrationReport } from "./store/migrate.ts";
 
 export interface PkiOptions {
-  /** Keys whose quorum must approve a workflow's destructive commands. */
-  approvers?: { keys: string[]; quorum: number };
+  /**
+   * Quorum for destructive commands (docs/quorum.md): a workflow that sends any waits until
+   * `threshold` of these Ed25519 public keys (raw, base64url) signed its batch (workflows.approve).
+   */
+  approvers?: { keys: string[]; threshold: number };
 }
 
 export interface ComputeOptions extends RegistryInput {
@@ -92,7 +100,8 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   let iam: IamPort | undefined;
   const core = coreModule({ registry: () => registry!, iam: () => iam! });
   const agents = agentsModule({ sections: () => registry!.nodeSpecSections });
-  registry = buildRegistry([core, agents], options);
+  registry = buildRegistry([core, agents, auditModule(), sinksModule()], options);
+  const hasSinks = checkSinks(registry.byContract("sink")).length > 0;
   const capacityProviders = registry.modules.filter((m) => m.ports?.capacity);
   if (capacityProviders.length > 1) {
     throw invalidConfig(`capacity is provided by more than one module: ${capacityProviders.map((m) => m.id).join(", ")}`, {
@@ -105,6 +114,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   const maxBodyBytes = options.limits?.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
   if (!Number.isInteger(maxBodyBytes) || maxBodyBytes <= 0) throw invalidConfig("limits.maxBodyBytes must be a positive integer");
 
+  const approvers = checkApprovers(options.pki?.approvers, registry);
   const reg = registry;
   const registered: RegisteredView = {
     extensions: <T extends { contract: string }>(contract: string) => reg.byContract(contract as never) as unknown as T[],
@@ -116,15 +126,23 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     let capacity: CapacityPort | undefined;
     const touchedNodes = new Set<string>();
     const touchedWorkflows = new Set<string>();
-    const events = databaseEvents(mod.id, principal?.id, requestId);
-    const wake = { node: (id: string) => void touchedNodes.add(id), workflow: (id: string) => void touchedWorkflows.add(id) };
+    let wroteOutbox = false;
+    const wake = {
+      node: (id: string) => void touchedNodes.add(id),
+      workflow: (id: string) => void touchedWorkflows.add(id),
+      sinks: () => void (wroteOutbox = hasSinks),
+    };
+    const published = databaseEvents(mod.id, principal?.id, requestId);
+    const events: typeof published = {
+      publish: (tx, event) => (wake.sinks(), published.publish(tx, event)),
+    };
     const ctx: PlatformContext = {
       moduleId: mod.id,
       env,
       store,
       events,
       work: databaseWork(mod.id),
-      commands: databaseCommands(mod.id, reg.commandKinds, (nodeId) => touchedNodes.add(nodeId)),
+      commands: databaseCommands(mod.id, reg.commandKinds, (nodeId) => touchedNodes.add(nodeId), approvers),
       wake,
       nodes: databaseNodes(events, wake),
       nodeSpecs: databaseNodeSpecs(mod.id, store, reg.nodeSpecSections, events, wake),
@@ -132,9 +150,15 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
       async afterCommit() {
         const nodes = [...touchedNodes];
         const workflows = [...touchedWorkflows];
+        const sinks = wroteOutbox ? [SINKS_OBJECT] : [];
         touchedNodes.clear();
         touchedWorkflows.clear();
-        await Promise.all([wakeObjects(env, "node", nodes, log), wakeObjects(env, "workflow", workflows, log)]);
+        wroteOutbox = false;
+        await Promise.all([
+          wakeObjects(env, "node", nodes, log),
+          wakeObjects(env, "workflow", workflows, log),
+          wakeObjects(env, "sinks", sinks, log),
+        ]);
       },
       clock: (options.clock ?? databaseClock)(store),
       // Resolved on first use: a deployment without BC_SECRET serves everything that needs no secret.
@@ -149,6 +173,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
         ));
       },
       pki: {
+        approvers,
         async mintJoinToken(tx, input) {
           const nodeId = input.nodeId ?? `n-${hex(crypto.getRandomValues(new Uint8Array(8)))}`;
           const minted = await mintJoinToken(tx, { ...input, attestor: "provisioned", nodeId, createdBy: `module:${mod.id}` });
@@ -179,6 +204,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     }
   };
   app.route("/", methodRoutes({ registry: reg, iam, maxBodyBytes, moduleContext: contextFor, reconcileModule }));
+  app.route("/", watchRoutes({ iam, openStore: (env) => database.open(env) }));
   // The join Worker's app: JoinService and /v1/health alone (the gateway needs the NodeDO binding).
   const joinApp = serviceApp({ database, modules });
   joinApp.route("/", join);
@@ -244,6 +270,26 @@ async function missingCapacity(): Promise<never> {
     "no capacity module is registered: add capacity() (better-compute/capacity) to the modules",
   );
 }
+
+/** pki.approvers as given, checked: distinct raw Ed25519 keys, a threshold they can reach, workflows to carry the batches. */
+function checkApprovers(approvers: PkiOptions["approvers"], registry: Registry): Approvers | undefined {
+  if (approvers === undefined) return undefined;
+  const keys = approvers.keys ?? [];
+  const malformed = keys.findIndex((key) => typeof key !== "string" || !ED25519_PUBLIC_KEY.test(key));
+  if (malformed >= 0)
+    throw invalidConfig(`pki.approvers.keys[${malformed}] is not an Ed25519 public key (32 bytes, raw, base64url: 43 characters)`);
+  const duplicate = keys.findIndex((key, i) => keys.indexOf(key) !== i);
+  if (duplicate >= 0) throw invalidConfig(`pki.approvers.keys[${duplicate}] is listed twice: each approver counts once`);
+  const { threshold } = approvers;
+  if (!Number.isInteger(threshold) || threshold < 1 || threshold > keys.length)
+    throw invalidConfig(
+      `pki.approvers.threshold must be an integer from 1 to the number of keys (${keys.length}), not ${String(threshold)}`,
+    );
+  if (!registry.modules.some((m) => m.id === "provision"))
+    throw invalidConfig("pki.approvers needs the provision module: destructive commands are approved as a workflow's batch");
+  return { keys: [...keys], threshold };
+}
+const ED25519_PUBLIC_KEY = /^[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$/;
 
 function deploymentSecret(options: ComputeOptions, env: Bindings): string {
   const secret = options.secret ?? env.BC_SECRET;

@@ -86,6 +86,8 @@ export interface WakePort {
   node(nodeId: string): void;
   /** The workflow's WorkflowDO advances it. */
   workflow(workflowId: string): void;
+  /** The SinkDO delivers what the transaction wrote to the outbox (events publish this themselves). */
+  sinks(): void;
 }
 
 export interface ProvisionedTokenInput {
@@ -99,8 +101,16 @@ export interface ProvisionedTokenInput {
   ttlSeconds?: number;
 }
 
+/** pki.approvers: the Ed25519 keys (raw, base64url) whose threshold must approve a workflow's destructive commands. */
+export interface Approvers {
+  readonly keys: readonly string[];
+  readonly threshold: number;
+}
+
 /** The platform's certificate authority, as modules see it. */
 export interface PkiPort {
+  /** Set when destructive commands need a quorum (docs/quorum.md): enqueue refuses them outside an approved batch. */
+  readonly approvers?: Approvers;
   /**
    * Mints a single-use join token for the provisioned attestor, in the caller's transaction.
    * The token is returned once: put it where only the machine reads it (an ISO, user data),
@@ -327,11 +337,13 @@ export function databaseCommands(
   moduleId: string,
   kinds: ReadonlyMap<string, { command: CommandKind }>,
   onEnqueued: (nodeId: string) => void,
+  approvers?: Approvers,
 ): CommandsPort {
   return {
     async enqueue(tx, input) {
       const declared = kinds.get(input.kind)?.command;
       if (!declared) throw invalidArgument(`unknown command kind ${input.kind}: no registered module declares it`, { kind: input.kind });
+      if (approvers && declared.destructive) await requireApprovedBatch(tx, input);
       let body = input.body ?? {};
       if (declared.input) {
         const parsed = declared.input.safeParse(body);
@@ -376,6 +388,28 @@ export function databaseCommands(
       return { id: String(row.id), seq: Number(seq), created: true };
     },
   };
+}
+
+/**
+ * Under pki.approvers a destructive kind is enqueued only by a workflow whose approved quorum
+ * batch holds it (the provision module's workflow_quorum; betterCompute refuses approvers
+ * without that module). Anything else, an operator's commands.create or another module's
+ * enqueue, is refused before a command row exists.
+ */
+async function requireApprovedBatch(tx: Tx, input: CommandInput): Promise<void> {
+  const workflowId = input.origin?.startsWith("workflow:") ? input.origin.slice("workflow:".length) : undefined;
+  const approved =
+    workflowId !== undefined &&
+    (
+      await tx.execute(sql`
+        SELECT 1 FROM workflow_quorum WHERE workflow_id = ${workflowId} AND approved_at IS NOT NULL AND ${input.kind} = ANY(kinds)`)
+    ).rows.length > 0;
+  if (!approved)
+    throw new ComputeError(
+      "PERMISSION_DENIED",
+      `${input.kind} is destructive: with pki.approvers set it is sent only by a workflow whose approved batch holds it`,
+      { kind: input.kind, ...(workflowId ? { workflow: workflowId } : {}) },
+    );
 }
 
 export function databaseNodes(events: EventsPort, wake: WakePort): NodesPort {

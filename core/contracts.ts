@@ -2,7 +2,9 @@
 // what can be checked alone (ids, names); the registry checks what needs the whole picture.
 import type { z } from "zod";
 import type { CapacityPort, HostView, MethodContext, ModuleContext, PlacementRequest, PlatformContext } from "./context.ts";
+import type { Bindings } from "./bindings.ts";
 import { invalidConfig } from "./errors.ts";
+import type { Logger } from "./log.ts";
 import type { Tx } from "./store/database.ts";
 
 const ID = /^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*$/;
@@ -163,6 +165,20 @@ export interface AttestationRequest {
   role: AgentRole;
   publicKey: string;
   hostname?: string;
+  /**
+   * For an attestor with challenge(): the state it kept for the challenge the evidence names
+   * (evidence.challengeId). JoinService consumes the challenge before verify() runs: single-use,
+   * unexpired and issued to this key, or the join is refused.
+   */
+  challenge?: Record<string, unknown>;
+}
+
+/** What challenge() answers. */
+export interface AttestationChallenge {
+  /** Sent to the agent, which answers it in its join's evidence. */
+  challenge: Record<string, unknown>;
+  /** Kept by the control plane for verify() (as request.challenge); keep digests of secrets, not secrets. */
+  state: Record<string, unknown>;
 }
 
 export interface AttestationResult {
@@ -179,6 +195,11 @@ export interface AttestorDefinition extends ExtensionBase {
    * It runs its own transactions: a single-use token is consumed even when the join is refused.
    */
   verify(ctx: ModuleContext, evidence: Record<string, unknown>, request: AttestationRequest): Promise<AttestationResult>;
+  /**
+   * A challenge-response attestor (tpm) answers the agent's first request (POST /join/v1/challenge)
+   * with a challenge; throws PERMISSION_DENIED for evidence it would never accept.
+   */
+  challenge?(ctx: ModuleContext, evidence: Record<string, unknown>, request: AttestationRequest): Promise<AttestationChallenge>;
 }
 
 export interface SinkEvent {
@@ -191,11 +212,26 @@ export interface SinkEvent {
   occurredAt: string;
 }
 
+/** What a sink's deliver() gets besides the batch. */
+export interface SinkContext {
+  env: Bindings;
+  /**
+   * Resolves a secret reference: `env:NAME` (a Worker secret or var) or `secret:<id>` (a sealed row
+   * of the secret store). An unknown reference is INVALID_CONFIG naming the reference, never a value.
+   */
+  secret(ref: string): Promise<string>;
+  log: Logger;
+}
+
 export interface SinkDefinition extends ExtensionBase {
   contract: "sink";
   kind: "events" | "audit";
-  /** At-least-once: a batch may be delivered again after a crash; deliver idempotently. */
-  deliver(batch: SinkEvent[]): Promise<void>;
+  /** At most this many events per deliver() call (default 100). */
+  maxBatch?: number;
+  /** Failed deliveries of a batch before its first event alone is retried, then dead-lettered (default 5). */
+  maxAttempts?: number;
+  /** At-least-once: a batch may be delivered again after a crash; deliver idempotently. Throw to fail the batch. */
+  deliver(batch: SinkEvent[], ctx: SinkContext): Promise<void>;
 }
 
 /** Refuses hosts: true keeps the host, a string refuses it and is the reason the explanation shows. */

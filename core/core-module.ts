@@ -1,5 +1,5 @@
 // The core module: what every deployment has, registered on the same contract as any other.
-import { desc, eq, sql } from "drizzle-orm";
+import { desc, eq, sql, type SQL } from "drizzle-orm";
 import { z } from "zod";
 import { defineMethod, defineModule, type DriverDefinition, type Module } from "./contracts.ts";
 import { notFound } from "./errors.ts";
@@ -141,11 +141,7 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
       /** Exactly this subject, e.g. metal/nodes/m-1. */
       subject: resourceId.optional(),
       /** Exactly this type, or every type under a prefix: metal.node.* */
-      type: z
-        .string()
-        .max(128)
-        .regex(/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?$/, "a dotted event type, or a prefix ending in .* (metal.node.*)")
-        .optional(),
+      type: eventTypeFilter.optional(),
       /** The next of the previous page: events after this one, in the listing's order. */
       after: z
         .string()
@@ -156,27 +152,13 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     }),
     output: z.object({ events: z.array(event), next: z.string().nullable() }),
     handler: async (_ctx, input, tx) => {
-      const prefix = input.type?.endsWith(".*") ? input.type.slice(0, -1) : undefined;
-      const exact = prefix === undefined ? input.type : undefined;
       const newestFirst = input.order === "desc";
       const rows = await tx.execute(sql`
         SELECT * FROM bc_events
-        WHERE (${input.subject ?? null}::text IS NULL OR subject = ${input.subject ?? null})
-          AND (${exact ?? null}::text IS NULL OR type = ${exact ?? null})
-          AND (${prefix ?? null}::text IS NULL OR starts_with(type, ${prefix ?? null}))
+        WHERE ${eventMatches(input)}
           AND (${input.after ?? null}::bigint IS NULL OR ${newestFirst ? sql`id < ${input.after ?? null}::bigint` : sql`id > ${input.after ?? null}::bigint`})
         ORDER BY id ${newestFirst ? sql`DESC` : sql`ASC`} LIMIT ${input.limit}`);
-      const events = (rows.rows as Record<string, any>[]).map((r) => ({
-        id: String(r.id),
-        eventId: r.event_id,
-        type: r.type,
-        module: r.module,
-        subject: r.subject,
-        data: r.data,
-        actor: r.actor,
-        requestId: r.request_id,
-        occurredAt: new Date(r.occurred_at).toISOString(),
-      }));
+      const events = (rows.rows as Record<string, any>[]).map(eventFromRow);
       return { events, next: events.length === input.limit ? events.at(-1)!.id : null };
     },
   });
@@ -199,7 +181,37 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
   });
 }
 
-const event = z.object({
+/** An event type filter: exactly this type, or every type under a prefix: metal.node.* (events.list, events.watch). */
+export const eventTypeFilter = z
+  .string()
+  .max(128)
+  .regex(/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?$/, "a dotted event type, or a prefix ending in .* (metal.node.*)");
+
+/** The SQL condition a bc_events row meets under a subject and type filter (either may be absent). */
+export function eventMatches(filter: { subject?: string; type?: string }): SQL {
+  const prefix = filter.type?.endsWith(".*") ? filter.type.slice(0, -1) : undefined;
+  const exact = prefix === undefined ? filter.type : undefined;
+  return sql`(${filter.subject ?? null}::text IS NULL OR subject = ${filter.subject ?? null})
+          AND (${exact ?? null}::text IS NULL OR type = ${exact ?? null})
+          AND (${prefix ?? null}::text IS NULL OR starts_with(type, ${prefix ?? null}))`;
+}
+
+/** A bc_events row as the API shows it (events.list, events.watch). */
+export function eventFromRow(r: Record<string, any>): z.output<typeof event> {
+  return {
+    id: String(r.id),
+    eventId: r.event_id,
+    type: r.type,
+    module: r.module,
+    subject: r.subject,
+    data: r.data,
+    actor: r.actor,
+    requestId: r.request_id,
+    occurredAt: new Date(r.occurred_at).toISOString(),
+  };
+}
+
+export const event = z.object({
   /** The event's place in the record: the cursor for after. */
   id: z.string(),
   eventId: z.string(),

@@ -261,6 +261,22 @@ export type JoinResponse = z.infer<typeof joinResponse>;
 export const renewRequest = z.object({ timestamp: z.string(), signature: z.string().max(256) });
 export const renewResponse = joinResponse;
 
+/**
+ * A challenge-response attestor (tpm): the agent first asks for a challenge with the evidence
+ * it has up front, then joins with evidence that answers it and names it (evidence.challengeId).
+ * The challenge is single-use, short-lived and bound to the publicKey asked with: only a join
+ * signed by that key can use it, so this request carries no signature of its own.
+ */
+export const CHALLENGE_PATH = "/join/v1/challenge";
+export const challengeRequest = joinRequest.omit({ signature: true });
+export type ChallengeRequest = z.infer<typeof challengeRequest>;
+export const challengeResponse = z.object({
+  challengeId: z.string(),
+  expiresAt: z.string(),
+  challenge: z.record(z.string(), z.unknown()),
+});
+export type ChallengeResponse = z.infer<typeof challengeResponse>;
+
 export const joinMessage = (publicKey: string, attestor: string) => `bc-join/v${PROTOCOL_VERSION}\n${attestor}\n${publicKey}`;
 export const renewMessage = (nodeId: string, timestamp: string) => `bc-renew/v${PROTOCOL_VERSION}\n${nodeId}\n${timestamp}`;
 

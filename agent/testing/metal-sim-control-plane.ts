@@ -5,7 +5,7 @@
 // sessions as the NodeDO does (challenge, signed hello, ordered delivery, results taken once),
 // writing through the same core/agents/sessions.ts. SIMULATED: only the socket (in memory).
 import { sql } from "drizzle-orm";
-import { betterCompute, type Compute, type Module } from "better-compute";
+import { betterCompute, type Compute, type Module, type PkiOptions } from "better-compute";
 import type { Store } from "better-compute/core";
 import { metalModule, type HardwareProfile } from "better-compute/metal";
 import { advance, provisionModule, wakeStalledWorkflows } from "better-compute/provision";
@@ -60,6 +60,7 @@ export async function inProcessControlPlane(options: {
   modules?: Module[];
   hardwareProfiles?: Record<string, HardwareProfile>;
   chaos?: ChaosPlan;
+  pki?: PkiOptions;
 }): Promise<SimControlPlane> {
   const cleanup: Array<() => Promise<unknown>> = [];
   const stop = async () => {
@@ -77,6 +78,7 @@ export async function inProcessControlPlane(options: {
     const extra = options.modules ?? [];
     const compute = betterCompute({
       secret: SECRET,
+      ...(options.pki ? { pki: options.pki } : {}),
       modules: [
         provisionModule(),
         metalModule({ hardwareProfiles: options.hardwareProfiles }),

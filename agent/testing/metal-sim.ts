@@ -14,7 +14,7 @@
 // an OS whose agent joins with the provisioned token found in the image, a disk with that OS
 // on it boots the same agent again. Power off stops whatever runs; a wipe removes the OS.
 import { readFile } from "node:fs/promises";
-import type { Module } from "better-compute";
+import type { Module, PkiOptions } from "better-compute";
 import type { HardwareProfile } from "better-compute/metal";
 import { AgentClient, inLane, type AgentTransport, type CommandHandler } from "../client.ts";
 import { nodeTransport } from "../node-transport.ts";
@@ -97,6 +97,8 @@ export interface MetalSimOptions {
   siteAgent?: ExternalSiteAgent;
   /** TEST HOOK (in process only): crash the workflow runner and the reconcilers at a transaction boundary (see ChaosPlan). */
   chaos?: ChaosPlan;
+  /** The deployment's pki options (in process only), e.g. approvers for quorum (docs/quorum.md). */
+  pki?: PkiOptions;
 }
 
 export type InstallResult = { token: string } | { os: AgentlessOs };
@@ -181,8 +183,8 @@ export interface MetalSim {
 
 export async function createMetalSim(options: MetalSimOptions = {}): Promise<MetalSim> {
   if (options.stack && options.chaos) throw new Error("createMetalSim: a chaos plan needs the in-process control plane");
-  if (options.stack && (options.modules?.length || options.hardwareProfiles)) {
-    throw new Error("createMetalSim: modules and hardwareProfiles belong to the stack's own config when a stack is given");
+  if (options.stack && (options.modules?.length || options.hardwareProfiles || options.pki)) {
+    throw new Error("createMetalSim: modules, hardwareProfiles and pki belong to the stack's own config when a stack is given");
   }
   const cleanup: Array<() => Promise<unknown>> = [];
   const stop = async () => {

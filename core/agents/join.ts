@@ -13,6 +13,8 @@ import type { PlatformContext } from "../context.ts";
 import { hex } from "../encoding.ts";
 import { ComputeError, invalidArgument } from "../errors.ts";
 import {
+  CHALLENGE_PATH,
+  challengeRequest,
   CONNECT_PATH,
   JOIN_PATH,
   joinMessage,
@@ -21,6 +23,7 @@ import {
   renewMessage,
   renewRequest,
   verifyMessage,
+  type ChallengeResponse,
   type JoinResponse,
 } from "../protocol.ts";
 import type { Registry } from "../registry.ts";
@@ -31,6 +34,8 @@ import { nodeNamespace } from "./notify.ts";
 
 const MAX_JOIN_BODY_BYTES = 16 * 1024;
 const RENEW_CLOCK_SKEW_SECONDS = 300;
+/** How long an agent has to answer an attestor's challenge. */
+const CHALLENGE_TTL_SECONDS = 300;
 
 export interface JoinDeps {
   registry: Registry;
@@ -38,7 +43,7 @@ export interface JoinDeps {
   agentsContext: (env: Bindings, store: Store) => PlatformContext;
 }
 
-/** JoinService: join and renew. */
+/** JoinService: join (with its challenge, for challenge-response attestors) and renew. */
 export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
   const app = new Hono<AppEnv>();
   const limit = bodyLimit({
@@ -55,10 +60,14 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
     }
     const attestor = findAttestor(deps.registry, request.attestor);
     const ctx = deps.agentsContext(c.env ?? {}, c.var.store);
+    const challenge = attestor.challenge
+      ? await consumeChallenge(c.var.store, attestor.id, request.publicKey, request.evidence)
+      : undefined;
     const attested = await attestor.verify(ctx, request.evidence, {
       role: request.role,
       publicKey: request.publicKey,
       hostname: request.hostname,
+      ...(challenge ? { challenge } : {}),
     });
     if (attested.role !== request.role)
       throw new ComputeError("PERMISSION_DENIED", `the attestor vouched for role ${attested.role}, not ${request.role}`);
@@ -83,6 +92,29 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
     });
     const issued = await issueCredential(c.var.store, ctx.secrets, { nodeId, role: request.role, publicKey: request.publicKey });
     return c.json({ nodeId, role: request.role, ...issued } satisfies JoinResponse);
+  });
+
+  app.post(CHALLENGE_PATH, limit, async (c) => {
+    const request = await readInput(c, challengeRequest);
+    const attestor = findAttestor(deps.registry, request.attestor);
+    if (!attestor.challenge) throw new ComputeError("FAILED_PRECONDITION", `attestor ${attestor.id} takes no challenge: join directly`);
+    const ctx = deps.agentsContext(c.env ?? {}, c.var.store);
+    const issued = await attestor.challenge(ctx, request.evidence, {
+      role: request.role,
+      publicKey: request.publicKey,
+      hostname: request.hostname,
+    });
+    const challengeId = `ch-${hex(crypto.getRandomValues(new Uint8Array(16)))}`;
+    const expiresAt = await c.var.store.transaction(async (tx) => {
+      await tx.execute(sql`DELETE FROM bc_attestation_challenges WHERE expires_at < compute_now() - interval '1 day'`);
+      const inserted = await tx.execute(sql`
+        INSERT INTO bc_attestation_challenges (id, attestor, public_key, state, expires_at)
+        VALUES (${challengeId}, ${attestor.id}, ${request.publicKey}, ${JSON.stringify(issued.state)}::jsonb,
+                compute_now() + make_interval(secs => ${CHALLENGE_TTL_SECONDS}))
+        RETURNING expires_at`);
+      return new Date((inserted.rows[0] as { expires_at: string }).expires_at).toISOString();
+    });
+    return c.json({ challengeId, expiresAt, challenge: issued.challenge } satisfies ChallengeResponse);
   });
 
   app.post(RENEW_PATH, limit, async (c) => {
@@ -136,6 +168,26 @@ function findAttestor(registry: Registry, id: string): AttestorDefinition {
       registered: registry.byContract("attestor").map((a) => a.id),
     });
   return attestor;
+}
+
+/**
+ * Consumes the challenge the evidence names, in its own committed transaction whatever the
+ * outcome (like a join token: its first presentation uses it up). Returns the attestor's state.
+ */
+async function consumeChallenge(store: Store, attestor: string, publicKey: string, evidence: Record<string, unknown>) {
+  const id = evidence.challengeId;
+  if (typeof id !== "string")
+    throw new ComputeError("PERMISSION_DENIED", `attestor ${attestor} wants evidence.challengeId: ask ${CHALLENGE_PATH} first`);
+  const consumed = await store.transaction(async (tx) => {
+    const result = await tx.execute(sql`
+      UPDATE bc_attestation_challenges SET consumed_at = compute_now()
+      WHERE id = ${id} AND attestor = ${attestor} AND public_key = ${publicKey} AND consumed_at IS NULL
+      RETURNING state, expires_at > compute_now() AS live`);
+    return result.rows[0] as { state: Record<string, unknown>; live: boolean } | undefined;
+  });
+  if (!consumed) throw new ComputeError("PERMISSION_DENIED", "the challenge is unknown, already answered, or was issued to another key");
+  if (!consumed.live) throw new ComputeError("PERMISSION_DENIED", "the challenge expired (ask for a new one)");
+  return consumed.state;
 }
 
 function bearer(request: Request): string {

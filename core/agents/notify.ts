@@ -1,12 +1,14 @@
 // Waking Durable Objects after a transaction commits: a NodeDO delivers the commands just
 // enqueued, a WorkflowDO advances its workflow. Best effort: a missed wake-up is caught by the
-// object's own sweep (NodeDO) or the cron sweep (workflows), so nothing waits forever.
+// object's own sweep (NodeDO) or the cron sweep (workflows, sinks), so nothing waits forever.
 import type { Bindings, WakeableObject } from "../bindings.ts";
 import type { Logger } from "../log.ts";
 
 /** The deployment's Durable Object bindings (wrangler.toml durable_objects.bindings). */
-export const BINDINGS = { node: "NODE", workflow: "WORKFLOW" } as const;
+export const BINDINGS = { node: "NODE", workflow: "WORKFLOW", sinks: "SINKS" } as const;
 export type ObjectKind = keyof typeof BINDINGS;
+/** The SinkDO's name: one object drives every sink (each sink's cursor row keeps its passes one at a time). */
+export const SINKS_OBJECT = "sinks";
 
 export function objectNamespace(env: Bindings, kind: ObjectKind): DurableObjectNamespace<WakeableObject> | undefined {
   const ns = env[BINDINGS[kind]];

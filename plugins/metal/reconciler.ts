@@ -70,7 +70,7 @@ export function lifecycleReconciler(hardwareProfiles: HardwareProfiles): Reconci
       const ended = await ctx.store.db.execute(sql`
         SELECT ${NODE_COLUMNS}, w.state AS wf_state, w.error AS wf_error
         FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id JOIN workflows w ON w.id = n.workflow_id
-        WHERE n.state = ANY(${`{${TRANSITIONAL_STATES.join(",")}}`}::text[]) AND w.state <> 'running'
+        WHERE n.state = ANY(${`{${TRANSITIONAL_STATES.join(",")}}`}::text[]) AND w.state NOT IN ('running', 'awaiting-approval')
         ORDER BY n.state_changed_at LIMIT 500`);
       for (const node of ended.rows as unknown as EndedNode[]) {
         if (await settle(ctx, node)) changed++;

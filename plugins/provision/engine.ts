@@ -21,7 +21,8 @@ import {
 import { StepError, StepNotReady, type ProfileDefinition, type StepContext, type StepDefinition } from "./contracts.ts";
 import { findProfile, stepsById } from "./validate.ts";
 
-export type WorkflowState = "running" | "succeeded" | "failed" | "cancelled";
+/** awaiting-approval: its quorum batch is not approved yet (quorum.ts); advance() runs nothing until it is. */
+export type WorkflowState = "awaiting-approval" | "running" | "succeeded" | "failed" | "cancelled";
 export const ATTEMPT_STATES = ["ready", "not_ready", "waiting", "scheduled", "succeeded", "failed"] as const;
 type AttemptState = (typeof ATTEMPT_STATES)[number];
 /** An attempt in these is over; its workflow moved on, or failed, in the same transaction. */
@@ -56,7 +57,7 @@ export type EngineContext = PlatformContext;
 
 export interface Advanced {
   state: WorkflowState | "missing";
-  /** Look again in this many ms (null: nothing to wait for, the workflow ended). */
+  /** Look again in this many ms (null: nothing to wait for: the workflow ended, or awaits approval, whose last one wakes it). */
   wakeInMs: number | null;
 }
 
@@ -365,11 +366,12 @@ async function sendCommand(
     // Sent by this pass: the command has no result yet.
     if (sent) pass.next = { ...wf, attempt: { ...attempt, state: ATTEMPT_MOVES.send.to, command_id: sent } };
   } catch (err) {
-    // Refused at enqueue (unknown node, a body that breaks the kind's schema): nothing was sent.
-    // Anything else (the database failed, perhaps after the commit) is not the step's failure:
-    // the pass fails, and the next one resumes from what Postgres holds.
+    // Refused at enqueue (unknown node, a body that breaks the kind's schema, a destructive kind
+    // outside an approved batch): nothing was sent. Anything else (the database failed, perhaps
+    // after the commit) is not the step's failure: the pass fails, and the next one resumes from
+    // what Postgres holds.
     if (!isEnqueueRefusal(err)) throw err;
-    await failStep(ctx, wf, step, attempt, err);
+    await failStep(ctx, wf, step, attempt, finalIfDenied(err));
     return undefined;
   }
   await ctx.afterCommit();
@@ -546,9 +548,18 @@ async function stepContext(
   // A step may send only what it declared: the declaration is what quorum and audits see.
   const commands: StepContext["commands"] = {
     enqueue: (tx, command) => {
-      if (!sends.has(command.kind))
-        throw new ComputeError("FAILED_PRECONDITION", `step ${step.id} sends ${command.kind} without declaring it in sends`);
-      return ctx.commands.enqueue(tx, { origin: `workflow:${wf.id}`, ...command });
+      if (!sends.has(command.kind)) {
+        const message = `step ${step.id} sends ${command.kind} without declaring it in sends`;
+        // Under quorum an undeclared destructive kind is outside the approved batch: refused as core would.
+        if (ctx.pki.approvers && ctx.registered.commandKind(command.kind)?.destructive)
+          throw new StepError("PERMISSION_DENIED", `${message}: it is destructive and not in the workflow's approved batch`, false, {
+            kind: command.kind,
+          });
+        throw new ComputeError("FAILED_PRECONDITION", message);
+      }
+      return ctx.commands.enqueue(tx, { origin: `workflow:${wf.id}`, ...command }).catch((err: unknown) => {
+        throw finalIfDenied(err);
+      });
     },
   };
   return Object.assign(Object.create(ctx) as EngineContext, {
@@ -634,8 +645,14 @@ function eventsSql(workflowId: string, events: StatementEvent[]): SQL {
     SELECT event_id, type, 'provision', ${`workflows/${workflowId}`}, data FROM (${sql.join(rows, sql` UNION ALL `)}) e ORDER BY ord)`;
 }
 
-const ENQUEUE_REFUSALS = new Set(["INVALID_ARGUMENT", "NOT_FOUND", "CONFLICT", "FAILED_PRECONDITION"]);
+const ENQUEUE_REFUSALS = new Set(["INVALID_ARGUMENT", "NOT_FOUND", "CONFLICT", "FAILED_PRECONDITION", "PERMISSION_DENIED"]);
 const isEnqueueRefusal = (err: unknown) => isComputeError(err) && ENQUEUE_REFUSALS.has(err.code);
+
+/** A quorum refusal fails the step for good: another attempt would be refused the same way. */
+const finalIfDenied = (err: unknown) =>
+  isComputeError(err) && err.code === "PERMISSION_DENIED" && !(err instanceof StepError)
+    ? new StepError(err.code, err.message, false, err.details)
+    : err;
 
 function toStepError(err: unknown): StepError {
   if (err instanceof StepError) return err;

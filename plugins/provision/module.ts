@@ -15,6 +15,7 @@ import {
   type PlatformContext,
   type Tx,
 } from "better-compute/core";
+import { approveMethod, QUORUM_SQL, quorumBatch, quorumView, recordBatch } from "./quorum.ts";
 import { findProfile, stepsById, validateProfile } from "./validate.ts";
 
 const WORKFLOWS_SQL = `
@@ -74,7 +75,8 @@ export interface StartWorkflowInput {
 /**
  * Starts a workflow in the caller's transaction. Every step input that does not wait for an
  * earlier step's output is checked against its schema first: a bad input fails here, before
- * anything is written or sent.
+ * anything is written or sent. Under pki.approvers a workflow with destructive kinds to send
+ * starts in awaiting-approval, with its quorum batch (quorum.ts).
  */
 export async function startWorkflow(ctx: ModuleContext, tx: Tx, input: StartWorkflowInput): Promise<{ id: string }> {
   const profile = findProfile(ctx.registered, input.profile, input.version);
@@ -91,17 +93,20 @@ export async function startWorkflow(ctx: ModuleContext, tx: Tx, input: StartWork
   if (inputIssues.length > 0) throw invalidArgument(`the input breaks the schema of step ${inputIssues[0]!.step}`, { steps: inputIssues });
 
   const id = `wf-${crypto.randomUUID()}`;
+  const batch = await quorumBatch(ctx, id, profile, input.target);
   await tx.execute(sql`
-    INSERT INTO workflows (id, profile_id, profile_version, target, input, deadline, created_by)
+    INSERT INTO workflows (id, profile_id, profile_version, target, input, deadline, created_by${batch ? sql`, state` : sql``})
     VALUES (${id}, ${profile.id}, ${profile.version}, ${input.target}, ${JSON.stringify(input.input ?? {})}::jsonb,
             CASE WHEN ${input.deadlineSeconds ?? null}::float8 IS NULL THEN NULL ELSE compute_now() + make_interval(secs => ${input.deadlineSeconds ?? 0}) END,
-            ${input.createdBy})`);
+            ${input.createdBy}${batch ? sql`, 'awaiting-approval'` : sql``})`);
   await ctx.events.publish(tx, {
     type: "workflow.started",
     subject: `workflows/${id}`,
     data: { profile: profile.id, version: profile.version, target: input.target },
   });
-  ctx.wake.workflow(id);
+  // Awaiting approval, it runs nothing: the threshold-th approval wakes it.
+  if (batch) await recordBatch(ctx, tx, id, batch);
+  else ctx.wake.workflow(id);
   return { id };
 }
 
@@ -117,7 +122,7 @@ const attempt = z.object({
   startedAt: z.string().nullable(),
   finishedAt: z.string().nullable(),
 });
-const WORKFLOW_STATES = ["running", "succeeded", "failed", "cancelled"] as const;
+const WORKFLOW_STATES = ["awaiting-approval", "running", "succeeded", "failed", "cancelled"] as const;
 const workflowRow = z.object({
   id: z.string(),
   profile: z.string(),
@@ -132,6 +137,8 @@ const workflowRow = z.object({
 });
 const workflow = workflowRow.extend({
   steps: z.array(z.object({ position: z.number(), name: z.string(), step: z.string(), attempts: z.array(attempt) })),
+  /** Its batch of destructive commands and who approved it; null when it needed no approval. */
+  quorum: quorumView.nullable(),
 });
 
 const iso = (v: unknown) => (v === null || v === undefined ? null : new Date(v as string).toISOString());
@@ -189,7 +196,10 @@ export function provisionModule(): Module {
     input: z.object({ id: resourceId }),
     output: workflow,
     handler: async (_ctx, input, tx) => {
-      const found = await tx.execute(sql`SELECT * FROM workflows WHERE id = ${input.id}`);
+      const found = await tx.execute(sql`
+        SELECT w.*, q.digest, q.kinds, q.threshold, q.approved_at,
+               array(SELECT approver FROM workflow_approvals a WHERE a.workflow_id = w.id ORDER BY a.created_at, a.approver) AS approvals
+        FROM workflows w LEFT JOIN workflow_quorum q ON q.workflow_id = w.id WHERE w.id = ${input.id}`);
       const wf = found.rows[0] as Record<string, any> | undefined;
       if (!wf) throw notFound(`workflow ${input.id} does not exist`);
       const rows = (await tx.execute(sql`SELECT * FROM workflow_steps WHERE workflow_id = ${input.id} ORDER BY position, attempt`))
@@ -211,7 +221,11 @@ export function provisionModule(): Module {
         });
         steps.set(r.position, entry);
       }
-      return { ...toWorkflowRow(wf), steps: [...steps.values()] };
+      const quorum =
+        wf.digest === null
+          ? null
+          : { digest: wf.digest, kinds: wf.kinds, threshold: wf.threshold, approvals: wf.approvals, approvedAt: iso(wf.approved_at) };
+      return { ...toWorkflowRow(wf), steps: [...steps.values()], quorum };
     },
   });
 
@@ -249,13 +263,13 @@ export function provisionModule(): Module {
     name: "workflows.cancel",
     action: "workflows.cancel",
     resource: (input) => `workflows/${input.id}`,
-    description: "Stop a running workflow after its current transition (commands already sent still run)",
+    description: "Stop a running or awaiting-approval workflow after its current transition (commands already sent still run)",
     input: z.object({ id: resourceId }),
     output: z.object({ id: z.string(), state: z.string() }),
     handler: async (ctx, input, tx) => {
       const updated = await tx.execute(sql`
         UPDATE workflows SET state = 'cancelled', finished_at = compute_now(), updated_at = compute_now()
-        WHERE id = ${input.id} AND state = 'running' RETURNING id`);
+        WHERE id = ${input.id} AND state IN ('running', 'awaiting-approval') RETURNING id`);
       if (updated.rows.length) await ctx.events.publish(tx, { type: "workflow.cancelled", subject: `workflows/${input.id}` });
       const found = await tx.execute(sql`SELECT state FROM workflows WHERE id = ${input.id}`);
       const row = found.rows[0] as { state: string } | undefined;
@@ -274,13 +288,15 @@ export function provisionModule(): Module {
         "workflows.get": "Read workflows and their steps",
         "workflows.list": "List workflows",
         "workflows.cancel": "Cancel workflows",
+        "workflows.approve": "Record an approver's signature over a workflow's batch of destructive commands",
       },
     },
     migrations: [
       { name: "provision/0001_workflows", sql: WORKFLOWS_SQL },
       { name: "provision/0002_workflows_list", sql: WORKFLOWS_LIST_SQL },
+      { name: "provision/0003_quorum", sql: QUORUM_SQL },
     ],
-    api: [validate, start, get, list, cancel],
+    api: [validate, start, get, list, cancel, approveMethod],
     sweeps: [{ id: "wake-stalled-workflows", run: (ctx) => wakeStalledWorkflows(ctx) }],
   });
 }

@@ -89,6 +89,8 @@ export function overview(methods: MethodSpec[] | undefined, apiUrl: string | und
     "  call <method> [json]                call any method with a raw JSON body (or --body JSON|-)",
     "  tokens create --role R | --site S   mint a single-use join token (shown once)",
     "  workflows watch <id>                follow a workflow step by step until it ends",
+    "  events watch [--type T] [--after ID]  print events as they are published (Server-Sent Events)",
+    "  workflows approve <id> --key-file K  sign a workflow's batch of destructive commands (quorum)",
   ];
   if (methods) {
     lines.push("", `Methods of ${apiUrl} (each is a command; \`better-compute <command> --help\` for its flags):`);

@@ -2,12 +2,14 @@
 // generated from the API's /openapi.json (see commands.ts) and sent to it. scripts/better-compute.mjs
 // routes dev and bmc-emulator elsewhere and everything else here.
 import { createApi, ApiError, type Api } from "./api.ts";
+import { APPROVE_HELP, approveCommand, isKeyFileApproval } from "./approve.ts";
 import { buildBody, flagTakesValue, splitArgs, type ParsedFlag } from "./args.ts";
 import { groupHelp, methodHelp, methodsOf, overview, positionalKey, resolveCommand, type MethodSpec } from "./commands.ts";
 import { resolveConnection, UsageError } from "./connection.ts";
 import { runDoctor } from "./doctor.ts";
 import { formatOutput } from "./format.ts";
 import { followWorkflow, waitForMachine, workflowLines, type WorkflowView } from "./progress.ts";
+import { eventsWatch } from "./watch.ts";
 
 /** Methods that start a machine on a way, and the state it should settle in. */
 const MACHINE_WAITS: Record<string, string> = {
@@ -64,9 +66,19 @@ export async function main(argv: string[]): Promise<number> {
   if (words[0] === "doctor") return runDoctor(rest.slice(1), { json: flags.json, help: flags.help });
   if (words.length === 0 || words[0] === "help") return help(flags, words.slice(1));
 
+  if (words[0] === "events" && words[1] === "watch") return eventsWatch(flags, words.slice(2), tail);
   if (words[0] === "workflows" && words[1] === "watch" && flags.help) {
     console.log(WATCH_HELP);
     return 0;
+  }
+
+  if (words[0] === "workflows" && words[1] === "approve" && isKeyFileApproval(tail)) {
+    if (flags.help) {
+      console.log(APPROVE_HELP);
+      return 0;
+    }
+    const connect = () => createApi(resolveConnection(flags));
+    return approveCommand(connect, [...words.slice(2), ...tail], (line) => console.log(line), flags.json);
   }
 
   const api = createApi(resolveConnection(flags));

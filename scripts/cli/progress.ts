@@ -58,6 +58,8 @@ export function workflowLines(prev: WorkflowView | undefined, next: WorkflowView
     }
   }
 
+  if (next.state === "awaiting-approval" && prev?.state !== next.state)
+    lines.push(`  ⏸ awaiting approval (docs/quorum.md): better-compute workflows approve ${next.id} --key-file <approver.pem>`);
   if (next.state !== prev?.state && WORKFLOW_ENDED.has(next.state)) {
     const took = duration(next.createdAt, next.finishedAt);
     if (next.state === "succeeded") lines.push(`✔ workflow ${next.id} succeeded${took}`);

@@ -100,7 +100,7 @@ describe("bcd", () => {
     });
     expect(
       await inProcess(["join", "--url", server.url, "--token", "t", "--attestor", "discovery", "--role", "node", "--state-dir", dir]),
-    ).toMatchObject({ code: 2, err: expect.stringContaining("--attestor wants join-token|provisioned, got discovery") });
+    ).toMatchObject({ code: 2, err: expect.stringContaining("--attestor wants join-token|provisioned|x509pop|cloud-iid|") });
     expect(await inProcess(["join", "--url", server.url, "--role", "node", "--state-dir", dir])).toMatchObject({
       code: 2,
       err: expect.stringContaining("needs --token"),

@@ -30,7 +30,7 @@ describe("registration", () => {
       drivers: [redfish],
       sinks: { events: [defineSink({ kind: "events", id: "warehouse", deliver: async () => {} })] },
     });
-    expect(compute.registry.modules.map((m) => m.id)).toEqual(["core", "agents", "acme"]);
+    expect(compute.registry.modules.map((m) => m.id)).toEqual(["core", "agents", "audit", "sinks", "acme"]);
     expect([...compute.registry.methods.keys()]).toContain("acme.ping");
     expect([...compute.registry.extensions.keys()].sort()).toEqual([
       "attestor:discovery@1",

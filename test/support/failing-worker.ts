@@ -23,4 +23,5 @@ const acmeFailing = definePlugin({ id: "acme-failing", iam: { actions: { "acme.e
 const entry = deploymentEntry(betterCompute({ modules: [provisionModule(), metalModule()], plugins: [acmeFailing] }));
 export const NodeDO = entry.NodeDO;
 export const WorkflowDO = entry.WorkflowDO;
+export const SinkDO = entry.SinkDO;
 export default entry.handler;

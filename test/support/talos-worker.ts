@@ -9,4 +9,5 @@ import { acmeTalos } from "../extensions/acme-talos/plugin.ts";
 const entry = deploymentEntry(betterCompute({ modules: [provisionModule(), metalModule()], plugins: [acmeTalos] }));
 export const NodeDO = entry.NodeDO;
 export const WorkflowDO = entry.WorkflowDO;
+export const SinkDO = entry.SinkDO;
 export default entry.handler;

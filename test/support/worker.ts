@@ -17,6 +17,7 @@ const entry = deploymentEntry(testCompute);
 // The chaos switch stops the Worker's request and the WorkflowDO, never an agent's session: the
 // NodeDO is the same deployment's, without the fault-injecting port (its transactions are not counted).
 export const NodeDO = deploymentEntry(betterCompute(registrations)).NodeDO;
+export const SinkDO = entry.SinkDO;
 
 /** The deployment's WorkflowDO, telling the chaos switch which object is running. */
 export class WorkflowDO extends entry.WorkflowDO {

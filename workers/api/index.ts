@@ -7,4 +7,5 @@ import { deploymentEntry } from "./entry.ts";
 const entry = deploymentEntry(compute);
 export const NodeDO = entry.NodeDO;
 export const WorkflowDO = entry.WorkflowDO;
+export const SinkDO = entry.SinkDO;
 export default entry.handler;

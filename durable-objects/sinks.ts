@@ -1,0 +1,53 @@
+// SinkDO: the one object (idFromName("sinks")) that drives the sink dispatcher
+// (core/events/dispatch.ts). A transaction that wrote events or audit rows wakes it after its
+// commit; its alarm then runs passes over every sink until each is caught up, and comes back
+// when a failing sink's backoff is due. It keeps nothing but the alarm: cursors, retry state and
+// dead letters are in Postgres, and each sink's cursor row keeps passes one at a time, so the
+// cron sweep's pass (the safety net) may race it harmlessly.
+import { DurableObject } from "cloudflare:workers";
+import type { Bindings, WakeableObject } from "../core/bindings.ts";
+import type { Compute } from "../core/compute.ts";
+import { drainSinks } from "../core/events/dispatch.ts";
+import { SINKS_MODULE } from "../core/events/module.ts";
+import { createLogger } from "../core/log.ts";
+import type { Store } from "../core/store/database.ts";
+import { setAlarm } from "./alarm.ts";
+
+/** After a failed drain (the database unreachable), try again this soon. */
+const RETRY_MS = 5_000;
+
+export function sinkObject(compute: Compute) {
+  return class SinkDO extends DurableObject<Bindings> implements WakeableObject {
+    #store: Store | undefined;
+    #running: Promise<void> = Promise.resolve();
+    readonly #log = createLogger({ component: "sink-do" });
+
+    private get store(): Store {
+      return (this.#store ??= compute.openStore(this.env));
+    }
+
+    /** Something was written to the outbox: drain now (the alarm runs it, so the caller does not wait for the sinks). */
+    async wake(): Promise<void> {
+      await setAlarm(this.ctx.storage, Date.now(), { keepSooner: true });
+    }
+
+    override async alarm(): Promise<void> {
+      this.#running = this.#running.then(() => this.drain());
+      await this.#running;
+    }
+
+    private async drain(): Promise<void> {
+      let next: number | null;
+      try {
+        const { nextInMs } = await drainSinks(compute.moduleContext(SINKS_MODULE, this.env, this.store));
+        next = nextInMs === null ? null : Date.now() + nextInMs;
+      } catch (err) {
+        this.#log.warn("draining the sinks failed; retrying", { error: err instanceof Error ? err.message : String(err) });
+        this.#store = undefined;
+        next = Date.now() + RETRY_MS;
+      }
+      // Caught up: no alarm of its own, but one a wake-up set during the drain stays (a sooner one too).
+      if (next !== null) await setAlarm(this.ctx.storage, next, { keepSooner: true });
+    }
+  };
+}

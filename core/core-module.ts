@@ -136,16 +136,17 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     name: "events.list",
     action: "events.list",
     readOnly: true,
-    description: "The event record, oldest first (order: desc for newest first); page with after: the previous page's next",
+    description:
+      "The event record in commit order, oldest first (order: desc for newest first); page with after: the previous page's next (a position)",
     input: z.object({
       /** Exactly this subject, e.g. metal/nodes/m-1. */
       subject: resourceId.optional(),
       /** Exactly this type, or every type under a prefix: metal.node.* */
       type: eventTypeFilter.optional(),
-      /** The next of the previous page: events after this one, in the listing's order. */
+      /** The next of the previous page, or an event's position: events after it, in the listing's order. */
       after: z
         .string()
-        .regex(/^\d{1,18}$/, "an event id (digits) from a previous page")
+        .regex(/^\d{1,18}$/, "an event's position (digits), e.g. the previous page's next")
         .optional(),
       order: z.enum(["asc", "desc"]).default("asc"),
       limit: z.number().int().min(1).max(500).default(100),
@@ -156,10 +157,10 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
       const rows = await tx.execute(sql`
         SELECT * FROM bc_events
         WHERE ${eventMatches(input)}
-          AND (${input.after ?? null}::bigint IS NULL OR ${newestFirst ? sql`id < ${input.after ?? null}::bigint` : sql`id > ${input.after ?? null}::bigint`})
-        ORDER BY id ${newestFirst ? sql`DESC` : sql`ASC`} LIMIT ${input.limit}`);
+          AND (${input.after ?? null}::bigint IS NULL OR ${newestFirst ? sql`outbox_seq < ${input.after ?? null}::bigint` : sql`outbox_seq > ${input.after ?? null}::bigint`})
+        ORDER BY outbox_seq ${newestFirst ? sql`DESC` : sql`ASC`} LIMIT ${input.limit}`);
       const events = (rows.rows as Record<string, any>[]).map(eventFromRow);
-      return { events, next: events.length === input.limit ? events.at(-1)!.id : null };
+      return { events, next: events.length === input.limit ? events.at(-1)!.position : null };
     },
   });
 
@@ -200,6 +201,7 @@ export function eventMatches(filter: { subject?: string; type?: string }): SQL {
 export function eventFromRow(r: Record<string, any>): z.output<typeof event> {
   return {
     id: String(r.id),
+    position: String(r.outbox_seq),
     eventId: r.event_id,
     type: r.type,
     module: r.module,
@@ -212,8 +214,14 @@ export function eventFromRow(r: Record<string, any>): z.output<typeof event> {
 }
 
 export const event = z.object({
-  /** The event's place in the record: the cursor for after. */
+  /** The event's row. */
   id: z.string(),
+  /**
+   * Its place in commit order (bc_events.outbox_seq, numbered as its transaction commits: migration
+   * core/0010): the cursor for after and Last-Event-ID. Ids are handed out at insert, so reading
+   * "after an id" could pass an event whose transaction commits later; "after a position" cannot.
+   */
+  position: z.string(),
   eventId: z.string(),
   type: z.string(),
   module: z.string(),

@@ -26,8 +26,8 @@ export interface WatchOptions {
 const PAGE = 500;
 const log = createLogger({ component: "events.watch" });
 
-const eventId = z.string().regex(/^\d{1,18}$/, "an event id (digits): the id of the last event seen");
-const query = z.strictObject({ subject: resourceId.optional(), type: eventTypeFilter.optional(), after: eventId.optional() });
+const eventPosition = z.string().regex(/^\d{1,18}$/, "an event's position (digits): the position of the last event seen");
+const query = z.strictObject({ subject: resourceId.optional(), type: eventTypeFilter.optional(), after: eventPosition.optional() });
 
 export function watchRoutes(deps: { iam: IamPort; openStore: (env: Bindings) => Store; options?: WatchOptions }): Hono<AppEnv> {
   const pollMs = deps.options?.pollMs ?? 750;
@@ -61,7 +61,7 @@ export function watchRoutes(deps: { iam: IamPort; openStore: (env: Bindings) => 
         while (!stream.aborted && Date.now() < ends) {
           const { events, more } = await cursor.next();
           for (const event of events) {
-            await stream.writeSSE({ id: event.id, event: event.type, data: JSON.stringify(event) });
+            await stream.writeSSE({ id: event.position, event: event.type, data: JSON.stringify(event) });
             quietSince = Date.now();
           }
           if (more) continue;
@@ -94,7 +94,7 @@ function parseQuery(raw: Record<string, string>): z.output<typeof query> {
 }
 
 function parseLastEventId(value: string): string {
-  if (!eventId.safeParse(value).success) throw invalidArgument("the Last-Event-ID header must be an event id (digits)");
+  if (!eventPosition.safeParse(value).success) throw invalidArgument("the Last-Event-ID header must be an event's position (digits)");
   return value;
 }
 
@@ -106,60 +106,33 @@ async function endWithError(stream: SSEStreamingApi, err: unknown, requestId: st
 }
 
 /**
- * Reads bc_events in id order without ever skipping an event. Ids come from a sequence, so a
- * transaction can commit id 11 while id 10 is still in flight: reading "id > 10" then would miss
- * 10 for good. So an event is handed out only when every id below it is final: either it follows
- * the last one directly, or the ids between are gaps that Postgres says no running transaction
- * can fill any more (a rolled back transaction's ids stay gaps forever).
+ * Reads bc_events in commit order (outbox_seq: each row is numbered as its transaction commits,
+ * migration core/0010), so "after position N" never passes an event that commits later: a row is
+ * visible only once it has its number, and every smaller number is already visible or never was.
  */
 export class EventCursor {
-  /** The last id handed out (or passed over by the filter). */
-  private position = 0;
-  /** Every id up to here is final: committed and visible, or never to be. */
-  private settledThrough = 0;
-  /** Gaps seen below `top`; final once the transactions running at the next look (xids below `xmax`) have ended. */
-  private pending: { top: number; xmax?: bigint }[] = [];
-
   constructor(
     private readonly store: Store,
     private readonly filter: { subject?: string; type?: string },
-    private readonly after: number | undefined,
-  ) {
-    if (after !== undefined) this.position = this.settledThrough = after;
-  }
+    /** The last position handed out (or passed over by the filter); undefined: the live tail. */
+    private position: number | undefined,
+  ) {}
 
   /** Without a position: the live tail, from the newest event committed now. */
   async start(): Promise<void> {
-    if (this.after !== undefined) return;
-    const { rows } = await this.store.db.execute(sql`SELECT coalesce(max(id), 0)::text AS top FROM bc_events`);
-    this.position = this.settledThrough = Number((rows[0] as { top: string }).top);
+    if (this.position !== undefined) return;
+    const { rows } = await this.store.db.execute(sql`SELECT coalesce(max(outbox_seq), 0)::text AS top FROM bc_events`);
+    this.position = Number((rows[0] as { top: string }).top);
   }
 
   /** The next events in order that the filter takes; more: a full page was read, look again at once. */
   async next(): Promise<{ events: ReturnType<typeof eventFromRow>[]; more: boolean }> {
-    // The horizon before the rows: a gap seen by an earlier look is final if its transactions are gone now.
-    const { rows: horizon } = await this.store.db.execute(
-      sql`SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS xmin, pg_snapshot_xmax(pg_current_snapshot())::text AS xmax`,
-    );
-    const { xmin, xmax } = horizon[0] as { xmin: string; xmax: string };
-    for (const gap of this.pending) gap.xmax ??= BigInt(xmax);
-    const settled = this.pending.filter((gap) => gap.xmax! <= BigInt(xmin));
-    this.pending = this.pending.filter((gap) => !settled.includes(gap));
-    for (const gap of settled) this.settledThrough = Math.max(this.settledThrough, gap.top);
-
     const { rows } = await this.store.db.execute(sql`
       SELECT e.*, ${eventMatches(this.filter)} AS matches FROM bc_events e
-      WHERE id > ${this.position} ORDER BY id LIMIT ${PAGE}`);
+      WHERE outbox_seq > ${this.position ?? 0} ORDER BY outbox_seq LIMIT ${PAGE}`);
     const events: ReturnType<typeof eventFromRow>[] = [];
     for (const row of rows as Record<string, any>[]) {
-      const id = Number(row.id);
-      if (id !== this.position + 1 && id - 1 > this.settledThrough) {
-        // Ids below this one may still commit: wait for them (gaps are few and short-lived).
-        const top = Number((rows.at(-1) as { id: string }).id);
-        if (!this.pending.some((gap) => gap.top >= top)) this.pending.push({ top });
-        return { events, more: false };
-      }
-      this.position = id;
+      this.position = Number(row.outbox_seq);
       if (row.matches) events.push(eventFromRow(row));
     }
     return { events, more: rows.length === PAGE };

@@ -6,11 +6,11 @@ import { splitArgs } from "./args.ts";
 import { resolveConnection, UsageError, type Connection } from "./connection.ts";
 import { compact } from "./format.ts";
 
-export const EVENTS_WATCH_HELP = `better-compute events watch [--type T] [--subject S] [--after ID] [--count N]
+export const EVENTS_WATCH_HELP = `better-compute events watch [--type T] [--subject S] [--after POSITION] [--count N]
   Prints events as they are published, one line each (--json: one JSON object per line), until Ctrl-C.
   --type      exactly this type, or a prefix ending in .* (metal.node.*)
   --subject   exactly this subject (metal/nodes/m-1)
-  --after     start after this event id (an id from events list); without it, only new events
+  --after     start after this position (an event's position from events list); without it, only new events
   --count     exit after this many events`;
 
 interface WatchFlags {
@@ -22,6 +22,8 @@ interface WatchFlags {
 
 interface Event {
   id: string;
+  /** Its place in commit order: what Last-Event-ID and --after name. */
+  position: string;
   type: string;
   subject: string | null;
   actor: string | null;
@@ -54,7 +56,7 @@ export async function eventsWatch(flags: WatchFlags, words: string[], tail: stri
   const connection = resolveConnection(flags);
   const query = new URLSearchParams();
   for (const name of ["type", "subject"]) if (flag(name)) query.set(name, flag(name)!);
-  let lastId = flag("after");
+  let lastPosition = flag("after");
 
   const controller = new AbortController();
   const stop = () => controller.abort();
@@ -63,8 +65,8 @@ export async function eventsWatch(flags: WatchFlags, words: string[], tail: stri
     let printed = 0;
     while (!controller.signal.aborted) {
       try {
-        for await (const event of stream(connection, query, lastId, controller.signal)) {
-          lastId = event.id;
+        for await (const event of stream(connection, query, lastPosition, controller.signal)) {
+          lastPosition = event.position;
           console.log(flags.json ? JSON.stringify(event) : line(event));
           if (++printed >= count) return 0;
         }
@@ -82,12 +84,12 @@ export async function eventsWatch(flags: WatchFlags, words: string[], tail: stri
   }
 }
 
-const line = (e: Event) => `${e.id}  ${e.occurredAt}  ${e.type}  ${e.subject ?? "-"}  ${e.actor ?? "-"}  ${compact(e.data)}`;
+const line = (e: Event) => `${e.position}  ${e.occurredAt}  ${e.type}  ${e.subject ?? "-"}  ${e.actor ?? "-"}  ${compact(e.data)}`;
 
 /** One connection's events, in order; ends when the server ends the stream. */
-async function* stream(connection: Connection, query: URLSearchParams, lastId: string | undefined, signal: AbortSignal) {
+async function* stream(connection: Connection, query: URLSearchParams, lastPosition: string | undefined, signal: AbortSignal) {
   const headers: Record<string, string> = { authorization: `Bearer ${connection.apiKey}`, accept: "text/event-stream" };
-  if (lastId) headers["last-event-id"] = lastId;
+  if (lastPosition) headers["last-event-id"] = lastPosition;
   const url = `${connection.url}/v1/events.watch${query.size ? `?${query}` : ""}`;
   let res: Response;
   try {

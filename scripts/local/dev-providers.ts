@@ -256,14 +256,14 @@ function watchInstances(stack: Stack, print: (line: string) => void): () => void
     polling = true;
     try {
       for (;;) {
-        const page = await callApi<{ events: { id: string; type: string; subject: string | null; data: Record<string, unknown> }[] }>(
+        const page = await callApi<{ events: { position: string; type: string; subject: string | null; data: Record<string, unknown> }[] }>(
           stack.url,
           stack.adminKey,
           "events.list",
           { type: "vps.instance.*", limit: EVENTS_PAGE, ...(after ? { after } : {}) },
         );
         for (const event of page.events) {
-          after = event.id;
+          after = event.position;
           const line = instanceLine(event);
           if (line) print(line);
           const id = event.subject?.replace(/^vps\/instances\//, "");

@@ -129,13 +129,16 @@ function watchMachines(sim: MetalSim, enrolled: ReadonlyMap<string, string>, pri
       // Every transition from the event record, in order: a fast one (ready → deploying → deployed
       // within a second) is not lost between two polls, as it would be to a poll of the states.
       for (;;) {
-        const page = await sim.call<{ events: { id: string; subject: string | null; data: Record<string, unknown> }[] }>("events.list", {
-          type: "metal.node.*",
-          limit: EVENTS_PAGE,
-          ...(after ? { after } : {}),
-        });
+        const page = await sim.call<{ events: { position: string; subject: string | null; data: Record<string, unknown> }[] }>(
+          "events.list",
+          {
+            type: "metal.node.*",
+            limit: EVENTS_PAGE,
+            ...(after ? { after } : {}),
+          },
+        );
         for (const event of page.events) {
-          after = event.id;
+          after = event.position;
           const id = event.subject?.replace(/^metal\/nodes\//, "");
           const { from, to, reason } = event.data;
           if (!id || !known.has(id) || typeof from !== "string" || typeof to !== "string" || from === to) continue;

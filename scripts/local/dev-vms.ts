@@ -197,7 +197,7 @@ async function removeGuests(runtimeDir: string, print: (line: string) => void): 
 const EVENTS_PAGE = 500;
 
 interface InstanceEvent {
-  id: string;
+  position: string;
   type: string;
   subject: string | null;
   data: Record<string, unknown>;
@@ -222,7 +222,7 @@ function watchInstances(stack: Stack, print: (line: string) => void, transitions
         ...(after ? { after } : {}),
       });
       for (const event of page.events) {
-        after = event.id;
+        after = event.position;
         const id = event.subject?.replace(/^vps\/instances\//, "");
         if (!id) continue;
         if (event.type === "vps.instance.created" && event.data.pool === POOL) ours.add(id);

@@ -47,14 +47,14 @@ async function mintKeys(names: string[]): Promise<void> {
   for (const name of names) expect((await cli(["iam", "apiKeys", "create", "--name", name, "--roles", "viewer"])).code).toBe(0);
 }
 
-async function lastEventId(): Promise<string> {
+async function lastPosition(): Promise<string> {
   const { stdout } = await cli(["events", "list", "--order", "desc", "--limit", "1", "--json"]);
-  return JSON.parse(stdout).events[0]?.id ?? "0";
+  return JSON.parse(stdout).events[0]?.position ?? "0";
 }
 
 describe("better-compute events watch", () => {
   it("prints each event once, in order, and goes on across a restart of the API", async () => {
-    const start = await lastEventId();
+    const start = await lastPosition();
     const watch = watching(["--type", "iam.apiKey.*", "--after", start, "--count", "4", "--json"]);
     try {
       await mintKeys(["w-1", "w-2"]);
@@ -75,7 +75,7 @@ describe("better-compute events watch", () => {
   }, 240_000);
 
   it("prints one line per event for a human, and a refused query as the API's error", async () => {
-    const start = await lastEventId();
+    const start = await lastPosition();
     await mintKeys(["w-human"]);
     const human = await cli(["events", "watch", "--type", "iam.apiKey.created", "--after", start, "--count", "1"]);
     expect(human.code).toBe(0);

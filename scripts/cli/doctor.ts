@@ -26,6 +26,7 @@ export interface Finding {
 const DURABLE_OBJECTS = [
   { binding: "NODE", className: "NodeDO" },
   { binding: "WORKFLOW", className: "WorkflowDO" },
+  { binding: "SINKS", className: "SinkDO" },
 ];
 const MIN_SECRET_LENGTH = 32;
 /** Fewer distinct characters than this in BC_SECRET reads as a pattern, not random bytes. */

@@ -153,7 +153,7 @@ describe("better-compute doctor", () => {
     expect((await findings()).code).toBe(0);
   });
 
-  it("finds a wrangler.toml without the NODE binding, and one without a cron trigger", async () => {
+  it("finds a wrangler.toml without the NODE or SINKS binding, and one without a cron trigger", async () => {
     const noNode = wranglerCopy("no-node.toml", (toml) =>
       toml.replace('[[durable_objects.bindings]]\nname = "NODE"\nclass_name = "NodeDO"\n', ""),
     );
@@ -161,6 +161,13 @@ describe("better-compute doctor", () => {
     expect(withoutNode.code).toBe(1);
     expect(withoutNode.stdout).toContain("✖ durable objects: no Durable Object binding NODE");
     expect(withoutNode.stdout).toContain('class_name = "NodeDO"');
+
+    const noSinks = wranglerCopy("no-sinks.toml", (toml) =>
+      toml.replace('[[durable_objects.bindings]]\nname = "SINKS"\nclass_name = "SinkDO"\n', ""),
+    );
+    const withoutSinks = await doctor(["--wrangler", noSinks]);
+    expect(withoutSinks.code).toBe(1);
+    expect(withoutSinks.stdout).toContain("✖ durable objects: no Durable Object binding SINKS");
 
     const noCron = wranglerCopy("no-cron.toml", (toml) => toml.replace(/\[triggers\]\ncrons = .*\n/, ""));
     const withoutCron = await findings(["--wrangler", noCron]);

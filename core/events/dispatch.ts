@@ -71,10 +71,11 @@ export async function dispatchOnce(ctx: DispatchContext, sink: SinkDefinition): 
   return ctx.store.transaction(async (tx) => {
     await tx.execute(sql`INSERT INTO bc_sink_cursors (sink, source) VALUES (${sink.id}, ${source}) ON CONFLICT (sink) DO NOTHING`);
     const locked = await tx.execute(sql`
-      SELECT source, position::text AS position, attempts,
+      SELECT source, position::text AS position, attempts, isolate_through::text AS isolate_through,
              GREATEST(0, EXTRACT(EPOCH FROM (next_attempt_at - compute_now())) * 1000)::float8 AS wait_ms
       FROM bc_sink_cursors WHERE sink = ${sink.id} FOR UPDATE SKIP LOCKED`);
-    const cursor = locked.rows[0] as { source: string; position: string; attempts: number; wait_ms: number | null } | undefined;
+    const cursor = locked.rows[0] as
+      { source: string; position: string; attempts: number; isolate_through: string | null; wait_ms: number | null } | undefined;
     if (!cursor) return { state: "busy" };
     if (cursor.source !== source) {
       throw invalidConfig(`sink ${sink.id} is now an ${source} sink, but its cursor is over ${cursor.source}: give it another id`, {
@@ -83,8 +84,9 @@ export async function dispatchOnce(ctx: DispatchContext, sink: SinkDefinition): 
     }
     if (cursor.wait_ms !== null && cursor.wait_ms > 0) return { state: "waiting", inMs: Math.ceil(cursor.wait_ms) };
 
-    // Past maxAttempts the first event is tried alone: the batch may fail for one poisoned event.
-    const isolating = cursor.attempts >= maxAttempts;
+    // A batch that failed maxAttempts times is retried one record at a time up to its last record:
+    // it may have failed for one poisoned record, which then goes to the dead letter alone.
+    const isolating = cursor.isolate_through !== null && BigInt(cursor.position) < BigInt(cursor.isolate_through);
     const rows = await readAfter(tx, source, cursor.position, isolating ? 1 : maxBatch);
     if (rows.length === 0) return { state: "caught-up" };
     const batch = rows.map((r) => r.event);
@@ -96,17 +98,27 @@ export async function dispatchOnce(ctx: DispatchContext, sink: SinkDefinition): 
     } catch (err) {
       const error = clipError(err, context.resolved);
       const attempts = cursor.attempts + 1;
-      if (isolating && attempts >= 2 * maxAttempts) {
+      if (isolating && attempts >= maxAttempts) {
+        // Its batch's attempts count too: it was in every one of them.
         const first = rows[0]!;
         await tx.execute(sql`
           INSERT INTO bc_sink_dead_letters (sink, source, position, record_id, attempts, last_error)
-          VALUES (${sink.id}, ${source}, ${first.position}::bigint, ${first.event.id}, ${attempts}, ${error})
+          VALUES (${sink.id}, ${source}, ${first.position}::bigint, ${first.event.id}, ${maxAttempts + attempts}, ${error})
           ON CONFLICT (sink, position) DO NOTHING`);
         await tx.execute(sql`
-          UPDATE bc_sink_cursors SET position = ${first.position}::bigint, attempts = 0, next_attempt_at = NULL, last_error = ${error}
+          UPDATE bc_sink_cursors SET position = ${first.position}::bigint, attempts = 0, next_attempt_at = NULL, last_error = ${error},
+                 isolate_through = CASE WHEN isolate_through > ${first.position}::bigint THEN isolate_through END
           WHERE sink = ${sink.id}`);
         log.warn("a sink refused an event for good: it is in the dead letter", { position: first.position, error });
         return { state: "dead-lettered", position: first.position };
+      }
+      if (!isolating && attempts >= maxAttempts) {
+        await tx.execute(sql`
+          UPDATE bc_sink_cursors SET attempts = 0, last_error = ${error}, isolate_through = ${last}::bigint,
+                 next_attempt_at = compute_now() + make_interval(secs => ${BACKOFF_BASE_SECONDS})
+          WHERE sink = ${sink.id}`);
+        log.warn("a sink's batch failed every attempt; its records are retried one at a time", { attempts, error });
+        return { state: "failed", error, inMs: BACKOFF_BASE_SECONDS * 1000 };
       }
       const delay = Math.min(BACKOFF_BASE_SECONDS * 2 ** (attempts - 1), BACKOFF_MAX_SECONDS);
       await tx.execute(sql`
@@ -118,7 +130,7 @@ export async function dispatchOnce(ctx: DispatchContext, sink: SinkDefinition): 
     }
     await tx.execute(sql`
       UPDATE bc_sink_cursors SET position = ${last}::bigint, attempts = 0, next_attempt_at = NULL, last_error = NULL,
-             last_delivered_at = compute_now()
+             last_delivered_at = compute_now(), isolate_through = CASE WHEN isolate_through > ${last}::bigint THEN isolate_through END
       WHERE sink = ${sink.id}`);
     return { state: "delivered", count: batch.length, more: rows.length === (isolating ? 1 : maxBatch) };
   });

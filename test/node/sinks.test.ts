@@ -27,6 +27,8 @@ function recordingSink(id: string, options: { kind?: "events" | "audit"; maxBatc
     failFirst: 0,
     /** Refuse any batch holding an event with data.poison (until the receiver is fixed). */
     refusePoison: true,
+    /** deliver() calls that threw. */
+    failures: 0,
     received: () => batches.flat(),
     sink: defineSink({
       id,
@@ -36,10 +38,14 @@ function recordingSink(id: string, options: { kind?: "events" | "audit"; maxBatc
       async deliver(batch) {
         if (state.failFirst > 0) {
           state.failFirst--;
+          state.failures++;
           throw new Error("the receiver answered 503");
         }
         const poisoned = batch.find((e) => e.data.poison === true);
-        if (poisoned && state.refusePoison) throw new Error(`the receiver cannot parse event ${poisoned.eventId}`);
+        if (poisoned && state.refusePoison) {
+          state.failures++;
+          throw new Error(`the receiver cannot parse event ${poisoned.eventId}`);
+        }
         batches.push(batch);
       },
     }),
@@ -204,8 +210,10 @@ describe("the dispatcher", () => {
 describe("dead letters", () => {
   it("moves a poisoned event to the dead letter after its attempts, and an operator replays it once", async () => {
     await observer.db.execute(sql`TRUNCATE bc_sink_dead_letters`);
-    const ids = await publish(3, (i) => ({ poison: i === 1 }));
-    const expected = ids.slice(-3);
+    // Deep in its batch: the records before it are retried alone once, not a round of attempts each.
+    const ids = await publish(6, (i) => ({ poison: i === 4 }));
+    const expected = ids.slice(-6);
+    poison.failures = 0;
     const store = compute.openStore(env);
     try {
       for (let pass = 0; pass < 100; pass++) {
@@ -218,13 +226,15 @@ describe("dead letters", () => {
     }
     const received = poison.received().map((e) => e.id);
     // Everything but the poisoned event arrived, in order; the cursor moved past it.
-    expect(received.filter((id) => expected.includes(id))).toEqual([expected[0], expected[2]]);
+    expect(received.filter((id) => expected.includes(id))).toEqual(expected.filter((_, i) => i !== 4));
+    // The batch's 2 attempts, then the poisoned event's own 2.
+    expect(poison.failures).toBe(4);
 
     const listed = await client.call("events.deadLetters.list", { sink: "poison-watch" });
     expect(listed.status).toBe(200);
     expect(listed.body.deadLetters).toHaveLength(1);
     const letter = listed.body.deadLetters[0];
-    expect(letter).toMatchObject({ sink: "poison-watch", source: "events", recordId: String(expected[1]), attempts: 4, replayedAt: null });
+    expect(letter).toMatchObject({ sink: "poison-watch", source: "events", recordId: String(expected[4]), attempts: 4, replayedAt: null });
     expect(letter.lastError).toContain("cannot parse event");
 
     const sinks = await client.call("events.sinks.list", {});
@@ -247,7 +257,7 @@ describe("dead letters", () => {
         .received()
         .slice(before)
         .map((e) => e.id),
-    ).toEqual([expected[1]]);
+    ).toEqual([expected[4]]);
 
     // Idempotent: a second replay delivers nothing.
     const again = await client.call("events.deadLetters.replay", { id: letter.id });

@@ -8,8 +8,8 @@
 // and answers agent.ping. Each round trip, one at a time:
 //   t0  POST /v1/commands.create {node, kind: "agent.ping"}   (the API commits the row, answers,
 //       and wakes the NodeDO after the response)
-//       the NodeDO reads the open commands and sends the frame; the agent journals, acks, runs
-//       the handler, signs and sends the result; the NodeDO records it in a transaction
+//       the NodeDO reads the open commands (one statement) and sends the frame; the agent journals,
+//       acks, runs the handler, signs and sends the result; the NodeDO records it (one statement)
 //   t1  the agent receives result-ack for that command id (the result is in Postgres)
 import { sql } from "drizzle-orm";
 import { WebSocket } from "ws";
@@ -32,11 +32,14 @@ interface CommandSample {
   total: number;
   /** t0 → the API's answer to commands.create. */
   http: number;
-  /** t0 → the command frame reached the agent (the NodeDO is woken after the API answered, so ≥ http). */
+  /**
+   * t0 → the command frame reached the agent. The NodeDO is woken once the API has answered, but
+   * the frame can reach the agent before the client has read that answer: delivered - http may be negative.
+   */
   delivered: number;
   /** command frame → the agent sent its result (journal, ack, handler, signature). */
   agent: number;
-  /** result sent → result-ack (the NodeDO's transaction). */
+  /** result sent → result-ack (the NodeDO's recording statement). */
   recorded: number;
 }
 
@@ -139,9 +142,9 @@ export const commandsSection: BenchSection = {
         ctx.log("where a command's time goes (p50 and p99 of each consecutive segment; per command they add up to its total):");
         const segments: [string, (s: CommandSample) => number][] = [
           ["t0 → the API answers commands.create (new pool, auth, IAM, enqueue transaction)", (s) => s.http],
-          ["→ the command frame reaches the agent (wake-up after the response, NodeDO's reads)", (s) => s.delivered - s.http],
+          ["→ the command frame reaches the agent (wake-up, the NodeDO's delivery statement)", (s) => s.delivered - s.http],
           ["→ the agent sends its result (journal, ack, handler, Ed25519 signature)", (s) => s.agent],
-          ["→ result-ack (the NodeDO's recording transaction)", (s) => s.recorded],
+          ["→ result-ack (the NodeDO's recording statement)", (s) => s.recorded],
         ];
         const width = Math.max(...segments.map(([label]) => label.length));
         for (const [label, pick] of segments) {

@@ -84,7 +84,7 @@ export async function withStack<T>(ctx: BenchContext, name: string, fn: (stack: 
       },
     });
     ctx.log(
-      `stack up in ${((performance.now() - started) / 1000).toFixed(1)} s (${stack.embedded ? "PGlite" : "DATABASE_URL"} → WebSocket bridge → wrangler dev at ${stack.url})`,
+      `stack up in ${((performance.now() - started) / 1000).toFixed(1)} s (wrangler dev at ${stack.url} → ${stack.databasePath === "hyperdrive" ? `HYPERDRIVE binding (local: TCP${stack.pooled ? " to pgbouncer, transaction pooling" : ""})` : "WebSocket bridge"} → ${stack.embedded ? "PGlite" : "DATABASE_URL"})`,
     );
     return await fn({ ...stack, wranglerTail: () => [...lines] });
   } finally {

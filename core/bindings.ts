@@ -8,8 +8,10 @@ export interface WakeableObject extends Rpc.DurableObjectBranded {
 }
 
 export type Bindings = {
-  /** Neon's pooled connection string (the default database port). */
+  /** Neon's pooled connection string (the default database port, over WebSocket) when no HYPERDRIVE is bound. */
   DATABASE_URL?: string;
+  /** A Hyperdrive config in front of Neon (the recommended production setup): the store connects to it over TCP. */
+  HYPERDRIVE?: Hyperdrive;
   /** 32+ characters: seals stored secrets (AES-GCM under an HKDF-derived key) and signs node credentials. */
   BC_SECRET?: string;
   /** Locally only: host:port of the WebSocket-to-TCP bridge to Postgres. */

@@ -135,6 +135,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     const published = databaseEvents(mod.id, principal?.id, requestId);
     const events: typeof published = {
       publish: (tx, event) => (wake.sinks(), published.publish(tx, event)),
+      insertSql: (written) => (wake.sinks(), published.insertSql(written)),
     };
     const ctx: PlatformContext = {
       moduleId: mod.id,

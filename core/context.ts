@@ -1,7 +1,7 @@
 // ModuleContext: the ports a module meets the platform (and other modules) through.
 // Every port that writes takes the caller's transaction, so state, events and work commit
 // or roll back together.
-import { sql } from "drizzle-orm";
+import { is, SQL, sql } from "drizzle-orm";
 import { base64 as b64, unbase64 as unb64, utf8 } from "./encoding.ts";
 import type { CommandKind } from "./contracts.ts";
 import { MAX_KEY_LENGTH } from "./protocol.ts";
@@ -29,8 +29,27 @@ export interface WorkInput {
   delaySeconds?: number;
 }
 
+/** An event written by the statement of the state change it records (EventsPort.insertSql). */
+export interface StatementEvent {
+  type: string;
+  subject?: string;
+  /** Facts only, as EventInput's; or jsonb computed in the statement (from its CTEs' columns). */
+  data?: Record<string, unknown> | SQL;
+  /**
+   * A CTE of the statement: the event is written only if it returned a row (it returns at most
+   * one). Unset: always written.
+   */
+  from?: string;
+}
+
 export interface EventsPort {
   publish(tx: Tx, event: EventInput): Promise<string>;
+  /**
+   * The INSERT of the row publish writes, for a CTE of the caller's one statement
+   * (`WITH moved AS (...), events AS (${ctx.events.insertSql([...])}) ...`): the events ride in the
+   * statement of the state change, written in the order given.
+   */
+  insertSql(events: StatementEvent[]): SQL;
 }
 
 export interface WorkPort {
@@ -303,15 +322,24 @@ export interface PlatformContext extends ModuleContext {
 // ---------------------------------------------------------------- default implementations
 
 export function databaseEvents(moduleId: string, actor: string | undefined, requestId: string | undefined): EventsPort {
+  // The one place an event row's shape lives: publish and every statement that writes events use it.
+  const insertSql = (events: StatementEvent[]): SQL => {
+    const rows = events.map((e, i) => {
+      const data = is(e.data, SQL) ? e.data : sql`${JSON.stringify(e.data ?? {})}::jsonb`;
+      return sql`SELECT ${i}::int AS ord, ${crypto.randomUUID()}::uuid AS event_id, ${e.type}::text AS type,
+          ${e.subject ?? null}::text AS subject, ${data} AS data ${e.from ? sql`FROM ${sql.identifier(e.from)}` : sql``}`;
+    });
+    return sql`
+      INSERT INTO bc_events (event_id, type, module, subject, data, actor, request_id)
+      SELECT event_id, type, ${moduleId}::text, subject, data, ${actor ?? null}::text, ${requestId ?? null}::text
+      FROM (${sql.join(rows, sql` UNION ALL `)}) AS e ORDER BY ord`;
+  };
   return {
     async publish(tx, event) {
-      const eventId = crypto.randomUUID();
-      await tx.execute(sql`
-        INSERT INTO bc_events (event_id, type, module, subject, data, actor, request_id)
-        VALUES (${eventId}, ${event.type}, ${moduleId}, ${event.subject ?? null},
-                ${JSON.stringify(event.data ?? {})}::jsonb, ${actor ?? null}, ${requestId ?? null})`);
-      return eventId;
+      const inserted = await tx.execute(sql`${insertSql([event])} RETURNING event_id`);
+      return (inserted.rows[0] as { event_id: string }).event_id;
     },
+    insertSql,
   };
 }
 
@@ -360,32 +388,47 @@ export function databaseCommands(
       const refs = input.secretRefs ?? [];
       if (!refs.every(isSecretRef)) throw invalidArgument("secretRefs must be secret:// references, never values");
 
-      const existing = await tx.execute(sql`SELECT id, seq, node_id, kind FROM bc_commands WHERE idempotency_key = ${input.key}`);
-      const found = existing.rows[0] as { id: string; seq: string; node_id: string; kind: string } | undefined;
+      // One statement: the key's command if it exists; otherwise the node's next sequence number
+      // (its row lock serialises enqueues per node) and the insert. A concurrent enqueue of the
+      // same key that committed first wins: nothing is inserted, and the next try returns it.
+      const enqueued = await tx.execute(sql`
+        WITH existing AS (SELECT id, seq, node_id, kind FROM bc_commands WHERE idempotency_key = ${input.key}),
+        next AS (
+          UPDATE bc_nodes SET command_seq = command_seq + 1
+          WHERE id = ${input.nodeId} AND revoked_at IS NULL AND NOT EXISTS (SELECT 1 FROM existing)
+          RETURNING command_seq),
+        inserted AS (
+          INSERT INTO bc_commands (node_id, seq, kind, idempotency_key, module, body, secret_refs, attested, destructive, deadline, origin)
+          SELECT ${input.nodeId}, command_seq, ${input.kind}, ${input.key}, ${moduleId}, ${JSON.stringify(body)}::jsonb,
+                 ${pgArray(refs)}::text[], ${declared.attested === true}, ${declared.destructive === true},
+                 CASE WHEN ${input.deadlineSeconds ?? null}::float8 IS NULL THEN NULL
+                      ELSE compute_now() + make_interval(secs => ${input.deadlineSeconds ?? 0}) END, ${input.origin ?? null}
+          FROM next
+          ON CONFLICT (idempotency_key) DO NOTHING
+          RETURNING id, seq)
+        SELECT 'existing' AS source, id::text, seq::text, node_id, kind FROM existing
+        UNION ALL SELECT 'inserted', id::text, seq::text, NULL, NULL FROM inserted
+        UNION ALL SELECT 'numbered', NULL, command_seq::text, NULL, NULL FROM next`);
+      const rows = enqueued.rows as {
+        source: "existing" | "inserted" | "numbered";
+        id: string;
+        seq: string;
+        node_id: string;
+        kind: string;
+      }[];
+      const found = rows.find((r) => r.source === "existing");
       if (found) {
         if (found.node_id !== input.nodeId || found.kind !== input.kind) {
           throw new ComputeError("CONFLICT", `idempotency key ${input.key} was used for another command`, { key: input.key });
         }
-        return { id: String(found.id), seq: Number(found.seq), created: false };
+        return { id: found.id, seq: Number(found.seq), created: false };
       }
-      const next = await tx.execute(sql`
-        UPDATE bc_nodes SET command_seq = command_seq + 1 WHERE id = ${input.nodeId} AND revoked_at IS NULL RETURNING command_seq`);
-      const seq = (next.rows[0] as { command_seq: string } | undefined)?.command_seq;
-      if (seq === undefined) throw notFound(`node ${input.nodeId} does not exist or was revoked`, { nodeId: input.nodeId });
-      // The node row lock above serialises enqueues per node; a concurrent enqueue of the same key
-      // that committed first wins, and this one returns it.
-      const inserted = await tx.execute(sql`
-        INSERT INTO bc_commands (node_id, seq, kind, idempotency_key, module, body, secret_refs, attested, destructive, deadline, origin)
-        VALUES (${input.nodeId}, ${seq}, ${input.kind}, ${input.key}, ${moduleId}, ${JSON.stringify(body)}::jsonb,
-                ${pgArray(refs)}::text[], ${declared.attested === true}, ${declared.destructive === true},
-                CASE WHEN ${input.deadlineSeconds ?? null}::float8 IS NULL THEN NULL
-                     ELSE compute_now() + make_interval(secs => ${input.deadlineSeconds ?? 0}) END, ${input.origin ?? null})
-        ON CONFLICT (idempotency_key) DO NOTHING
-        RETURNING id`);
-      const row = inserted.rows[0] as { id: string } | undefined;
+      const row = rows.find((r) => r.source === "inserted");
+      if (!rows.some((r) => r.source === "numbered"))
+        throw notFound(`node ${input.nodeId} does not exist or was revoked`, { nodeId: input.nodeId });
       if (!row) return this.enqueue(tx, input);
       onEnqueued(input.nodeId);
-      return { id: String(row.id), seq: Number(seq), created: true };
+      return { id: row.id, seq: Number(row.seq), created: true };
     },
   };
 }

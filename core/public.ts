@@ -25,6 +25,7 @@ export type {
   ResourceAmounts,
   SecretRef,
   SecretStore,
+  StatementEvent,
   WorkInput,
   WorkPort,
 } from "./context.ts";

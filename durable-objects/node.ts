@@ -33,17 +33,16 @@ import type { Store } from "../core/store/database.ts";
 import { base64url } from "../core/encoding.ts";
 import { wakeObjects } from "../core/agents/notify.ts";
 import {
-  expireOverdue,
-  markDelivered,
-  nodeLive,
-  openCommands,
+  nextDelivery,
   recordConnected,
   recordDisconnected,
-  recordResult,
+  recordResults,
   waitingWorkflow,
+  type ArrivedResult,
+  type ResultOutcome,
   type SessionRef,
 } from "../core/agents/sessions.ts";
-import { readNodeSpec, recordStatus } from "../core/agents/node-specs.ts";
+import { recordStatus } from "../core/agents/node-specs.ts";
 import { setAlarm } from "./alarm.ts";
 
 /** The sweep re-reads Postgres while an agent is connected: a missed poke costs at most this. */
@@ -88,6 +87,9 @@ export function nodeObject(compute: Compute) {
     #secrets: SecretStore | undefined;
     #delivering: Promise<void> = Promise.resolve();
     #deliveryQueued = false;
+    /** Results that arrive while one is being recorded wait, and are recorded together in the next statement. */
+    #recording: Promise<void> = Promise.resolve();
+    #arrived: { result: ArrivedResult; answer: (outcome: ResultOutcome | Error) => void }[] = [];
 
     constructor(ctx: DurableObjectState, env: Bindings) {
       super(ctx, env);
@@ -197,7 +199,7 @@ export function nodeObject(compute: Compute) {
     private async result(ws: WebSocket, att: Attachment, frame: ResultFrame): Promise<void> {
       const refuse = (code: string, message: string) => void send(ws, { t: "error", code, message, ref: frame.id });
       try {
-        const outcome = await recordResult(this.store, att, frame);
+        const outcome = await this.record({ node: att, frame });
         if ("refused" in outcome) {
           this.log(att).warn("refused a result", { commandId: frame.id, code: outcome.refused });
           return refuse(outcome.refused, outcome.message);
@@ -210,6 +212,27 @@ export function nodeObject(compute: Compute) {
         this.log(att).warn("could not record a result; the agent keeps it and resends", { commandId: frame.id, error: errorText(err) });
         refuse(FrameError.UNAVAILABLE, "the result could not be recorded now; send it again after reconnecting");
       }
+    }
+
+    /** Records a result with whatever else arrived meanwhile: one statement per batch, one batch at a time. */
+    private record(result: ArrivedResult): Promise<ResultOutcome> {
+      return new Promise((resolve, reject) => {
+        const first = this.#arrived.length === 0;
+        this.#arrived.push({ result, answer: (outcome) => (outcome instanceof Error ? reject(outcome) : resolve(outcome)) });
+        if (!first) return; // a batch is already waiting its turn: this result joins it
+        this.#recording = this.#recording.then(async () => {
+          const batch = this.#arrived.splice(0);
+          try {
+            const outcomes = await recordResults(
+              this.store,
+              batch.map((b) => b.result),
+            );
+            batch.forEach((b, i) => b.answer(outcomes[i]!));
+          } catch (err) {
+            for (const b of batch) b.answer(err instanceof Error ? err : new Error(String(err)));
+          }
+        });
+      });
     }
 
     /**
@@ -257,26 +280,26 @@ export function nodeObject(compute: Compute) {
       const ws = this.ctx.getWebSockets().find((s) => attachmentOf(s).ready);
       if (!ws) return;
       const att = attachmentOf(ws);
-      if (!(await nodeLive(this.store, att.nodeId))) return ws.close(CloseCode.REVOKED, "the node was revoked");
-      // The NodeSpec first: it is the node's desired state, commands are one-off work.
-      const spec = await readNodeSpec(this.store.db, att.nodeId);
-      if (spec && spec.generation > (att.sentSpecGeneration ?? 0)) {
-        if (!send(ws, { t: "spec", generation: spec.generation, sections: spec.sections })) return;
-        updateAttachment(ws, { sentSpecGeneration: spec.generation });
-      }
-      await expireOverdue(this.store, att.nodeId);
       for (;;) {
-        const frames = await openCommands(this.store, att.nodeId, att.sentSeq, DELIVERY_BATCH, () => this.secrets);
+        const { live, spec, frames } = await nextDelivery(
+          this.store,
+          att.nodeId,
+          { afterSeq: att.sentSeq, specAfter: att.sentSpecGeneration ?? 0, limit: DELIVERY_BATCH },
+          () => this.secrets,
+        );
+        if (!live) return ws.close(CloseCode.REVOKED, "the node was revoked");
+        // The NodeSpec first: it is the node's desired state, commands are one-off work.
+        if (spec) {
+          if (!send(ws, { t: "spec", generation: spec.generation, sections: spec.sections })) return;
+          att.sentSpecGeneration = spec.generation;
+          updateAttachment(ws, { sentSpecGeneration: spec.generation });
+        }
         if (frames.length === 0) return;
         for (const frame of frames) {
           if (!send(ws, frame)) return;
           att.sentSeq = frame.seq;
         }
         updateAttachment(ws, { sentSeq: att.sentSeq });
-        await markDelivered(
-          this.store,
-          frames.map((f) => f.id),
-        );
         if (frames.length < DELIVERY_BATCH) return;
       }
     }

@@ -6,34 +6,16 @@
 // writing through the same core/agents/sessions.ts. SIMULATED: only the socket (in memory).
 import { sql } from "drizzle-orm";
 import { betterCompute, type Compute, type Module, type PkiOptions } from "better-compute";
-import type { Store } from "better-compute/core";
+import type { Store, Tx } from "better-compute/core";
 import { metalModule, type HardwareProfile } from "better-compute/metal";
 import { advance, provisionModule, wakeStalledWorkflows } from "better-compute/provision";
 import { AgentError, type AgentTransport } from "../client.ts";
 import { BufferedSocket } from "../socket.ts";
 import { verifyCredential } from "../../core/agents/credentials.ts";
-import {
-  expireOverdue,
-  markDelivered,
-  openCommands,
-  recordConnected,
-  recordDisconnected,
-  recordResult,
-  waitingWorkflow,
-} from "../../core/agents/sessions.ts";
+import { nextDelivery, recordConnected, recordDisconnected, recordResult, waitingWorkflow } from "../../core/agents/sessions.ts";
 import { databaseSecrets } from "../../core/context.ts";
 import { base64url } from "../../core/encoding.ts";
-import {
-  agentFrame,
-  CloseCode,
-  helloMessage,
-  PING,
-  PONG,
-  PROTOCOL_VERSION,
-  verifyMessage,
-  type CommandFrame,
-  type ServerFrame,
-} from "../../core/protocol.ts";
+import { agentFrame, CloseCode, helloMessage, PING, PONG, PROTOCOL_VERSION, verifyMessage, type ServerFrame } from "../../core/protocol.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
 import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
 import { startPglite } from "../../scripts/local/pglite-server.ts";
@@ -218,21 +200,28 @@ export class ChaosPlan {
         return typeof value === "function" ? value.bind(target) : value;
       },
     });
+    /** A commit boundary (a transaction, or a one-statement write): `commit` alone, or the process dies there. */
+    const boundary = async <T>(fn: (tx: Tx) => Promise<T>, commit: () => Promise<T>): Promise<T> => {
+      check();
+      const fatal = ++this.count === this.#armed?.at ? this.#armed.boundary : undefined;
+      if (fatal === "before-commit") {
+        return store.transaction(async (tx) => {
+          await fn(tx);
+          return die(fatal); // thrown inside: the transaction rolls back
+        });
+      }
+      const result = await commit();
+      return fatal ? die(fatal) : result;
+    };
     return {
       db,
       close: async () => {},
-      transaction: async (fn) => {
-        check();
-        const fatal = ++this.count === this.#armed?.at ? this.#armed.boundary : undefined;
-        if (fatal === "before-commit") {
-          return store.transaction(async (tx) => {
-            await fn(tx);
-            return die(fatal); // thrown inside: the transaction rolls back
-          });
-        }
-        const result = await store.transaction(fn);
-        return fatal ? die(fatal) : result;
-      },
+      transaction: (fn) => boundary(fn, () => store.transaction(fn)),
+      write: (statement) =>
+        boundary(
+          (tx) => tx.execute(statement),
+          () => store.write(statement),
+        ),
     };
   }
 }
@@ -436,19 +425,19 @@ export class Gateway {
   }
 
   async #deliver(session: Session): Promise<void> {
-    await expireOverdue(this.store, session.nodeId);
     for (;;) {
       if (session.closed) return;
-      const frames: CommandFrame[] = await openCommands(this.store, session.nodeId, session.sentSeq, 100, () => this.#secrets);
+      const { frames } = await nextDelivery(
+        this.store,
+        session.nodeId,
+        { afterSeq: session.sentSeq, specAfter: null, limit: 100 },
+        () => this.#secrets,
+      );
       if (frames.length === 0) return;
       for (const frame of frames) {
         this.#send(session, frame);
         session.sentSeq = frame.seq;
       }
-      await markDelivered(
-        this.store,
-        frames.map((f) => f.id),
-      );
     }
   }
 

@@ -1,10 +1,17 @@
-// The store: drizzle on @neondatabase/serverless's Pool (Postgres over WebSocket), with
-// interactive transactions. Locally the same driver reaches a plain Postgres (or PGlite)
-// through a WebSocket-to-TCP bridge, so the production path is the tested path.
+// The store: drizzle with interactive transactions, on one of two drivers.
+// - A Hyperdrive binding (env.HYPERDRIVE, the production setup: docs/operations.md): node-postgres
+//   over TCP (cloudflare:sockets) to Hyperdrive, which keeps pooled connections to Neon. Locally
+//   wrangler dev emulates the binding with a TCP connection to the stack's localConnectionString.
+// - Otherwise DATABASE_URL through @neondatabase/serverless's Pool (Postgres over WebSocket); locally
+//   the same driver reaches a plain Postgres (or PGlite) through a WebSocket-to-TCP bridge.
+// Both hand callers the same Db and Tx: @neondatabase/serverless is a fork of node-postgres, and
+// drizzle's two sessions build the same results ({ rows, rowCount, fields }) with the same type parsers.
 import { neonConfig, Pool, type PoolClient } from "@neondatabase/serverless";
-import type { ExtractTablesWithRelations } from "drizzle-orm";
+import type { ExtractTablesWithRelations, SQL } from "drizzle-orm";
 import { drizzle, type NeonDatabase } from "drizzle-orm/neon-serverless";
 import type { NeonTransaction } from "drizzle-orm/neon-serverless";
+import { drizzle as drizzleNodePostgres } from "drizzle-orm/node-postgres";
+import pg from "pg";
 import type { Bindings } from "../bindings.ts";
 import { ComputeError, invalidConfig } from "../errors.ts";
 
@@ -12,10 +19,19 @@ export type Db = NeonDatabase<Record<string, never>>;
 /** The transaction handed to handlers and ports: state, events, work and commands share it. */
 export type Tx = NeonTransaction<Record<string, never>, ExtractTablesWithRelations<Record<string, never>>>;
 
+/** What a statement returns (its rows). */
+export type StatementResult = Awaited<ReturnType<Db["execute"]>>;
+
 /** A connection to the system of record, opened per request (or per Durable Object). */
 export interface Store {
   readonly db: Db;
   transaction<T>(fn: (tx: Tx) => Promise<T>): Promise<T>;
+  /**
+   * A write that is one statement (CTEs included): atomic on its own, so it is sent alone, with no
+   * BEGIN and COMMIT around it (one round trip instead of three). A commit boundary like a
+   * transaction's: the chaos harnesses crash before and after it.
+   */
+  write(statement: SQL): Promise<StatementResult>;
   close(): Promise<void>;
 }
 
@@ -25,27 +41,35 @@ export interface DatabasePort {
 }
 
 export interface PostgresOptions {
-  /** Connection string; default: env.DATABASE_URL. */
+  /** Connection string (over WebSocket); default: env.DATABASE_URL when no HYPERDRIVE is bound. */
   url?: string;
+  /** A Hyperdrive binding (its connectionString, over TCP); default: env.HYPERDRIVE. Ignored when url is given. */
+  hyperdrive?: { connectionString: string };
   /** host:port of a local WebSocket-to-TCP bridge; default: env.BC_DB_WS_PROXY. Unset for Neon. */
   wsProxy?: string;
   /** Connections per Store (per request); default 4. */
   maxConnections?: number;
   /**
    * TEST AND BENCH HOOK: called once per message the driver sends and waits on (every statement,
-   * a transaction's BEGIN and COMMIT included): a Postgres round trip. Unset in production.
+   * a transaction's BEGIN and COMMIT included): a Postgres round trip, with its text. Unset in production.
    */
-  onRoundTrip?: () => void;
+  onRoundTrip?: (statement: string) => void;
 }
 
 export function postgres(options: PostgresOptions = {}): DatabasePort {
   return {
     open(env) {
+      const hyperdrive = options.url === undefined ? (options.hyperdrive ?? env.HYPERDRIVE) : undefined;
+      if (hyperdrive !== undefined) {
+        const url = nonEmpty((hyperdrive as { connectionString?: unknown } | null)?.connectionString);
+        if (!url) throw invalidConfig("the HYPERDRIVE binding has no connectionString: bind a Hyperdrive config (docs/operations.md)");
+        return openStore(new pg.Pool({ connectionString: url, max: options.maxConnections ?? 4 }), options.onRoundTrip);
+      }
       const url = options.url ?? nonEmpty(env.DATABASE_URL);
-      if (!url) throw invalidConfig("no database configured: set DATABASE_URL or pass database: postgres({ url })");
+      if (!url) throw invalidConfig("no database configured: bind HYPERDRIVE, set DATABASE_URL or pass database: postgres({ url })");
       const wsProxy = options.wsProxy ?? nonEmpty(env.BC_DB_WS_PROXY);
       if (wsProxy) useBridge(wsProxy);
-      return openStore(url, options.maxConnections ?? 4, options.onRoundTrip);
+      return openStore(new Pool({ connectionString: url, max: options.maxConnections ?? 4 }), options.onRoundTrip);
     },
   };
 }
@@ -58,25 +82,27 @@ export function useBridge(bridge: string): void {
   neonConfig.pipelineTLS = false;
 }
 
-function openStore(connectionString: string, max: number, onRoundTrip?: () => void): Store {
-  const pool = new Pool({ connectionString, max });
+function openStore(pool: Pool | pg.Pool, onRoundTrip?: (statement: string) => void): Store {
   // An idle client that drops (server restart, bridge gone) must not crash the isolate.
   pool.on("error", () => {});
-  if (onRoundTrip) pool.on("connect", (client: PoolClient) => countQueries(client, onRoundTrip));
-  const db: Db = drizzle({ client: pool });
+  if (onRoundTrip) pool.on("connect", (client: PoolClient | pg.PoolClient) => countQueries(client, onRoundTrip));
+  // The same drizzle database on either driver (see the top of this file): only the types' names differ.
+  const db: Db = pool instanceof Pool ? drizzle({ client: pool }) : (drizzleNodePostgres({ client: pool }) as unknown as Db);
   let closed: Promise<void> | undefined;
   return {
     db,
     transaction: (fn) => db.transaction(fn),
+    write: (statement) => db.execute(statement),
     close: () => (closed ??= pool.end().catch(() => {})),
   };
 }
 
 /** Counts every query the client runs (the pool's own queries run on its clients too). */
-function countQueries(client: PoolClient, onRoundTrip: () => void): void {
+function countQueries(client: PoolClient | pg.PoolClient, onRoundTrip: (statement: string) => void): void {
   const query = client.query.bind(client) as (...args: unknown[]) => unknown;
   client.query = ((...args: unknown[]) => {
-    onRoundTrip();
+    const first = args[0] as string | { text: string };
+    onRoundTrip(typeof first === "string" ? first : first.text);
     return query(...args);
   }) as PoolClient["query"];
 }

@@ -8,7 +8,7 @@
 //   enrolled → commissioning → ready → deploying → deployed → releasing → ready
 //   off path: failed (maintenance on), retired; deployed → rescuing → rescue → unrescuing → deployed
 import { sql } from "drizzle-orm";
-import { ComputeError, type MethodContext, type ModuleContext, type Tx } from "better-compute/core";
+import { ComputeError, type ModuleContext, type Tx } from "better-compute/core";
 
 export const METAL_STATES = [
   "enrolled",
@@ -165,8 +165,6 @@ export async function transition(
     ...(patch.workflowId ? { workflow: patch.workflowId } : {}),
     ...(patch.reason ? { reason: patch.reason } : {}),
   };
-  // A method's call names who did it in the event, as its ctx.events would.
-  const { principal, requestId } = ctx as Partial<MethodContext>;
   // The move, its history row and its event in one statement (one round trip).
   const updated = await tx.execute(sql`
     WITH moved AS (
@@ -184,11 +182,14 @@ export async function transition(
     history AS (
       INSERT INTO metal_transitions (node_id, event, from_state, to_state, workflow_id, reason)
       SELECT id, ${event}, previous, ${to}, workflow_id, ${patch.reason ?? null} FROM moved),
-    published AS (
-      INSERT INTO bc_events (event_id, type, module, subject, data, actor, request_id)
-      SELECT ${crypto.randomUUID()}, ${`metal.node.${event}`}, 'metal', ${`metal/nodes/${nodeId}`},
-             jsonb_build_object('from', previous) || ${JSON.stringify(data)}::jsonb, ${principal?.id ?? null}, ${requestId ?? null}
-      FROM moved)
+    published AS (${ctx.events.insertSql([
+      {
+        from: "moved",
+        type: `metal.node.${event}`,
+        subject: `metal/nodes/${nodeId}`,
+        data: sql`jsonb_build_object('from', previous) || ${JSON.stringify(data)}::jsonb`,
+      },
+    ])})
     SELECT previous FROM moved`);
   return (updated.rows[0] as { previous: MetalState } | undefined)?.previous;
 }

@@ -1,9 +1,11 @@
 // The workflow engine: advance() moves a workflow as far as it can go now and says when to
-// look again. Every write is a store transaction (the chaos test crashes at each of them). It is level-triggered and idempotent: every transition is one Postgres
-// transaction with its event, guarded by the state it expects, so running it twice, or again
-// after a crash at any point, changes nothing twice. A transition is one statement where it can be
-// (CTEs that write the attempt, the workflow and the event together; a step's success begins the
-// next step), and a pass goes on from what its last write returned rather than reading it back. An agent step's command is keyed by
+// look again. Every write is a store transaction, or a store.write where it is one statement (the
+// chaos tests crash at each of them). It is level-triggered and idempotent: every transition is one
+// Postgres transaction with its event, guarded by the state it expects, so running it twice, or
+// again after a crash at any point, changes nothing twice. A transition is one statement where it
+// can be (CTEs that write the attempt, the workflow and the event together; a step's success begins
+// the next step), sent with no BEGIN and COMMIT around it, and a pass goes on from what its last
+// write returned rather than reading it back. An agent step's command is keyed by
 // (workflow, step, attempt) and enqueued in the same transaction that records it, so a
 // resumed workflow never sends a command twice.
 import { sql, type SQL } from "drizzle-orm";
@@ -16,6 +18,7 @@ import {
   type ModuleContext,
   type PlatformContext,
   type SecretRef,
+  type StatementEvent,
   type Tx,
 } from "better-compute/core";
 import { StepError, StepNotReady, type ProfileDefinition, type StepContext, type StepDefinition } from "./contracts.ts";
@@ -166,11 +169,9 @@ async function advanceStep(
   switch (attempt.state) {
     case "scheduled":
       if (attempt.wait_ms! > 0) return attempt.wait_ms!;
-      await ctx.store.transaction((tx) =>
-        tx.execute(sql`
-          UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.start.to}, started_at = compute_now(), deadline_at = ${deadlineSql(step)}
-          WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("start")}`),
-      );
+      await ctx.store.write(sql`
+        UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.start.to}, started_at = compute_now(), deadline_at = ${deadlineSql(step)}
+        WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("start")}`);
       return undefined;
     case "not_ready":
       if (attempt.overdue)
@@ -241,7 +242,7 @@ function beginSql(wf: WorkflowRow, next: NextAttempt, when: SQL = sql``): SQL {
       ON CONFLICT DO NOTHING RETURNING attempt)`;
 }
 
-const startedEvent = (next: NextAttempt): StatementEvent => ({
+const startedEvent = (next: NextAttempt): WorkflowEvent => ({
   from: "began",
   type: "workflow.step.started",
   data: { step: next.name, position: next.position, attempt: 1 },
@@ -266,12 +267,10 @@ async function beginAttempt(
   step: StepDefinition,
 ): Promise<undefined> {
   const next = await nextAttempt(ctx, pass, wf, profile, wf.position, step);
-  const began = await ctx.store.transaction(async (tx) => {
-    const result = await tx.execute(sql`
-      WITH ${beginSql(wf, next)}, ${eventsSql(wf.id, [startedEvent(next)])}
-      SELECT count(*)::int AS began FROM began`);
-    return (result.rows[0] as { began: number }).began > 0;
-  });
+  const result = await ctx.store.write(sql`
+    WITH ${beginSql(wf, next)}, ${eventsSql(ctx, wf.id, [startedEvent(next)])}
+    SELECT count(*)::int AS began FROM began`);
+  const began = (result.rows[0] as { began: number }).began > 0;
   if (next.issues) {
     const row = (await loadAttempt(ctx, wf.id, wf.position))!;
     await failStep(
@@ -304,13 +303,11 @@ async function runControlPlane(
   } catch (err) {
     if (err instanceof StepNotReady) {
       const poll = step.pollSeconds ?? DEFAULT_POLL_SECONDS;
-      await ctx.store.transaction(async (tx) => {
-        await tx.execute(sql`
-          UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.notReady.to}, polls = polls + 1, error = ${JSON.stringify({ code: "NOT_READY", message: err.reason })}::jsonb,
-                 next_attempt_at = compute_now() + make_interval(secs => ${poll})
-          WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("notReady")}
-            AND EXISTS (SELECT 1 FROM workflows WHERE id = ${wf.id} AND state = 'running')`);
-      });
+      await ctx.store.write(sql`
+        UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.notReady.to}, polls = polls + 1, error = ${JSON.stringify({ code: "NOT_READY", message: err.reason })}::jsonb,
+               next_attempt_at = compute_now() + make_interval(secs => ${poll})
+        WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("notReady")}
+          AND EXISTS (SELECT 1 FROM workflows WHERE id = ${wf.id} AND state = 'running')`);
       await stepCtx.afterCommit();
       return poll * 1000;
     }
@@ -359,7 +356,7 @@ async function sendCommand(
           UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.send.to}, command_id = ${command.id}::bigint
           WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("send")}
           RETURNING attempt),
-        ${eventsSql(wf.id, [{ from: "sent", type: "workflow.step.sent", data: { step: name, kind: step.command.kind, node: target, command: command.id } }])}
+        ${eventsSql(ctx, wf.id, [{ from: "sent", type: "workflow.step.sent", data: { step: name, kind: step.command.kind, node: target, command: command.id } }])}
         SELECT count(*)::int AS sent FROM sent`);
       return (updated.rows[0] as { sent: number }).sent > 0 ? command.id : undefined;
     });
@@ -432,12 +429,12 @@ async function succeedStep(
   const nextStep = last ? undefined : stepsById(ctx.registered).get(profile.steps[wf.position + 1]!.step);
   const next = nextStep && (await nextAttempt(ctx, pass, wf, profile, wf.position + 1, nextStep, { name, output }));
   const beginsNext = next !== undefined && !next.issues;
-  const events: StatementEvent[] = [
+  const events: WorkflowEvent[] = [
     { from: "done", type: "workflow.step.succeeded", data: { step: name, position: wf.position, attempt: attempt.attempt } },
     ...(last ? [{ from: "moved", type: "workflow.succeeded", data: { profile: wf.profile_id } }] : beginsNext ? [startedEvent(next)] : []),
   ];
-  const moved = await ctx.store.transaction(async (tx) => {
-    const result = await tx.execute(sql`
+  // One statement: no transaction around it (store.write).
+  const result = await ctx.store.write(sql`
       WITH done AS (
         UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.succeed.to}, output = ${JSON.stringify(output ?? null)}::jsonb, error = NULL, finished_at = compute_now()
         WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("succeed")}
@@ -450,10 +447,9 @@ async function succeedStep(
         WHERE id IN (SELECT workflow_id FROM done) AND state = 'running' AND position = ${wf.position}
         RETURNING id),
       ${beginsNext ? sql`${beginSql(wf, next, sql`WHERE EXISTS (SELECT 1 FROM moved)`)},` : sql``}
-      ${eventsSql(wf.id, events)}
+      ${eventsSql(ctx, wf.id, events)}
       SELECT (SELECT count(*) FROM moved)::int AS moved ${beginsNext ? sql`, (SELECT count(*) FROM began)::int AS began` : sql``}`);
-    return result.rows[0] as { moved: number; began?: number };
-  });
+  const moved = result.rows[0] as { moved: number; began?: number };
   if (!moved.moved || (beginsNext && !moved.began)) return;
   pass.outputs?.set(name, output ?? null);
   pass.next = {
@@ -620,30 +616,12 @@ async function outputsOf(ctx: ModuleContext, pass: Pass, workflowId: string): Pr
   return (pass.outputs = new Map((rows.rows as { name: string; output: unknown }[]).map((r) => [r.name, r.output])));
 }
 
-/** An event of a statement: written once for each row its CTE `from` returned. */
-interface StatementEvent {
-  from: string;
-  type: string;
-  data: Record<string, unknown>;
-}
+/** An event of the workflow's statement: written if its CTE `from` returned a row. */
+type WorkflowEvent = Omit<StatementEvent, "subject"> & { from: string };
 
-/**
- * The INSERT of the statement's events (the rows ctx.events.publish writes), as the CTE `events`:
- * they ride in the statement of the state change they record, in the order given (the order
- * their ids, and so the event stream, have).
- */
-function eventsSql(workflowId: string, events: StatementEvent[]): SQL {
-  const rows = events.map(
-    (
-      e,
-      i,
-    ) => sql`SELECT ${i}::int AS ord, ${crypto.randomUUID()}::uuid AS event_id, ${e.type}::text AS type, ${JSON.stringify(e.data)}::jsonb AS data
-      FROM ${sql.raw(e.from)}`,
-  );
-  return sql`events AS (
-    INSERT INTO bc_events (event_id, type, module, subject, data)
-    SELECT event_id, type, 'provision', ${`workflows/${workflowId}`}, data FROM (${sql.join(rows, sql` UNION ALL `)}) e ORDER BY ord)`;
-}
+/** The statement's events (ctx.events.insertSql) as the CTE `events`, about the workflow. */
+const eventsSql = (ctx: ModuleContext, workflowId: string, events: WorkflowEvent[]): SQL =>
+  sql`events AS (${ctx.events.insertSql(events.map((e) => ({ ...e, subject: `workflows/${workflowId}` })))})`;
 
 const ENQUEUE_REFUSALS = new Set(["INVALID_ARGUMENT", "NOT_FOUND", "CONFLICT", "FAILED_PRECONDITION", "PERMISSION_DENIED"]);
 const isEnqueueRefusal = (err: unknown) => isComputeError(err) && ENQUEUE_REFUSALS.has(err.code);

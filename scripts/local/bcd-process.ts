@@ -7,6 +7,7 @@ import path from "node:path";
 import { createInterface } from "node:readline";
 import { repoRoot } from "./node-store.ts";
 import { formatLogLine } from "./stack.ts";
+import { stopChild } from "./child.ts";
 
 export interface BcdProcessOptions {
   url: string;
@@ -49,17 +50,10 @@ export function startBcd(options: BcdProcessOptions): BcdProcess {
   }
   return {
     process: child,
-    stop: () =>
-      new Promise<void>((resolve) => {
-        stopping = true;
-        if (child.exitCode !== null || child.signalCode !== null) return resolve();
-        const force = setTimeout(() => child.kill("SIGKILL"), options.stopGraceMs);
-        child.once("exit", () => {
-          clearTimeout(force);
-          resolve();
-        });
-        child.kill("SIGTERM");
-      }),
+    stop: () => {
+      stopping = true;
+      return stopChild(child, options.stopGraceMs);
+    },
   };
 }
 

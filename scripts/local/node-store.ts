@@ -32,6 +32,7 @@ export async function openNodeStore(url: string, options: { bridge?: string } = 
   return {
     db: store.db,
     transaction: (fn) => store.transaction(fn),
+    write: (statement) => store.write(statement),
     bridge,
     async close() {
       await store.close();

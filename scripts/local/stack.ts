@@ -1,6 +1,8 @@
 // The embedded local stack, as `npm start`, the start test and the benchmarks run it: the data
 // dir's lock, PGlite (or DATABASE_URL) → WebSocket bridge → migrations and the admin key →
 // `wrangler dev`, then the config's crons fired locally and <dataDir>/local.json for the CLI.
+// The Worker reaches the database as in production, through a HYPERDRIVE binding (wrangler dev's
+// emulation: TCP straight to the database); BC_LOCAL_DB=websocket keeps the WebSocket bridge path.
 import { spawn, type ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import net from "node:net";
@@ -12,8 +14,11 @@ import type { Store } from "../../core/store/database.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
 import { cronsOfConfig, parseCron, scheduleCrons, type Cron } from "./cron.ts";
 import { coreMigrations, openNodeStore, repoRoot } from "./node-store.ts";
+import { hyperdriveCanReach, localHyperdrive } from "./hyperdrive.ts";
 import { startPglite } from "./pglite-server.ts";
+import { pgbouncerBinary, startPooler } from "./pooler.ts";
 import { startBridge } from "./ws-bridge.ts";
+import { stopChild } from "./child.ts";
 
 export interface StackOptions {
   /** Where PGlite's data, the deployment secret, the admin key and wrangler's state live (e.g. .data). One stack at a time uses it (its lock file). */
@@ -22,6 +27,18 @@ export interface StackOptions {
   port?: number;
   /** A real Postgres instead of the embedded PGlite. */
   databaseUrl?: string;
+  /**
+   * How the Worker reaches the database: "hyperdrive" (default; a HYPERDRIVE binding, as production
+   * with Hyperdrive) or "websocket" (DATABASE_URL through the WebSocket bridge, as production without).
+   * Default: env BC_LOCAL_DB, else "hyperdrive".
+   */
+  databasePath?: DatabasePath;
+  /**
+   * pgbouncer in transaction mode between the HYPERDRIVE binding and DATABASE_URL, pooling as Hyperdrive
+   * does (scripts/local/pooler.ts). Default: on for DATABASE_URL when pgbouncer is installed, unless env
+   * BC_LOCAL_POOLER=off. Not for PGlite (one session, nothing to pool).
+   */
+  pooler?: boolean;
   /** wrangler config of the Worker to run; default the repository's wrangler.toml. Its `[triggers] crons` are fired locally. */
   wranglerConfig?: string;
   /** The Worker's entry instead of the config's `main` (a deployment with test plugins; its modules' migrations must be the default config's). */
@@ -49,12 +66,18 @@ export interface Stack {
   databaseUrl: string;
   /** Whether the database is the embedded PGlite. */
   embedded: boolean;
+  /** How the Worker reaches it (StackOptions.databasePath), and whether through the local pooler. */
+  databasePath: DatabasePath;
+  pooled: boolean;
   /** The embedded PGlite's counters (round trips, connections); absent on DATABASE_URL. */
   databaseStats?: { connections: number; roundTrips: number };
   /** The config's cron expressions, fired locally on their schedule. */
   crons: string[];
   stop(): Promise<void>;
 }
+
+export type DatabasePath = "hyperdrive" | "websocket";
+const DATABASE_PATHS: readonly DatabasePath[] = ["hyperdrive", "websocket"];
 
 /** The start was refused before anything was touched (another stack holds the data dir, the port is busy): its message is one line for the operator. */
 export class StackRefusedError extends Error {}
@@ -64,6 +87,9 @@ export async function startStack(options: StackOptions): Promise<Stack> {
   const notice = options.onNotice ?? ((line: string) => console.warn(line));
   const wranglerConfig = options.wranglerConfig ?? path.join(repoRoot, "wrangler.toml");
   const crons = localCrons(wranglerConfig);
+  const requestedPath = options.databasePath ?? (process.env.BC_LOCAL_DB || "hyperdrive");
+  if (!DATABASE_PATHS.includes(requestedPath as DatabasePath))
+    throw new StackRefusedError(`BC_LOCAL_DB must be one of ${DATABASE_PATHS.join(", ")}, not ${JSON.stringify(requestedPath)}`);
   fs.mkdirSync(dataDir, { recursive: true });
   const cleanup: Array<() => Promise<unknown>> = [];
   const stop = async () => {
@@ -97,8 +123,28 @@ export async function startStack(options: StackOptions): Promise<Stack> {
       await store.close();
     }
 
+    // wrangler dev's Hyperdrive emulation needs a password in the URL; a trust-auth URL keeps the bridge.
+    let databasePath = requestedPath as DatabasePath;
+    if (databasePath === "hyperdrive" && !hyperdriveCanReach(databaseUrl)) {
+      notice("DATABASE_URL has no user and password, which the local Hyperdrive binding needs: the Worker uses the WebSocket bridge");
+      databasePath = "websocket";
+    }
+    const pooled =
+      databasePath === "hyperdrive" &&
+      !!options.databaseUrl &&
+      (options.pooler ?? (process.env.BC_LOCAL_POOLER !== "off" && pgbouncerBinary() !== undefined));
+    const pooler = pooled ? await startPooler(databaseUrl, await freePort()) : undefined;
+    if (pooler) cleanup.push(() => pooler.stop());
+    const hyperdrive =
+      databasePath === "hyperdrive" ? localHyperdrive(wranglerConfig, dataDir, pooler?.connectionString ?? databaseUrl) : undefined;
+
     const envFile = path.join(dataDir, "dev.env");
-    const vars = { DATABASE_URL: databaseUrl, BC_DB_WS_PROXY: bridge.url, BC_SECRET: deploymentSecret(dataDir) };
+    // DATABASE_URL stays for doctor; without the bridge's address the Worker can only reach it through HYPERDRIVE.
+    const vars = {
+      DATABASE_URL: databaseUrl,
+      ...(hyperdrive ? {} : { BC_DB_WS_PROXY: bridge.url }),
+      BC_SECRET: deploymentSecret(dataDir),
+    };
     writePrivate(
       envFile,
       Object.entries(vars)
@@ -114,7 +160,7 @@ export async function startStack(options: StackOptions): Promise<Stack> {
         "dev",
         ...(options.main ? [options.main] : []),
         "--config",
-        wranglerConfig,
+        hyperdrive?.config ?? wranglerConfig,
         "--ip",
         "127.0.0.1",
         "--port",
@@ -134,7 +180,14 @@ export async function startStack(options: StackOptions): Promise<Stack> {
       ],
       {
         cwd: repoRoot,
-        env: { ...process.env, WRANGLER_SEND_METRICS: "false", CLOUDFLARE_CF_FETCH_ENABLED: "false", CI: "true", NO_COLOR: "1" },
+        env: {
+          ...process.env,
+          ...hyperdrive?.env,
+          WRANGLER_SEND_METRICS: "false",
+          CLOUDFLARE_CF_FETCH_ENABLED: "false",
+          CI: "true",
+          NO_COLOR: "1",
+        },
         stdio: ["ignore", "pipe", "pipe"],
       },
     );
@@ -142,7 +195,7 @@ export async function startStack(options: StackOptions): Promise<Stack> {
     const stopOnExit = () => wrangler.kill("SIGTERM");
     process.once("exit", stopOnExit);
     cleanup.push(async () => {
-      await stopProcess(wrangler);
+      await stopChild(wrangler);
       process.off("exit", stopOnExit);
     });
     const output: string[] = [];
@@ -182,6 +235,8 @@ export async function startStack(options: StackOptions): Promise<Stack> {
       dataDir,
       databaseUrl,
       embedded: !options.databaseUrl,
+      databasePath,
+      pooled,
       ...(pglite ? { databaseStats: pglite.stats } : {}),
       crons: crons.map((c) => c.expression),
       stop,
@@ -289,7 +344,7 @@ function writePrivate(file: string, content: string): void {
 
 const ANSI = /\u001b\[[0-9;]*m/g;
 const WRANGLER_CHATTER =
-  /^\s*(\[wrangler:info\]|⛅️|─+$|⎔ |🪵 |Using (vars|secrets) defined in|Your Worker has access to|Binding\s+Resource\s+Mode|env\.\S+ \(.*\)\s+\S.*\s(local|remote)$)/;
+  /^\s*(\[wrangler:info\]|⛅️|─+$|⎔ |🪵 |Using (vars|secrets) defined in|Your Worker has access to|Binding\s+Resource\s+Mode|env\.\S+ \(.*\)\s+\S.*\s(local|remote)$|Found a non-empty CLOUDFLARE_HYPERDRIVE_LOCAL_CONNECTION_STRING_)/;
 
 /**
  * What of wrangler dev's output reaches the operator: the Worker's JSON log lines at warn and
@@ -338,18 +393,6 @@ async function waitForHealth(url: string, child: ChildProcess, output: string[])
     await new Promise((r) => setTimeout(r, 250));
   }
   throw new Error(`wrangler dev did not become healthy within 90 s:\n${output.join("\n")}`);
-}
-
-function stopProcess(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null) return Promise.resolve();
-  return new Promise((resolve) => {
-    const force = setTimeout(() => child.kill("SIGKILL"), 5_000);
-    child.once("exit", () => {
-      clearTimeout(force);
-      resolve();
-    });
-    child.kill("SIGTERM");
-  });
 }
 
 export function freePort(): Promise<number> {

@@ -16,15 +16,7 @@ import { capacity } from "better-compute/capacity";
 import { metalModule } from "better-compute/metal";
 import { advance, defineProfile, defineStep, provisionModule, startWorkflow, StepError } from "better-compute/provision";
 import { vps } from "better-compute/vps";
-import {
-  expireOverdue,
-  markDelivered,
-  nodeLive,
-  openCommands,
-  recordConnected,
-  recordDisconnected,
-  recordResult,
-} from "../../core/agents/sessions.ts";
+import { nextDelivery, recordConnected, recordDisconnected, recordResult } from "../../core/agents/sessions.ts";
 import { recordStatus } from "../../core/agents/node-specs.ts";
 import { useBridge } from "../../core/store/database.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
@@ -116,7 +108,12 @@ function capturingStore(url: string): Store {
     }) as PoolClient["query"];
   });
   const db = drizzle({ client: pool });
-  return { db, transaction: (fn) => db.transaction(fn), close: () => pool.end().catch(() => {}) };
+  return {
+    db,
+    transaction: (fn) => db.transaction(fn),
+    write: (statement) => db.execute(statement),
+    close: () => pool.end().catch(() => {}),
+  };
 }
 
 beforeAll(async () => {
@@ -277,15 +274,9 @@ it("no hot query scans a whole table of commands, nodes, workflows, steps, machi
   );
   await during("engine", () => advanceWhileBusy(provision, id));
   const delivered = await (async () => {
-    let frames: Awaited<ReturnType<typeof openCommands>> = [];
+    let frames: Awaited<ReturnType<typeof nextDelivery>>["frames"] = [];
     await during("NodeDO: delivery", async () => {
-      await nodeLive(captured, host);
-      await expireOverdue(captured, host);
-      frames = await openCommands(captured, host, 0, 64, () => provision.secrets);
-      await markDelivered(
-        captured,
-        frames.map((f) => f.id),
-      );
+      ({ frames } = await nextDelivery(captured, host, { afterSeq: 0, specAfter: 0, limit: 64 }, () => provision.secrets));
     });
     return frames;
   })();

@@ -129,6 +129,7 @@ class CrashPlan {
       store: {
         db,
         close: async () => {},
+        write: (statement) => execute(store.db)(statement),
         transaction: async (fn) => {
           alive();
           let first = "transaction";

@@ -1,9 +1,9 @@
 // Fault injection for the chaos tests: a database port that counts the transactions of the
-// stores it opens and, when armed, stops at the chosen one: before it commits (its work is
-// rolled back when the connection dies) or right after. "abort" kills the Durable Object that is
-// running (ctx.abort(): its memory, timers and connections are gone, as in a crash); "throw"
-// fails the caller's request instead. Unarmed, it is the database port it wraps.
-import type { DatabasePort } from "../../core/store/database.ts";
+// stores it opens (a one-statement store.write is one too) and, when armed, stops at the chosen
+// one: before it commits (its work is rolled back when the connection dies) or right after.
+// "abort" kills the Durable Object that is running (ctx.abort(): its memory, timers and
+// connections are gone, as in a crash); "throw" fails the caller's request instead. Unarmed, it is the database port it wraps.
+import type { DatabasePort, Tx } from "../../core/store/database.ts";
 
 export type Boundary = "before-commit" | "after-commit";
 
@@ -63,22 +63,30 @@ export function chaosDatabase(inner: DatabasePort): DatabasePort {
   return {
     open(env) {
       const store = inner.open(env);
+      /** Runs a commit boundary: `commit` alone, or, when it is the armed one, with the process dying there. */
+      async function boundary<T>(fn: (tx: Tx) => Promise<T>, commit: () => Promise<T>): Promise<T> {
+        const armed = state.armed;
+        const target = armed && ++state.count === armed.at ? armed : undefined;
+        if (target?.boundary === "before-commit") {
+          return store.transaction(async (tx) => {
+            await fn(tx);
+            return stop(target);
+          });
+        }
+        const result = await commit();
+        if (target) await stop(target);
+        return result;
+      }
       return {
         db: store.db,
         close: () => store.close(),
-        async transaction(fn) {
-          const armed = state.armed;
-          const target = armed && ++state.count === armed.at ? armed : undefined;
-          if (target?.boundary === "before-commit") {
-            return store.transaction(async (tx) => {
-              await fn(tx);
-              return stop(target);
-            });
-          }
-          const result = await store.transaction(fn);
-          if (target) await stop(target);
-          return result;
-        },
+        transaction: (fn) => boundary(fn, () => store.transaction(fn)),
+        // Before its commit, a write runs in a transaction that the crash rolls back.
+        write: (statement) =>
+          boundary(
+            (tx) => tx.execute(statement),
+            () => store.write(statement),
+          ),
       };
     },
   };

@@ -90,6 +90,9 @@ export function nodeObject(compute: Compute) {
     /** Results that arrive while one is being recorded wait, and are recorded together in the next statement. */
     #recording: Promise<void> = Promise.resolve();
     #arrived: { result: ArrivedResult; answer: (outcome: ResultOutcome | Error) => void }[] = [];
+    #statusRecording: Promise<void> = Promise.resolve();
+    /** The newest status not yet recorded (see status()). */
+    #latestStatus: { ws: WebSocket; att: Attachment; frame: StatusFrame } | undefined;
 
     constructor(ctx: DurableObjectState, env: Bindings) {
       super(ctx, env);
@@ -236,10 +239,27 @@ export function nodeObject(compute: Compute) {
     }
 
     /**
+     * Statuses are recorded one at a time, in the order they arrived: recorded concurrently, an
+     * older one could commit last and hide the newer. Each status is whole, so one still waiting
+     * its turn is replaced by a newer one rather than recorded after it.
+     */
+    private status(ws: WebSocket, att: Attachment, frame: StatusFrame): Promise<void> {
+      const waiting = this.#latestStatus !== undefined;
+      this.#latestStatus = { ws, att, frame };
+      if (waiting) return this.#statusRecording;
+      this.#statusRecording = this.#statusRecording.then(() => {
+        const latest = this.#latestStatus!;
+        this.#latestStatus = undefined;
+        return this.saveStatus(latest.ws, latest.att, latest.frame);
+      });
+      return this.#statusRecording;
+    }
+
+    /**
      * The agent's observed NodeSpec: recorded for the current session; the modules owning the
      * sections whose observed state changed reconcile now rather than at the next cron sweep.
      */
-    private async status(ws: WebSocket, att: Attachment, frame: StatusFrame): Promise<void> {
+    private async saveStatus(ws: WebSocket, att: Attachment, frame: StatusFrame): Promise<void> {
       let outcome: Awaited<ReturnType<typeof recordStatus>>;
       try {
         outcome = await recordStatus(this.store, { nodeId: att.nodeId, sessionId: att.sessionId, bootId: att.bootId ?? null }, frame);

@@ -20,8 +20,11 @@ import { collectGarbage, descendantsFds, descendantsRss, mib, type FdCount } fro
 import type { BenchSection } from "./run.ts";
 import { callApi, mapLimit, seconds, withStack, type BenchStack } from "./stack.ts";
 
-/** Agents joining and connecting at once during a ramp (each: a token, a join, a socket and its hello). */
-const RAMP_CONCURRENCY = 8;
+/**
+ * Agents joining and connecting at once during a ramp (each: a token, a join, a socket and its
+ * hello). With the pooler each request no longer forks a backend: more in flight keeps 2 CPUs busy.
+ */
+const RAMP_CONCURRENCY = 16;
 /** An agent that has not been welcomed this long after its join counts as failed. */
 const CONNECT_TIMEOUT_MS = 30_000;
 /** Stopping everyone: how long Postgres may take to record them all disconnected. */
@@ -79,7 +82,7 @@ export const agentsSection: BenchSection = {
   id: "agents",
   title: "Simulated agents one wrangler dev holds connected with heartbeats, and memory per agent",
   async run(ctx) {
-    const { max, holdSeconds, heartbeatSeconds } = ctx.agents;
+    const { max, holdSeconds, lastHoldSeconds, heartbeatSeconds } = ctx.agents;
     // PGlite's server warns each time a connection waits over 5 s for another's transaction;
     // under a large ramp that is thousands of lines. Count them instead, and say so once.
     const waits = countWarnings(/^\[pglite-server\] a connection has waited/);
@@ -120,7 +123,7 @@ export const agentsSection: BenchSection = {
           const before = totals(agents);
           const holdStarted = performance.now();
           const holdCpu = cpuSnapshot();
-          if (!problems.length) await sleep(holdSeconds * 1000);
+          if (!problems.length) await sleep((target === max ? lastHoldSeconds : holdSeconds) * 1000);
           const holdCpuLine = problems.length
             ? "skipped"
             : cpuLine(cpuShares(holdCpu, cpuSnapshot(), (performance.now() - holdStarted) / 1000));
@@ -182,6 +185,7 @@ export const agentsSection: BenchSection = {
             kib((s.workerdBytes - base.workerd.bytes) / s.agents),
             kib((s.workerdBytes - prev.workerdBytes) / (s.agents - prev.agents)),
             String(s.workerdFds),
+            ((s.workerdFds - base.fds.busiest) / s.agents).toFixed(1),
             mib(s.rss).toFixed(0),
             mib(s.heap).toFixed(0),
             kib((s.heap - base.heap) / s.agents),
@@ -199,6 +203,7 @@ export const agentsSection: BenchSection = {
             "KiB/agent",
             "marginal KiB/agent",
             "max fds",
+            "fds/agent",
             "bench RSS MiB",
             "bench heap MiB",
             "heap KiB/agent",
@@ -219,11 +224,13 @@ export const agentsSection: BenchSection = {
           );
         }
         ctx.log(`workerd file descriptors at ${steps[steps.length - 1]?.agents} agents: ${fdLine(lastFds)}`);
+        const last = steps[steps.length - 1];
+        if (last) ctx.log(fdCeiling(base.fds, last.agents, lastFds));
         ctx.log(
           "columns: ramp s = time to join and connect that step's new agents; pongs/pings = heartbeats answered/sent during the hold;",
         );
         ctx.log(
-          "  KiB/agent = (workerd RSS − baseline) ÷ agents; marginal = ΔRSS ÷ Δagents from the previous step; max fds = the most open in one workerd process;",
+          "  KiB/agent = (workerd RSS − baseline) ÷ agents; marginal = ΔRSS ÷ Δagents from the previous step; max fds = the most open in one workerd process, fds/agent its growth ÷ agents;",
         );
         ctx.log(
           `  bench RSS/heap = this process (the agents${stack.embedded ? ", PGlite and the bridge" : " and the bridge"}), heap after a full GC; heap KiB/agent = (heap − baseline) ÷ agents.`,
@@ -294,6 +301,22 @@ function fdLine(fds: FdCount): string {
     .map(([k, v]) => `${v} ${k}`)
     .join(", ");
   return `${fds.open} open (${kinds}); the busiest process ${fds.busiest} of its limit ${fds.limit}`;
+}
+
+/**
+ * How many agents each workerd process's open-file limit allows at the file descriptors per agent
+ * measured: the open-file limit caps the count before memory does on a small machine.
+ */
+function fdCeiling(base: FdCount, agents: number, now: FdCount): string {
+  const parts = Object.entries(now.perProcess)
+    .sort((a, b) => b[1] - a[1])
+    .map(([pid, open]) => {
+      const before = base.perProcess[Number(pid)] ?? 0;
+      const perAgent = (open - before) / agents;
+      const ceiling = perAgent > 0 ? Math.floor((now.limit - before) / perAgent) : Infinity;
+      return `pid ${pid}: ${open} open, ${perAgent.toFixed(1)}/agent → at most ${Number.isFinite(ceiling) ? ceiling : "∞"} agents`;
+    });
+  return `file descriptors per agent in each workerd process (busiest first; wrangler's proxy holds each agent's socket twice, in and out), against the limit of ${now.limit}: ${parts.join("; ")}`;
 }
 
 function benchMemory(): { rss: number; heap: number } {

@@ -5,6 +5,7 @@
 // what the platform's envelope costs over the cheapest possible database round trip; the ratio
 // to the no-database route (GET /bench/noop) is what the database path costs at all.
 import { cpuLine, runLoad, type LoadResult, type LoadTarget } from "./load.ts";
+import { printQueryStats, readQueryStats, type QueryKindStats } from "./query-stats.ts";
 import type { BenchSection } from "./run.ts";
 import { ms, withStack } from "./stack.ts";
 
@@ -28,10 +29,13 @@ export const apiSection: BenchSection = {
 
       const results: LoadResult[] = [];
       const cpu: string[] = [];
+      const queries: [string, QueryKindStats[]][] = [];
       // The floor, the baseline, then the API: each gets its own warm-up and measured window.
       for (const target of [floor, bare, api]) {
+        await readQueryStats(stack.url, true);
         const result = await runLoad(target, { concurrency: ctx.concurrency, warmupSeconds: ctx.warmupSeconds, seconds: ctx.seconds });
         cpu.push(`${target.label}: ${cpuLine(result.cpu)}`);
+        queries.push([target.label, await readQueryStats(stack.url, true)]);
         results.push(result);
       }
       const [floorResult, bareResult, apiResult] = results as [LoadResult, LoadResult, LoadResult];
@@ -65,6 +69,8 @@ export const apiSection: BenchSection = {
       );
       ctx.log("CPU during each measured window (100% = one core):");
       for (const line of cpu) ctx.log(`  ${line}`);
+      ctx.log("where the database time goes, per query kind (the Worker's round trips, warm-up and window; ms from send to answer):");
+      for (const [label, stats] of queries.slice(1)) printQueryStats(ctx, label, stats);
 
       const failed = results.filter((r) => r.errors > 0 || r.requests === 0);
       if (failed.length) {

@@ -17,6 +17,7 @@ import { nodeTransport } from "../agent/node-transport.ts";
 import { FakeDaemon } from "../agent/testing.ts";
 import { openNodeStore } from "../scripts/local/node-store.ts";
 import { cpuLine, cpuShares, cpuSnapshot, percentile, type CpuShare } from "./load.ts";
+import { printQueryStats, readQueryStats } from "./query-stats.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
 import { callApi, ms, withStack, type BenchStack } from "./stack.ts";
 
@@ -98,7 +99,9 @@ export const commandsSection: BenchSection = {
           return { total: ta - t0, http, delivered: tc - t0, agent: tr - tc, recorded: ta - tr };
         };
         for (let i = 0; i < warmup; i++) await roundTrip();
+        await readQueryStats(stack.url, true);
         const commands = await measure(n, roundTrip);
+        const commandQueries = await readQueryStats(stack.url, true);
 
         // ---- the bare floor: one DO, one socket, one insert per message
         const echo = await openEcho(stack);
@@ -151,6 +154,12 @@ export const commandsSection: BenchSection = {
           const v = sorted(commands.samples.map(pick));
           ctx.log(`  ${label.padEnd(width)}  p50 ${ms(percentile(v, 0.5)).padStart(7)}  p99 ${ms(percentile(v, 0.99)).padStart(7)} ms`);
         }
+        printQueryStats(
+          ctx,
+          "where the database time goes, per query kind (the Worker's and the NodeDO's round trips while measuring; ms from send to answer)",
+          commandQueries,
+          { count: n, unit: "command" },
+        );
         ctx.log("CPU while measuring (100% = one core):");
         ctx.log(`  commands: ${cpuLine(commands.cpu)}`);
         ctx.log(`  bare:     ${cpuLine(echoes.cpu)}`);

@@ -1,12 +1,16 @@
 // Fleet: N simulated machines (createMetalSim: emulated Redfish BMCs, simulated disks, real
-// agents, engine, metal module and PGlite) taken from enroll to ready, then through one
-// image-stream deploy and one release. Per phase: wall time, lifecycle transitions per second,
-// workflow steps per second, and Postgres round trips per transition (counted by the embedded
-// PGlite server: each group of client messages answered is one round trip).
+// agents, engine, metal module and PGlite, or DATABASE_URL's Postgres) taken from enroll to ready,
+// then through one image-stream deploy and one release. Per phase: wall time, lifecycle transitions
+// per second, workflow steps per second, and Postgres round trips per transition (counted by the
+// embedded PGlite server, or at the driver on Postgres). Then Walkthrough 1's invariants over every
+// machine, in SQL (the run fails when one does not hold), and memory per machine.
+import v8 from "node:v8";
+import vm from "node:vm";
 import { sql } from "drizzle-orm";
 import { createImageCache } from "../agent/roles/image-cache.ts";
-import { createMetalSim, type MetalSim } from "../agent/testing/metal-sim.ts";
+import { createMetalSim, destructiveTwice, transitionsIntoReady, type MetalSim } from "../agent/testing/metal-sim.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
+import { printQueryStats, QueryStats } from "./query-stats.ts";
 import { mapLimit } from "./stack.ts";
 
 const POLL_MS = 250;
@@ -15,15 +19,24 @@ export const fleetSection: BenchSection = {
   id: "fleet",
   title: "Fleet: simulated machines from enroll to ready, one deploy (image-stream) and one release",
   async run(ctx: BenchContext) {
-    ctx.log("one process: PGlite, the engine and metal module, the Redfish emulator, a site agent and one agent per booted machine");
+    ctx.log(
+      `one process: ${ctx.databaseUrl ? "" : "PGlite, "}the engine and metal module, the Redfish emulator, a site agent and one agent per booted machine` +
+        (ctx.databaseUrl ? "; DATABASE_URL's Postgres (a schema per run), one pool of 20 connections over TCP (node-postgres)" : ""),
+    );
     ctx.log("an enroll, deploy or undeploy request per machine, 16 in flight; a phase ends when every machine is in its target state");
     const rows: string[][] = [];
+    const memory: string[][] = [];
     for (const size of ctx.fleet.sizes) {
+      const base = memoryNow();
       const cache = createImageCache();
       const image = { sha256: cache.put(new TextEncoder().encode(`simulated disk image for the fleet bench\n`.repeat(256))), url: "" };
       const served = await cache.serve();
       image.url = `${served.url}/images/${image.sha256}`;
-      const sim = await createMetalSim({ machines: size });
+      const queries = new QueryStats();
+      const sim = await createMetalSim({
+        machines: size,
+        ...(ctx.databaseUrl ? { databaseUrl: ctx.databaseUrl, onRoundTrip: queries.record } : {}),
+      });
       try {
         const ids = sim.machines.map((_, i) => `m-${String(i).padStart(4, "0")}`);
         const phases: [string, () => Promise<void>, string][] = [
@@ -37,11 +50,24 @@ export const fleetSection: BenchSection = {
         ];
         for (const [name, start, target] of phases) {
           const before = await counters(sim);
+          queries.reset();
           const t0 = performance.now();
           await start();
           await allIn(sim, size, target, ctx);
           const seconds = (performance.now() - t0) / 1000;
           const after = await counters(sim);
+          // Where the database time went (on Postgres, where the driver times each round trip).
+          if (ctx.databaseUrl)
+            printQueryStats(ctx, `${size} machines, ${name}: round trips by query kind`, queries.snapshot(), {
+              count: size,
+              unit: "machine",
+            });
+          // Ready machines are off (no agent); deployed ones each run their installed system's agent.
+          memory.push([
+            String(size),
+            `${target} (${target === "deployed" ? "an agent connected each" : "no agent"})`,
+            ...perMachine(base, size),
+          ]);
           const transitions = after.transitions - before.transitions;
           const steps = after.steps - before.steps;
           const trips = after.roundTrips - before.roundTrips - (after.observerTrips - before.observerTrips);
@@ -56,6 +82,7 @@ export const fleetSection: BenchSection = {
             (trips / steps).toFixed(1),
           ]);
         }
+        await checkInvariants(sim, size);
       } finally {
         await sim.stop();
         await served.stop();
@@ -71,10 +98,51 @@ export const fleetSection: BenchSection = {
     ctx.log(
       "round trips count everything the phase did (API requests, joins, sessions, the engine, the reconciler), the bench's own polling subtracted",
     );
+    ctx.log("Walkthrough 1's invariants held over every machine: one attested wipe before each ready, no destructive command twice");
+    ctx.table(["machines", "after the phase into", "RSS MiB", "heap MiB", "RSS KiB/machine", "heap KiB/machine"], memory);
+    ctx.log(
+      "memory: this process's growth since before the sim started (the emulated BMCs, disks, agents and, on PGlite, the database), per machine",
+    );
   },
 };
 
 const each = (ids: string[], fn: (id: string, i: number) => Promise<unknown>) => mapLimit(ids, 16, fn).then(() => undefined);
+
+/** Walkthrough 1's checks over every machine: one attested wipe before each ready, no destructive command twice. */
+async function checkInvariants(sim: MetalSim, size: number): Promise<void> {
+  const intoReady = await transitionsIntoReady(sim.store);
+  const wrong = intoReady.filter((t) => t.attested_wipes !== 1);
+  // Commissioning and one release per machine.
+  if (intoReady.length !== 2 * size || wrong.length)
+    throw new Error(
+      `${intoReady.length} transitions into ready (want ${2 * size}), ${wrong.length} without exactly one attested wipe: ${JSON.stringify(wrong.slice(0, 3))}`,
+    );
+  const twice = await destructiveTwice(sim.store);
+  if (twice.length) throw new Error(`destructive commands done twice: ${JSON.stringify(twice.slice(0, 3))}`);
+  // And the agents ran each destructive command they were sent once.
+  const enqueued = await sim.store.db.execute(sql`SELECT kind, count(*)::int AS n FROM bc_commands WHERE destructive GROUP BY kind`);
+  for (const { kind, n } of enqueued.rows as { kind: string; n: number }[]) {
+    const ran = sim.commandsSeen.filter((c) => c.kind === kind).length;
+    if (ran !== n) throw new Error(`${kind}: ${n} enqueued, ${ran} run by the agents`);
+  }
+}
+
+// A collection before each reading, so the figures are what is live, not what awaits the collector.
+v8.setFlagsFromString("--expose-gc");
+const gc = vm.runInNewContext("gc") as () => void;
+
+function memoryNow() {
+  gc();
+  const { rss, heapUsed } = process.memoryUsage();
+  return { rss, heapUsed };
+}
+
+function perMachine(base: ReturnType<typeof memoryNow>, size: number): string[] {
+  const now = memoryNow();
+  const rss = now.rss - base.rss;
+  const heap = now.heapUsed - base.heapUsed;
+  return [(rss / 2 ** 20).toFixed(0), (heap / 2 ** 20).toFixed(0), (rss / 1024 / size).toFixed(0), (heap / 1024 / size).toFixed(0)];
+}
 
 let observerTrips = 0;
 

@@ -57,6 +57,8 @@ export interface FdCount {
   open: number;
   /** The most any one of them has open: what meets the per-process limit first. */
   busiest: number;
+  /** Each process's count, by pid. */
+  perProcess: Record<number, number>;
   /** The smallest soft limit (Max open files) among them; Infinity if unknown. */
   limit: number;
   /** What they are: socket, file (SQLite databases and their -wal/-shm...), pipe, eventfd, ... */
@@ -69,11 +71,13 @@ export function descendantsFds(name: string): FdCount {
   let busiest = 0;
   let limit = Infinity;
   const kinds: Record<string, number> = {};
+  const perProcess: Record<number, number> = {};
   for (const p of processTree()) {
     if (p.pid === process.pid || p.name !== name) continue;
     try {
       const fds = fs.readdirSync(`/proc/${p.pid}/fd`);
       busiest = Math.max(busiest, fds.length);
+      perProcess[p.pid] = fds.length;
       for (const fd of fds) {
         open++;
         let target = "?";
@@ -97,7 +101,7 @@ export function descendantsFds(name: string): FdCount {
       // gone, or not ours to read
     }
   }
-  return { open, busiest, limit, kinds };
+  return { open, busiest, limit, kinds, perProcess };
 }
 
 function rssOf(pid: number): number {

@@ -8,6 +8,7 @@
 //   BENCH_COMMANDS      commands section: measured round trips per path (default 1000)
 //   BENCH_AGENTS_MAX    agents section: the last step's number of agents (default 200)
 //   BENCH_AGENTS_HOLD   agents section: seconds each step is held before it is checked (default 6)
+//   BENCH_AGENTS_LAST_HOLD  agents section: seconds the last step (BENCH_AGENTS_MAX) is held (default BENCH_AGENTS_HOLD)
 //   BENCH_AGENTS_HEARTBEAT  agents section: each agent's ping interval, seconds (default 2)
 //   BENCH_WORKFLOW_BATCHES  workflows section: batch sizes started at once (default 1,10,100)
 //   BENCH_FLEET         fleet section: machine counts, comma-separated (default 100,1000)
@@ -46,6 +47,8 @@ export interface BenchContext {
     /** The ramp's last step. */
     max: number;
     holdSeconds: number;
+    /** The last step's hold (the target holds 10,000 agents for 60 s). */
+    lastHoldSeconds: number;
     heartbeatSeconds: number;
   };
   /** DATABASE_URL when set; otherwise the section uses the embedded PGlite. */
@@ -85,6 +88,7 @@ const ctx: BenchContext = {
   agents: {
     max: positiveInt("BENCH_AGENTS_MAX", 200),
     holdSeconds: positiveNumber("BENCH_AGENTS_HOLD", 6),
+    lastHoldSeconds: positiveNumber("BENCH_AGENTS_LAST_HOLD", positiveNumber("BENCH_AGENTS_HOLD", 6)),
     heartbeatSeconds: positiveNumber("BENCH_AGENTS_HEARTBEAT", 2),
   },
   databaseUrl: process.env.DATABASE_URL || undefined,
@@ -113,7 +117,7 @@ console.log(
 );
 console.log(`  commands: ${ctx.commands} sequential round trips per path (BENCH_COMMANDS)`);
 console.log(
-  `  agents: up to ${ctx.agents.max} (BENCH_AGENTS_MAX), each step held ${ctx.agents.holdSeconds} s (BENCH_AGENTS_HOLD), a ping every ${ctx.agents.heartbeatSeconds} s (BENCH_AGENTS_HEARTBEAT)`,
+  `  agents: up to ${ctx.agents.max} (BENCH_AGENTS_MAX), each step held ${ctx.agents.holdSeconds} s (BENCH_AGENTS_HOLD), the last ${ctx.agents.lastHoldSeconds} s (BENCH_AGENTS_LAST_HOLD), a ping every ${ctx.agents.heartbeatSeconds} s (BENCH_AGENTS_HEARTBEAT)`,
 );
 console.log(
   `  note: the load generator and the agents share this machine's ${os.availableParallelism()} CPUs with wrangler dev (workerd) and the WebSocket bridge` +

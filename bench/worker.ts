@@ -4,17 +4,27 @@
 //   GET /bench/noop      no database at all;
 //   GET /bench/select1   a bare hono route that opens the store the same way the API does per
 //                        request, runs SELECT 1 and closes the pool after the response;
-//   GET /bench/echo      (Upgrade: websocket) the EchoDO: one Postgres INSERT and an echo per message.
+//   GET /bench/echo      (Upgrade: websocket) the EchoDO: one Postgres INSERT and an echo per message;
+//   GET /bench/query-stats  every round trip of the Worker's and its Durable Objects' stores since the
+//                        last read, per query kind (count, total ms); ?reset=1 starts again.
 // Nothing here is part of the production Worker (workers/api/index.ts).
 import { sql } from "drizzle-orm";
 import { Hono } from "hono";
-import { betterCompute } from "better-compute";
+import { betterCompute, postgres } from "better-compute";
 import { provisionModule } from "better-compute/provision";
 import { deploymentEntry } from "../workers/api/entry.ts";
+import { QueryStats } from "./query-stats.ts";
 import { benchSteps } from "./workflow-steps.ts";
 
+/** Round trips of every store the Worker and its Durable Objects open (wrangler dev runs them in one isolate). */
+const queryStats = new QueryStats();
+
 /** The default deployment's modules plus the workflow bench's ten-step profile. */
-const compute = betterCompute({ modules: [provisionModule()], plugins: [benchSteps] });
+const compute = betterCompute({
+  modules: [provisionModule()],
+  plugins: [benchSteps],
+  database: postgres({ onRoundTrip: queryStats.record }),
+});
 
 const entry = deploymentEntry(compute);
 export const NodeDO = entry.NodeDO;
@@ -37,6 +47,12 @@ bare.get("/bench/select1", async (c) => {
   } finally {
     c.executionCtx.waitUntil(store.close());
   }
+});
+
+bare.get("/bench/query-stats", (c) => {
+  const stats = queryStats.snapshot();
+  if (c.req.query("reset")) queryStats.reset();
+  return c.json({ stats });
 });
 
 // One EchoDO for the whole bench: the section measures one socket, sequentially.

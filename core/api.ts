@@ -1,6 +1,7 @@
 // The API's methods: one POST route per registered method (/v1/<name>), generated from the
 // registry: the body limit, the input rules and zod validation at the edge, IAM before the
-// transaction, the handler and its audit row in one transaction, the output checked.
+// transaction, the handler and its audit row in one transaction (the row sent with the COMMIT; a
+// handler that sends nothing opens no transaction: core/store/database.ts), the output checked.
 import { Hono, type Context } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import type { MethodDefinition, Module } from "./contracts.ts";
@@ -10,8 +11,7 @@ import { hasExecutionContext, readInput, waitUntil, type AppEnv } from "./http.t
 import type { IamPort, Principal } from "./iam.ts";
 import type { Registry } from "./registry.ts";
 import type { Bindings } from "./bindings.ts";
-import type { Store } from "./store/database.ts";
-import { audit } from "./store/schema.ts";
+import { literal, sendWithCommit, type Store } from "./store/database.ts";
 
 export interface MethodDeps {
   registry: Registry;
@@ -81,9 +81,9 @@ async function invoke(c: Context<AppEnv>, deps: MethodDeps, mod: Module, method:
     try {
       const result = await method.handler(ctx, input, tx);
       if (!method.readOnly) {
-        await tx
-          .insert(audit)
-          .values({ actor: principal.id, action: method.action, resource, method: method.name, requestId: c.var.requestId });
+        // Sent with the COMMIT: one round trip fewer than a statement of its own.
+        const row = [principal.id, method.action, resource, method.name, c.var.requestId].map(literal).join(", ");
+        await sendWithCommit(tx, `INSERT INTO bc_audit (actor, action, resource, method, request_id) VALUES (${row})`);
         platform.wake.sinks(); // audit sinks hear of it after commit
       }
       return result;

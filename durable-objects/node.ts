@@ -50,6 +50,14 @@ const SWEEP_MS = 30_000;
 /** A socket that has not said hello by then is closed. */
 const HELLO_TIMEOUT_MS = 30_000;
 const DELIVERY_BATCH = 100;
+/**
+ * An idle object closes its Postgres connection after this: an open socket keeps workerd from
+ * evicting the object (hibernating its WebSocket), so with one NodeDO per connected agent idle
+ * connections would cost every agent a connection, its file descriptors and the object's memory.
+ * Short enough that the object is evicted soon after each sweep, long enough that a steady stream
+ * of results and deliveries keeps its connection.
+ */
+const IDLE_CLOSE_MS = 1_000;
 
 /** Per-socket state, kept with the socket across hibernation (serializeAttachment). */
 interface Attachment {
@@ -93,6 +101,9 @@ export function nodeObject(compute: Compute) {
     #statusRecording: Promise<void> = Promise.resolve();
     /** The newest status not yet recorded (see status()). */
     #latestStatus: { ws: WebSocket; att: Attachment; frame: StatusFrame } | undefined;
+    /** Events in progress that may use the store; at zero the store is closed after IDLE_CLOSE_MS. */
+    #busy = 0;
+    #idleTimer: ReturnType<typeof setTimeout> | undefined;
 
     constructor(ctx: DurableObjectState, env: Bindings) {
       super(ctx, env);
@@ -100,9 +111,29 @@ export function nodeObject(compute: Compute) {
       ctx.setWebSocketAutoResponse(new WebSocketRequestResponsePair(PING, PONG));
     }
 
-    /** One pool per object, reused across events; rebuilt after an eviction. */
+    /** One pool per object, reused across events while they keep coming; closed when idle (IDLE_CLOSE_MS). */
     private get store(): Store {
       return (this.#store ??= compute.openStore(this.env));
+    }
+
+    /** Runs an event's work; the last one to finish schedules the store's close. */
+    private async busy<T>(work: () => Promise<T>): Promise<T> {
+      this.#busy++;
+      clearTimeout(this.#idleTimer);
+      try {
+        return await work();
+      } finally {
+        if (--this.#busy === 0) this.#idleTimer = setTimeout(() => this.closeIdleStore(), IDLE_CLOSE_MS);
+      }
+    }
+
+    private closeIdleStore(): void {
+      const store = this.#store;
+      // Work queued behind a batch (results, a delivery pass) counts as busy until it settles.
+      if (this.#busy > 0 || !store || this.#arrived.length > 0 || this.#latestStatus || this.#deliveryQueued) return;
+      this.#store = undefined;
+      this.#secrets = undefined;
+      void store.close();
     }
 
     /** Resolves the secret references of commands it delivers, through the deployment's secret store. */
@@ -122,7 +153,7 @@ export function nodeObject(compute: Compute) {
 
     /** Commands were enqueued, the NodeSpec changed or the node was revoked (core/agents/notify.ts): deliver, or close its socket. */
     async wake(): Promise<void> {
-      await this.deliver();
+      await this.busy(() => this.deliver());
     }
 
     private accept(request: Request): Response {
@@ -146,6 +177,10 @@ export function nodeObject(compute: Compute) {
     }
 
     override async webSocketMessage(ws: WebSocket, message: string | ArrayBuffer): Promise<void> {
+      await this.busy(() => this.message(ws, message));
+    }
+
+    private async message(ws: WebSocket, message: string | ArrayBuffer): Promise<void> {
       const att = attachmentOf(ws);
       const size = typeof message === "string" ? new TextEncoder().encode(message).byteLength : message.byteLength;
       // A status (the agent's observed NodeSpec) may be as large as a spec; every other frame is small.
@@ -331,11 +366,11 @@ export function nodeObject(compute: Compute) {
       } catch {
         // already closed
       }
-      await this.disconnected(ws, code);
+      await this.busy(() => this.disconnected(ws, code));
     }
 
     override async webSocketError(ws: WebSocket): Promise<void> {
-      await this.disconnected(ws, 1006);
+      await this.busy(() => this.disconnected(ws, 1006));
     }
 
     private async disconnected(ws: WebSocket, code: number): Promise<void> {
@@ -356,6 +391,10 @@ export function nodeObject(compute: Compute) {
 
     /** The one alarm: closes sockets that never said hello, and sweeps for undelivered commands. */
     override async alarm(): Promise<void> {
+      await this.busy(() => this.sweep());
+    }
+
+    private async sweep(): Promise<void> {
       const sockets = this.ctx.getWebSockets();
       for (const ws of sockets) {
         const att = attachmentOf(ws);

@@ -5,8 +5,8 @@
 // sessions as the NodeDO does (challenge, signed hello, ordered delivery, results taken once),
 // writing through the same core/agents/sessions.ts. SIMULATED: only the socket (in memory).
 import { sql } from "drizzle-orm";
-import { betterCompute, type Compute, type Module, type PkiOptions } from "better-compute";
-import type { Store, Tx } from "better-compute/core";
+import { betterCompute, postgres, type Compute, type Module, type PkiOptions } from "better-compute";
+import type { DatabasePort, Store, Tx } from "better-compute/core";
 import { metalModule, type HardwareProfile } from "better-compute/metal";
 import { advance, provisionModule, wakeStalledWorkflows } from "better-compute/provision";
 import { AgentError, type AgentTransport } from "../client.ts";
@@ -16,6 +16,7 @@ import { nextDelivery, recordConnected, recordDisconnected, recordResult, waitin
 import { databaseSecrets } from "../../core/context.ts";
 import { base64url } from "../../core/encoding.ts";
 import { agentFrame, CloseCode, helloMessage, PING, PONG, PROTOCOL_VERSION, verifyMessage, type ServerFrame } from "../../core/protocol.ts";
+import type { RoundTripHook } from "../../core/store/database.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
 import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
 import { startPglite } from "../../scripts/local/pglite-server.ts";
@@ -43,6 +44,8 @@ export async function inProcessControlPlane(options: {
   hardwareProfiles?: Record<string, HardwareProfile>;
   chaos?: ChaosPlan;
   pki?: PkiOptions;
+  databaseUrl?: string;
+  onRoundTrip?: RoundTripHook;
 }): Promise<SimControlPlane> {
   const cleanup: Array<() => Promise<unknown>> = [];
   const stop = async () => {
@@ -50,16 +53,15 @@ export async function inProcessControlPlane(options: {
     cleanup.length = 0;
   };
   try {
-    const pglite = await startPglite();
-    cleanup.push(() => pglite.stop());
-    const bridge = await startBridge();
-    cleanup.push(() => bridge.stop());
-    const store = await openNodeStore(pglite.connectionString, { bridge: bridge.url });
-    cleanup.push(() => store.close());
+    const db = options.databaseUrl ? await postgresDatabase(options.databaseUrl, options.onRoundTrip) : await pgliteDatabase();
+    cleanup.push(() => db.stop());
+    // The store the control plane's passes and sessions run on (counted on a real Postgres).
+    const { store, engine = store } = db;
 
     const extra = options.modules ?? [];
     const compute = betterCompute({
       secret: SECRET,
+      ...(db.port ? { database: db.port } : {}),
       ...(options.pki ? { pki: options.pki } : {}),
       modules: [
         provisionModule(),
@@ -75,19 +77,18 @@ export async function inProcessControlPlane(options: {
     const workflows = new WorkflowRunner(
       compute,
       () => env,
-      store,
+      engine,
       () => stopped,
       options.chaos,
     );
-    const gateway = new Gateway(store, SECRET, () => workflows);
+    const gateway = new Gateway(engine, SECRET, () => workflows);
     // The Durable Object bindings, as wakeObjects() finds them: a wake-up calls straight in.
     const namespace = (wake: (name: string) => void) => ({
       idFromName: (name: string) => name,
       get: (name: string) => ({ wake: async () => wake(name) }),
     });
     const env: Record<string, unknown> = {
-      DATABASE_URL: pglite.connectionString,
-      BC_DB_WS_PROXY: bridge.url,
+      ...db.env,
       BC_SECRET: SECRET,
       NODE: namespace((nodeId) => gateway.deliverSoon(nodeId)),
       WORKFLOW: namespace((id) => workflows.wake(id)),
@@ -96,7 +97,7 @@ export async function inProcessControlPlane(options: {
     // the NodeDO's sweep alarm (commands whose wake-up was lost, e.g. in a crash, are delivered).
     const tick = setInterval(() => {
       if (stopped) return;
-      void wakeStalledWorkflows(compute.moduleContext("provision", env, store), 30).catch(() => {});
+      void wakeStalledWorkflows(compute.moduleContext("provision", env, engine), 30).catch(() => {});
       workflows.reconcileSoon();
       void gateway.sweep().catch(() => {});
     }, 1000);
@@ -119,13 +120,85 @@ export async function inProcessControlPlane(options: {
         const running = await store.db.execute(sql`SELECT id FROM workflows WHERE state = 'running'`);
         for (const row of running.rows as { id: string }[]) workflows.wake(row.id);
       },
-      roundTrips: () => pglite.stats.roundTrips,
+      roundTrips: db.roundTrips,
       stop,
     };
   } catch (err) {
     await stop();
     throw err;
   }
+}
+
+/** The control plane's database: how its requests reach it, a store on it, and its round trips. */
+interface SimDatabase {
+  store: NodeStore;
+  /** The store of the workflow passes and agent sessions, when it is not `store`. */
+  engine?: Store;
+  /** The Worker's database bindings (the per-request driver), or a port every request shares. */
+  env: Record<string, unknown>;
+  port?: DatabasePort;
+  roundTrips(): number;
+  stop(): Promise<void>;
+}
+
+/** The embedded PGlite behind the WebSocket bridge; round trips counted by the PGlite server. */
+async function pgliteDatabase(): Promise<SimDatabase> {
+  const pglite = await startPglite();
+  const bridge = await startBridge().catch(async (err: unknown) => {
+    await pglite.stop();
+    throw err;
+  });
+  const store = await openNodeStore(pglite.connectionString, { bridge: bridge.url });
+  return {
+    store,
+    env: { DATABASE_URL: pglite.connectionString, BC_DB_WS_PROXY: bridge.url },
+    roundTrips: () => pglite.stats.roundTrips,
+    async stop() {
+      await store.close();
+      await bridge.stop();
+      await pglite.stop();
+    },
+  };
+}
+
+/**
+ * A real Postgres, in a schema of its own (dropped at stop) so runs never meet each other's rows.
+ * Every request, pass and session shares one pool over TCP with node-postgres, the driver of the
+ * Hyperdrive binding: pooled connections, as Hyperdrive keeps them to Neon in production, where a
+ * pool per request would pay a connection and its password exchange each time. Round trips are
+ * counted at that driver (onRoundTrip); the returned store is another pool, for the sim's and the
+ * caller's own reads, not counted.
+ */
+async function postgresDatabase(url: string, onRoundTrip?: RoundTripHook): Promise<SimDatabase> {
+  const schema = `metal_sim_${Date.now().toString(36)}_${crypto.randomUUID().slice(0, 8)}`;
+  const admin = postgres({ hyperdrive: { connectionString: url }, maxConnections: 1 }).open({});
+  await admin.db.execute(sql.raw(`CREATE SCHEMA ${schema}`));
+  const inSchema = new URL(url);
+  inSchema.searchParams.set("options", `-c search_path=${schema}`);
+  let roundTrips = 0;
+  const shared = postgres({
+    hyperdrive: { connectionString: inSchema.toString() },
+    maxConnections: 20,
+    onRoundTrip: (statement, answered) => {
+      roundTrips++;
+      onRoundTrip?.(statement, answered);
+    },
+  }).open({});
+  const store = postgres({ hyperdrive: { connectionString: inSchema.toString() }, maxConnections: 4 }).open({});
+  return {
+    store,
+    engine: shared,
+    env: {},
+    // A request's close() must not end the pool the others share.
+    port: { open: () => ({ ...shared, close: async () => {} }) },
+    roundTrips: () => roundTrips,
+    async stop() {
+      await shared.close();
+      await store.close();
+      await admin.db.execute(sql.raw(`DROP SCHEMA ${schema} CASCADE`)).catch(() => {});
+      await admin.close();
+    },
+  };
 }
 
 /** POST /v1/<method> as the admin; a refusal throws an Error carrying the API's code and details. */
@@ -326,7 +399,7 @@ export class Gateway {
   readonly #secrets;
 
   constructor(
-    private readonly store: NodeStore,
+    private readonly store: Store,
     secret: string,
     private readonly workflows: () => WorkflowRunner,
   ) {

@@ -30,6 +30,7 @@ import { callApi, inProcessControlPlane, type ChaosPlan, type SimControlPlane } 
 import { discoveryMessage, generateNodeKey, importNodeKey, signMessage, type DiscoveryAssertion } from "../../core/protocol.ts";
 import { openNodeStore } from "../../scripts/local/node-store.ts";
 import { sql } from "drizzle-orm";
+import type { RoundTripHook } from "../../core/store/database.ts";
 
 export { ChaosPlan, type ChaosBoundary } from "./metal-sim-control-plane.ts";
 export { selfSignedCertificate, type SelfSignedCertificate } from "./tls.ts";
@@ -99,6 +100,10 @@ export interface MetalSimOptions {
   chaos?: ChaosPlan;
   /** The deployment's pki options (in process only), e.g. approvers for quorum (docs/quorum.md). */
   pki?: PkiOptions;
+  /** A real Postgres for the in-process control plane instead of the embedded PGlite (a schema of its own, dropped at stop). */
+  databaseUrl?: string;
+  /** BENCH HOOK (with databaseUrl): every round trip of the control plane, with its duration (core/store/database.ts). */
+  onRoundTrip?: RoundTripHook;
 }
 
 export type InstallResult = { token: string } | { os: AgentlessOs };
@@ -183,8 +188,10 @@ export interface MetalSim {
 
 export async function createMetalSim(options: MetalSimOptions = {}): Promise<MetalSim> {
   if (options.stack && options.chaos) throw new Error("createMetalSim: a chaos plan needs the in-process control plane");
-  if (options.stack && (options.modules?.length || options.hardwareProfiles || options.pki)) {
-    throw new Error("createMetalSim: modules, hardwareProfiles and pki belong to the stack's own config when a stack is given");
+  if (options.stack && (options.modules?.length || options.hardwareProfiles || options.pki || options.databaseUrl)) {
+    throw new Error(
+      "createMetalSim: modules, hardwareProfiles, pki and databaseUrl belong to the stack's own config when a stack is given",
+    );
   }
   const cleanup: Array<() => Promise<unknown>> = [];
   const stop = async () => {
@@ -448,6 +455,45 @@ async function simulateSite(
     roundTrips: () => control.roundTrips(),
     stop,
   };
+}
+
+/** A transition into ready (commissioning, or a release) and the attested wipes its workflow ran. */
+export interface IntoReady {
+  node_id: string;
+  event: string;
+  workflow_id: string;
+  attested_wipes: number;
+}
+
+/**
+ * Walkthrough 1's invariant (test/extensions/ubuntu-autoinstall.test.ts, the fleet bench): every
+ * transition into ready, of one machine or of all, with its workflow's succeeded disk.wipe steps
+ * whose command's result was signed by an attested ramdisk. Exactly one each is the rule.
+ */
+export async function transitionsIntoReady(store: SimControlPlane["store"], nodeId?: string): Promise<IntoReady[]> {
+  const found = await store.db.execute(sql`
+    SELECT t.node_id, t.event, t.workflow_id,
+           (SELECT count(*)::int FROM workflow_steps s JOIN bc_commands c ON c.id = s.command_id
+            WHERE s.workflow_id = t.workflow_id AND s.step_id = 'disk.wipe' AND s.state = 'succeeded'
+              AND c.attested AND c.signature IS NOT NULL) AS attested_wipes
+    FROM metal_transitions t WHERE t.to_state = 'ready' ${nodeId === undefined ? sql`` : sql`AND t.node_id = ${nodeId}`}
+    ORDER BY t.id`);
+  return found.rows as unknown as IntoReady[];
+}
+
+/**
+ * Destructive commands done twice, in SQL (test/metal/chaos.test.ts checks the same per run):
+ * one idempotency key enqueued more than once, or one workflow step position with more than one
+ * destructive command an agent received. Answers the offenders (none is the rule).
+ */
+export async function destructiveTwice(store: SimControlPlane["store"]): Promise<Record<string, unknown>[]> {
+  const found = await store.db.execute(sql`
+    SELECT 'key' AS what, idempotency_key AS at, count(*)::int AS n FROM bc_commands
+    WHERE destructive AND idempotency_key IS NOT NULL GROUP BY idempotency_key HAVING count(*) > 1
+    UNION ALL
+    SELECT 'step', s.workflow_id || ':' || s.position, count(*)::int FROM workflow_steps s JOIN bc_commands c ON c.id = s.command_id
+    WHERE c.destructive AND c.delivered_at IS NOT NULL GROUP BY s.workflow_id, s.position HAVING count(*) > 1`);
+  return found.rows as Record<string, unknown>[];
 }
 
 /** The agents' transport, except that results of the listed nodes leave without their signature. */

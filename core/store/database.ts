@@ -7,7 +7,7 @@
 // Both hand callers the same Db and Tx: @neondatabase/serverless is a fork of node-postgres, and
 // drizzle's two sessions build the same results ({ rows, rowCount, fields }) with the same type parsers.
 import { neonConfig, Pool, type PoolClient } from "@neondatabase/serverless";
-import type { ExtractTablesWithRelations, SQL } from "drizzle-orm";
+import { sql, type ExtractTablesWithRelations, type SQL } from "drizzle-orm";
 import { drizzle, type NeonDatabase } from "drizzle-orm/neon-serverless";
 import type { NeonTransaction } from "drizzle-orm/neon-serverless";
 import { drizzle as drizzleNodePostgres } from "drizzle-orm/node-postgres";
@@ -25,6 +25,10 @@ export type StatementResult = Awaited<ReturnType<Db["execute"]>>;
 /** A connection to the system of record, opened per request (or per Durable Object). */
 export interface Store {
   readonly db: Db;
+  /**
+   * An interactive transaction. Its BEGIN is held back until fn sends its first statement, so a
+   * transaction that sends none costs no round trip (see lazyTransactions).
+   */
   transaction<T>(fn: (tx: Tx) => Promise<T>): Promise<T>;
   /**
    * A write that is one statement (CTEs included): atomic on its own, so it is sent alone, with no
@@ -51,10 +55,13 @@ export interface PostgresOptions {
   maxConnections?: number;
   /**
    * TEST AND BENCH HOOK: called once per message the driver sends and waits on (every statement,
-   * a transaction's BEGIN and COMMIT included): a Postgres round trip, with its text. Unset in production.
+   * a transaction's BEGIN and COMMIT included): a Postgres round trip, with its text, and a promise
+   * of its duration in ms (from the send to the answer, an error included). Unset in production.
    */
-  onRoundTrip?: (statement: string) => void;
+  onRoundTrip?: RoundTripHook;
 }
+
+export type RoundTripHook = (statement: string, answeredMs: Promise<number>) => void;
 
 export function postgres(options: PostgresOptions = {}): DatabasePort {
   return {
@@ -82,10 +89,15 @@ export function useBridge(bridge: string): void {
   neonConfig.pipelineTLS = false;
 }
 
-function openStore(pool: Pool | pg.Pool, onRoundTrip?: (statement: string) => void): Store {
+type Client = PoolClient | pg.PoolClient;
+
+function openStore(pool: Pool | pg.Pool, onRoundTrip?: RoundTripHook): Store {
   // An idle client that drops (server restart, bridge gone) must not crash the isolate.
   pool.on("error", () => {});
-  if (onRoundTrip) pool.on("connect", (client: PoolClient | pg.PoolClient) => countQueries(client, onRoundTrip));
+  pool.on("connect", (client: Client) => {
+    if (onRoundTrip) timeQueries(client, onRoundTrip);
+    lazyTransactions(client); // outermost, so the hook sees only what is sent
+  });
   // The same drizzle database on either driver (see the top of this file): only the types' names differ.
   const db: Db = pool instanceof Pool ? drizzle({ client: pool }) : (drizzleNodePostgres({ client: pool }) as unknown as Db);
   let closed: Promise<void> | undefined;
@@ -97,13 +109,87 @@ function openStore(pool: Pool | pg.Pool, onRoundTrip?: (statement: string) => vo
   };
 }
 
-/** Counts every query the client runs (the pool's own queries run on its clients too). */
-function countQueries(client: PoolClient | pg.PoolClient, onRoundTrip: (statement: string) => void): void {
+/** Marks a statement that sendWithCommit holds back until the transaction's COMMIT. */
+const WITH_COMMIT = "/* sent with COMMIT */ ";
+
+/**
+ * Runs `statement` as the last of the transaction, in one round trip with its COMMIT (or alone, a
+ * one-statement write, when the transaction sent nothing else); dropped if it rolls back. Its
+ * result is not seen. It is sent as a simple query, without parameters: quote every value in it
+ * with literal(). Outside a store's transaction it runs at once.
+ */
+export async function sendWithCommit(tx: Tx, statement: string): Promise<void> {
+  await tx.execute(sql.raw(WITH_COMMIT + statement));
+}
+
+/** Quotes a value for a statement sent with no parameters (sendWithCommit). */
+export function literal(value: string | number | null): string {
+  if (value === null) return "NULL";
+  if (typeof value === "number") {
+    if (!Number.isFinite(value)) throw new ComputeError("INTERNAL", "a literal must be a finite number");
+    return String(value);
+  }
+  // Postgres cannot store NUL in text, and the protocol ends a query's text at one.
+  if (value.includes("\0")) throw new ComputeError("INVALID_ARGUMENT", "a value has a NUL character");
+  return pg.escapeLiteral(value);
+}
+
+/**
+ * Every transaction on this client holds its BEGIN back until its first statement, and drops BEGIN
+ * and COMMIT (or ROLLBACK) when there was none: a method whose handler reads nothing costs no round
+ * trip for its transaction. A statement from sendWithCommit waits for the COMMIT and goes with it in
+ * one simple query (or before the next statement, if one comes first).
+ */
+function lazyTransactions(client: Client): void {
+  const query = client.query.bind(client) as (...args: unknown[]) => Promise<unknown>;
+  let inTransaction = false;
+  let begin: string | undefined; // held back, not sent yet
+  let last: string | undefined; // sendWithCommit's statement, not sent yet
+  const nothing = (command: string) => Promise.resolve({ command, rows: [], rowCount: null, fields: [] });
+  const flush = async () => {
+    const held = [begin, last];
+    begin = last = undefined;
+    for (const statement of held) if (statement !== undefined) await query(statement);
+  };
+  client.query = (async (...args: unknown[]) => {
+    const first = args[0] as string | { text: string };
+    const text = typeof first === "string" ? first : first.text;
+    if (!inTransaction && /^\s*begin\b/i.test(text)) {
+      [inTransaction, begin, last] = [true, text, undefined];
+      return nothing("BEGIN");
+    }
+    // The transaction's end (a savepoint's is "rollback to savepoint ..." and goes on as any statement).
+    const end = inTransaction ? /^\s*(commit|rollback)\s*$/i.exec(text)?.[1]?.toLowerCase() : undefined;
+    if (end) {
+      const [sent, withCommit] = [begin === undefined, end === "commit" ? last : undefined];
+      [inTransaction, begin, last] = [false, undefined, undefined];
+      if (!sent) return withCommit === undefined ? nothing(end.toUpperCase()) : query(withCommit);
+      return query(withCommit === undefined ? text : `${withCommit};\n${text}`);
+    }
+    if (inTransaction && text.startsWith(WITH_COMMIT)) {
+      if (last !== undefined) await flush(); // an earlier one goes first, after BEGIN
+      last = text;
+      return nothing("WITH COMMIT");
+    }
+    await flush();
+    return query(...args);
+  }) as PoolClient["query"];
+}
+
+/** Reports every query the client runs, with its duration (the pool's own queries run on its clients too). */
+function timeQueries(client: Client, onRoundTrip: RoundTripHook): void {
   const query = client.query.bind(client) as (...args: unknown[]) => unknown;
   client.query = ((...args: unknown[]) => {
     const first = args[0] as string | { text: string };
-    onRoundTrip(typeof first === "string" ? first : first.text);
-    return query(...args);
+    let answered!: (ms: number) => void;
+    onRoundTrip(typeof first === "string" ? first : first.text, new Promise<number>((resolve) => (answered = resolve)));
+    const started = performance.now();
+    const result = query(...args);
+    const done = () => answered(performance.now() - started);
+    // A promise: timed to its answer (the caller still sees its rejection). A callback query: not timed.
+    if (result instanceof Promise) result.then(done, done);
+    else done();
+    return result;
   }) as PoolClient["query"];
 }
 

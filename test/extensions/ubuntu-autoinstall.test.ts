@@ -4,7 +4,7 @@
 // JoinService and the agents with their signed results are real.
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createMetalSim, type MetalSim } from "better-compute/testing/metal";
+import { createMetalSim, transitionsIntoReady, type MetalSim } from "better-compute/testing/metal";
 import { acmeAutoinstall, isos, tokenInIso } from "./acme-autoinstall/plugin.ts";
 
 const PROFILE = "ubuntu-24.04-autoinstall";
@@ -108,13 +108,7 @@ describe("Walkthrough 1: Ubuntu autoinstall", () => {
     expect(tokens.size).toBe(20);
 
     // Every transition into ready (commissioning, then 20 releases), with its workflow's attested wipes.
-    const intoReady = await sim.store.db.execute(sql`
-      SELECT t.event, t.workflow_id,
-             (SELECT count(*)::int FROM workflow_steps s JOIN bc_commands c ON c.id = s.command_id
-              WHERE s.workflow_id = t.workflow_id AND s.step_id = 'disk.wipe' AND s.state = 'succeeded'
-                AND c.attested AND c.signature IS NOT NULL) AS attested_wipes
-      FROM metal_transitions t WHERE t.node_id = 'm-loops' AND t.to_state = 'ready' ORDER BY t.id`);
-    const rows = intoReady.rows as { event: string; workflow_id: string; attested_wipes: number }[];
+    const rows = await transitionsIntoReady(sim.store, "m-loops");
     expect(rows.length).toBe(21);
     expect(rows.filter((r) => r.event === "released").length).toBe(20);
     for (const row of rows) expect(row.attested_wipes, `${row.event} in ${row.workflow_id}`).toBe(1);

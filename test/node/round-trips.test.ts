@@ -12,6 +12,7 @@ import { metalModule } from "better-compute/metal";
 import { advance, defineProfile, defineStep, provisionModule, startWorkflow } from "better-compute/provision";
 import { nextDelivery, recordResults } from "../../core/agents/sessions.ts";
 import type { ResultFrame } from "../../core/protocol.ts";
+import { literal, sendWithCommit } from "../../core/store/database.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
 import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
 import { startPglite, type PgliteServer } from "../../scripts/local/pglite-server.ts";
@@ -171,8 +172,10 @@ it("a lifecycle transition costs at most 3 round trips beyond its steps", async 
 
 // ---- the command round trip: commands.create over the API, the NodeDO's delivery and its recording of results
 
-/** commands.create through the API envelope: the key lookup, BEGIN, the enqueue's statement, the audit row, COMMIT. */
-const CREATE_BUDGET = 5;
+/** commands.create through the API envelope: the key lookup, BEGIN, the enqueue's statement, the audit row with the COMMIT. */
+const CREATE_BUDGET = 4;
+/** An authenticated read whose handler reads nothing (iam.whoami): the key lookup; its transaction sends nothing. */
+const WHOAMI_BUDGET = 1;
 const AGENT = "rt-agent";
 const agent = { nodeId: AGENT, publicKey: "rt-agent-key" };
 
@@ -197,7 +200,7 @@ const counting = async <T>(fn: () => Promise<T>): Promise<{ value: T; trips: num
   return { value, trips: sent.length };
 };
 
-it("a command costs at most 5 round trips to create, 1 to deliver and 1 to record", async () => {
+it("a command costs at most 4 round trips to create, 1 to deliver and 1 to record; iam.whoami 1", async () => {
   await observer.db.execute(sql`
     INSERT INTO bc_nodes (id, role, public_key, attestor) VALUES (${AGENT}, 'node', ${agent.publicKey}, 'test'), ('rt-other', 'node', 'k', 'test')`);
   const api = betterCompute({
@@ -205,19 +208,31 @@ it("a command costs at most 5 round trips to create, 1 to deliver and 1 to recor
     database: postgres({ url: pglite.connectionString, wsProxy: bridge.url, onRoundTrip: (statement) => sent.push(statement) }),
   });
   const { key: apiKey } = await api.mintApiKey(observer, { name: "round trips", roles: ["admin"] });
-  const create = () =>
+  const call = (method: string, body: object) =>
     api.fetch(
-      new Request("http://rt.test/v1/commands.create", {
+      new Request(`http://rt.test/v1/${method}`, {
         method: "POST",
         headers: { authorization: `Bearer ${apiKey}`, "content-type": "application/json" },
-        body: JSON.stringify({ node: AGENT, kind: "agent.ping" }),
+        body: JSON.stringify(body),
       }),
       {},
     );
+  const create = () => call("commands.create", { node: AGENT, kind: "agent.ping" });
   await create(); // warm: the driver's type cache
   const created = await counting(create);
   expect(created.value.status).toBe(200);
   const { id } = (await created.value.json()) as { id: string };
+  console.log(`commands.create's round trips:\n  ${sent.map(gist).join("\n  ")}`);
+  // The audit row went with the COMMIT: written, and in the same transaction as the command.
+  const audited = await observer.db.execute(sql`
+    SELECT a.actor, a.method, a.resource, (a.xmin = c.xmin) AS same_transaction
+    FROM bc_audit a, bc_commands c WHERE c.id = ${id}::bigint AND a.method = 'commands.create' ORDER BY a.id DESC LIMIT 1`);
+  expect(audited.rows).toEqual([
+    { actor: expect.stringMatching(/^apikey:/), method: "commands.create", resource: `nodes/${AGENT}`, same_transaction: true },
+  ]);
+  const whoami = await counting(() => call("iam.whoami", {}));
+  expect(whoami.value.status).toBe(200);
+  expect(await whoami.value.json()).toMatchObject({ roles: ["admin"] });
 
   const secrets = () => compute.moduleContext("agents", {}, observer).secrets;
   const delivery = await counting(() => nextDelivery(counted, AGENT, { afterSeq: 0, specAfter: 0, limit: 100 }, secrets));
@@ -231,8 +246,11 @@ it("a command costs at most 5 round trips to create, 1 to deliver and 1 to recor
   const row = await observer.db.execute(sql`SELECT state, result, attempts FROM bc_commands WHERE id = ${id}::bigint`);
   expect(row.rows).toEqual([{ state: "succeeded", result: {}, attempts: 1 }]);
 
-  console.log(`round trips of a command: create ${created.trips}, deliver ${delivery.trips}, record ${recorded.trips}`);
+  console.log(
+    `round trips of a command: create ${created.trips}, deliver ${delivery.trips}, record ${recorded.trips}; iam.whoami ${whoami.trips}`,
+  );
   expect(created.trips).toBeLessThanOrEqual(CREATE_BUDGET);
+  expect(whoami.trips).toBeLessThanOrEqual(WHOAMI_BUDGET);
   expect(delivery.trips).toBe(1);
   expect(recorded.trips).toBe(1);
 });
@@ -311,4 +329,41 @@ it("a delivery pass expires overdue commands with their events and sends the res
   // A revoked node is told so by the same statement.
   await observer.db.execute(sql`UPDATE bc_nodes SET revoked_at = compute_now() WHERE id = 'rt-late'`);
   expect((await nextDelivery(counted, "rt-late", { afterSeq: 0, specAfter: 0, limit: 100 }, secrets)).live).toBe(false);
+});
+
+it("a transaction sends BEGIN with its first statement and nothing when it has none; a statement sent with the COMMIT is dropped by a ROLLBACK", async () => {
+  const empty = await counting(() => counted.transaction(async () => "nothing"));
+  expect(empty).toEqual({ value: "nothing", trips: 0 });
+  await observer.db.execute(sql`CREATE TABLE IF NOT EXISTS rt_lazy (v text)`);
+  const rows = async () => (await observer.db.execute(sql`SELECT v FROM rt_lazy ORDER BY v`)).rows.map((r) => r.v);
+
+  // A savepoint rolled back inside keeps the transaction going: its end is not the transaction's.
+  const kept = await counting(() =>
+    counted.transaction(async (tx) => {
+      await tx.execute(sql`INSERT INTO rt_lazy VALUES ('a')`);
+      await tx
+        .transaction(async (sp) => {
+          await sp.execute(sql`INSERT INTO rt_lazy VALUES ('b')`);
+          sp.rollback();
+        })
+        .catch(() => {});
+      await sendWithCommit(tx, `INSERT INTO rt_lazy VALUES (${literal("c'\\")})`);
+    }),
+  );
+  expect(await rows()).toEqual(["a", "c'\\"]);
+  // BEGIN, a, savepoint, b, rollback to savepoint, c with the COMMIT
+  expect(kept.trips).toBe(6);
+
+  // A handler that fails after its last statement: nothing it wrote, nor the held statement, stays.
+  await expect(
+    counted.transaction(async (tx) => {
+      await tx.execute(sql`INSERT INTO rt_lazy VALUES ('d')`);
+      await sendWithCommit(tx, `INSERT INTO rt_lazy VALUES ('e')`);
+      throw new Error("refused");
+    }),
+  ).rejects.toThrow("refused");
+  // Alone, a held statement is a one-statement write.
+  const alone = await counting(() => counted.transaction((tx) => sendWithCommit(tx, `INSERT INTO rt_lazy VALUES ('f')`)));
+  expect(alone.trips).toBe(1);
+  expect(await rows()).toEqual(["a", "c'\\", "f"]);
 });

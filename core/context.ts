@@ -388,29 +388,31 @@ export function databaseCommands(
       const refs = input.secretRefs ?? [];
       if (!refs.every(isSecretRef)) throw invalidArgument("secretRefs must be secret:// references, never values");
 
-      // One statement: the key's command if it exists; otherwise the node's next sequence number
-      // (its row lock serialises enqueues per node) and the insert. A concurrent enqueue of the
-      // same key that committed first wins: nothing is inserted, and the next try returns it.
+      // One statement: the key's command if it exists; otherwise the insert, numbered from one
+      // sequence (migrations/core/0015). The node's row is share-locked, not updated: enqueues to
+      // one node do not wait for each other, and a revocation waits for them (or they see it).
+      // A concurrent enqueue of the same key that committed first wins: nothing is inserted, and
+      // the next try returns it.
       const enqueued = await tx.execute(sql`
         WITH existing AS (SELECT id, seq, node_id, kind FROM bc_commands WHERE idempotency_key = ${input.key}),
-        next AS (
-          UPDATE bc_nodes SET command_seq = command_seq + 1
+        node AS (
+          SELECT id FROM bc_nodes
           WHERE id = ${input.nodeId} AND revoked_at IS NULL AND NOT EXISTS (SELECT 1 FROM existing)
-          RETURNING command_seq),
+          FOR SHARE),
         inserted AS (
           INSERT INTO bc_commands (node_id, seq, kind, idempotency_key, module, body, secret_refs, attested, destructive, deadline, origin)
-          SELECT ${input.nodeId}, command_seq, ${input.kind}, ${input.key}, ${moduleId}, ${JSON.stringify(body)}::jsonb,
+          SELECT id, nextval('bc_command_seq'), ${input.kind}, ${input.key}, ${moduleId}, ${JSON.stringify(body)}::jsonb,
                  ${pgArray(refs)}::text[], ${declared.attested === true}, ${declared.destructive === true},
                  CASE WHEN ${input.deadlineSeconds ?? null}::float8 IS NULL THEN NULL
                       ELSE compute_now() + make_interval(secs => ${input.deadlineSeconds ?? 0}) END, ${input.origin ?? null}
-          FROM next
+          FROM node
           ON CONFLICT (idempotency_key) DO NOTHING
           RETURNING id, seq)
         SELECT 'existing' AS source, id::text, seq::text, node_id, kind FROM existing
         UNION ALL SELECT 'inserted', id::text, seq::text, NULL, NULL FROM inserted
-        UNION ALL SELECT 'numbered', NULL, command_seq::text, NULL, NULL FROM next`);
+        UNION ALL SELECT 'live', NULL, NULL, NULL, NULL FROM node`);
       const rows = enqueued.rows as {
-        source: "existing" | "inserted" | "numbered";
+        source: "existing" | "inserted" | "live";
         id: string;
         seq: string;
         node_id: string;
@@ -424,7 +426,7 @@ export function databaseCommands(
         return { id: found.id, seq: Number(found.seq), created: false };
       }
       const row = rows.find((r) => r.source === "inserted");
-      if (!rows.some((r) => r.source === "numbered"))
+      if (!rows.some((r) => r.source === "live"))
         throw notFound(`node ${input.nodeId} does not exist or was revoked`, { nodeId: input.nodeId });
       if (!row) return this.enqueue(tx, input);
       onEnqueued(input.nodeId);

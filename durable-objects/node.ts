@@ -352,7 +352,7 @@ export function nodeObject(compute: Compute) {
         if (frames.length === 0) return;
         for (const frame of frames) {
           if (!send(ws, frame)) return;
-          att.sentSeq = frame.seq;
+          att.sentSeq = Math.max(att.sentSeq, frame.seq);
         }
         updateAttachment(ws, { sentSeq: att.sentSeq });
         if (frames.length < DELIVERY_BATCH) return;

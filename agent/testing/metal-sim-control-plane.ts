@@ -509,7 +509,7 @@ export class Gateway {
       if (frames.length === 0) return;
       for (const frame of frames) {
         this.#send(session, frame);
-        session.sentSeq = frame.seq;
+        session.sentSeq = Math.max(session.sentSeq, frame.seq);
       }
     }
   }

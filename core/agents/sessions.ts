@@ -183,8 +183,11 @@ export interface Delivery {
 /**
  * One statement per delivery pass: expires the node's commands past their deadline (each with
  * its event), and reads whether the node is live (not revoked), its NodeSpec when its generation
- * is above specAfter (null: the caller sends no specs) and its open commands after afterSeq, in
- * order, as frames, marked delivered: the caller sends them next. (A send that fails leaves one
+ * is above specAfter (null: the caller sends no specs) and its open commands, in seq order, as
+ * frames, marked delivered: the caller sends them next. Open is pending, or delivered with a seq
+ * above afterSeq (the highest the caller sent on its socket: a new socket starts at 0, so it gets
+ * every command without a result again). A pending command below afterSeq is one whose
+ * transaction committed after a later one's was sent: seqs are not numbered in commit order. (A send that fails leaves one
  * attempt counted that never left; the command is still open, and sent again on the next socket.)
  * A command's secret references are resolved here, into the frame only: the record keeps
  * references, the agent gets values.
@@ -210,7 +213,7 @@ export async function nextDelivery(
     sending AS (
       UPDATE bc_commands SET state = 'delivered', attempts = attempts + 1, delivered_at = compute_now()
       WHERE id IN (SELECT id FROM bc_commands
-                   WHERE node_id = ${nodeId} AND state IN ('pending', 'delivered') AND seq > ${options.afterSeq}
+                   WHERE node_id = ${nodeId} AND (state = 'pending' OR (state = 'delivered' AND seq > ${options.afterSeq}))
                      AND id NOT IN (SELECT id FROM expired)
                    ORDER BY seq LIMIT ${options.limit})
         AND state IN ('pending', 'delivered')

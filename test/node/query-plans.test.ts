@@ -144,10 +144,10 @@ afterAll(async () => {
 async function seed() {
   const run = (query: ReturnType<typeof sql>) => observer.db.execute(query);
   await run(sql`
-    INSERT INTO bc_nodes (id, role, public_key, attestor, state, session_id, labels, resources, command_seq)
+    INSERT INTO bc_nodes (id, role, public_key, attestor, state, session_id, labels, resources)
     SELECT 'qp-h-' || i, 'node', 'key', 'test', 'connected', 'session-' || i,
            jsonb_build_object('qp', 'host', 'bc.dev/driver.qemu-microvm', '1'),
-           '{"cpus": 64, "memoryMiB": 262144, "diskGiB": 4000, "devices": []}'::jsonb, ${COMMANDS + 1}
+           '{"cpus": 64, "memoryMiB": 262144, "diskGiB": 4000, "devices": []}'::jsonb
     FROM generate_series(1, ${HOSTS}) i`);
   // Every machine's ramdisk joined once; most were revoked when their workflow ended.
   await run(sql`
@@ -171,6 +171,7 @@ async function seed() {
            CASE WHEN i % 500 = 0 THEN 'delivered' ELSE 'succeeded' END, 'workflow:seed-wf-' || (1 + i % ${WORKFLOWS}),
            compute_now(), CASE WHEN i % 500 = 0 THEN NULL ELSE compute_now() END
     FROM generate_series(1, ${COMMANDS}) i`);
+  await run(sql`SELECT setval('bc_command_seq', ${COMMANDS + 1})`);
   await run(sql`INSERT INTO metal_sites (id) VALUES ('qp-site')`);
   await run(sql`INSERT INTO metal_pools (id, site_id, class, agent, policy) VALUES ('qp-pool', 'qp-site', 'metal', 'bcd', '{}'::jsonb)`);
   await run(sql`

@@ -16,8 +16,10 @@
 //   BENCH_VPS_INSTANCES vps section: instances, split across the three providers (default 30)
 //   BENCH_VPS_ACTION_MS vps section: how long each emulated action, boot and task takes, ms (default 1500)
 //   BENCH_VMS_GUESTS    vms section: real guests booted on a real bcd node, per phase (default 6)
-//   DATABASE_URL        bench a real Postgres instead of the embedded PGlite
+//   DATABASE_URL        bench a real Postgres instead of the embedded PGlite (an empty database: see below)
+//   BENCH_RESET_DATABASE=1  empty DATABASE_URL's public schema first when an earlier run left its tables there
 import os from "node:os";
+import pg from "pg";
 import { agentsSection } from "./agents.ts";
 import { apiSection } from "./api.ts";
 import { commandsSection } from "./commands.ts";
@@ -125,6 +127,10 @@ console.log(
     "; compare figures within one run, not as capacity.",
 );
 
+/** Sections that run the Worker's stack on DATABASE_URL's public schema (the others make a schema of their own, or use none). */
+const onPublicSchema = new Set(["api", "commands", "agents", "workflows", "vms"]);
+if (ctx.databaseUrl && sections.some((s) => onPublicSchema.has(s.id))) await claimDatabase(ctx.databaseUrl);
+
 let failures = 0;
 for (const [i, section] of sections.entries()) {
   console.log(`\n[${i + 1}/${sections.length}] ${section.title}`);
@@ -140,6 +146,31 @@ for (const [i, section] of sections.entries()) {
 if (failures) {
   console.log(`\n${failures} of ${sections.length} section(s) failed`);
   process.exitCode = 1;
+}
+
+/**
+ * The sections' stacks seal secrets (the credential-signing key) under this run's deployment
+ * secret: an earlier run's rows in DATABASE_URL were sealed under another and would fail every
+ * join. So the run takes an empty database, or empties its public schema when asked to.
+ */
+async function claimDatabase(url: string): Promise<void> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    const { rows } = await client.query("SELECT to_regclass('public.bc_migrations') IS NOT NULL AS used");
+    if (!rows[0].used) return;
+    if (process.env.BENCH_RESET_DATABASE !== "1") {
+      console.error(
+        "DATABASE_URL holds an earlier run's tables, with secrets sealed under that run's deployment secret.\n" +
+          "Give the bench an empty database, or set BENCH_RESET_DATABASE=1 to drop its public schema first (everything in it is lost).",
+      );
+      process.exit(2);
+    }
+    await client.query("DROP SCHEMA public CASCADE; CREATE SCHEMA public");
+    console.log("  BENCH_RESET_DATABASE=1: emptied DATABASE_URL's public schema (an earlier run's tables)");
+  } finally {
+    await client.end();
+  }
 }
 
 function databaseHost(url: string): string {

@@ -22,6 +22,12 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 
 let bundled: Promise<string> | undefined;
 
+/**
+ * One deployment secret for every section's stack: on DATABASE_URL the sections share one
+ * database, and what one seals (the credential-signing key) the next must be able to open.
+ */
+const runSecret = Buffer.from(crypto.getRandomValues(new Uint8Array(32))).toString("base64url");
+
 /** Bundles bench/wrangler.toml's Worker once; resolves with a wrangler config serving that bundle as is. */
 function frozenConfig(): Promise<string> {
   return (bundled ??= (async () => {
@@ -57,8 +63,15 @@ export interface BenchStack extends Stack {
   wranglerTail(): string[];
 }
 
-export async function withStack<T>(ctx: BenchContext, name: string, fn: (stack: BenchStack) => Promise<T>): Promise<T> {
+/** A section's stack's data dir (temporary), holding the run's deployment secret. */
+export function benchDataDir(name: string): string {
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), `bc-bench-${name}-`));
+  fs.writeFileSync(path.join(dataDir, "secret"), runSecret, { mode: 0o600 });
+  return dataDir;
+}
+
+export async function withStack<T>(ctx: BenchContext, name: string, fn: (stack: BenchStack) => Promise<T>): Promise<T> {
+  const dataDir = benchDataDir(name);
   const lines: string[] = [];
   let stack: Stack | undefined;
   const interrupted = async () => {

@@ -21,7 +21,7 @@ import { startStack, type Stack } from "../scripts/local/stack.ts";
 import type { PlacementRequest, PlacementResult } from "better-compute/core";
 import { inProcessControlPlane, type SimControlPlane } from "../agent/testing/metal-sim-control-plane.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
-import { callApi, mapLimit } from "./stack.ts";
+import { benchDataDir, callApi, mapLimit } from "./stack.ts";
 
 const HOSTS = 1000;
 const PLACEMENTS = 500;
@@ -266,7 +266,7 @@ async function withRealNode(ctx: BenchContext, guests: number, fn: (world: Guest
   ctx.log(
     `guest image ready in ${((performance.now() - imageStarted) / 1000).toFixed(1)} s (${image.manifest.digest.slice(0, 12)}; built when not cached)`,
   );
-  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-bench-vms-"));
+  const dataDir = benchDataDir("vms");
   const runtimeDir = path.join(dataDir, "runtime");
   const guestsDir = path.join(runtimeDir, "qemu-microvm");
   const bcdLog: string[] = [];

@@ -6,37 +6,22 @@
 // so these are skipped there; `npm run test:pg` (and CI, beside npm test) runs them.
 import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
-import { afterAll, beforeAll, expect, it, type TestContext } from "vitest";
+import { afterAll, beforeAll, expect, it } from "vitest";
 import { betterCompute, postgres } from "../core/index.ts";
 import { nextDelivery } from "../core/agents/sessions.ts";
 import type { Store, Tx } from "../core/store/database.ts";
+import { realPostgres } from "./support/real-postgres.ts";
 
 const run = crypto.randomUUID().slice(0, 8); // the database outlives a run: nodes and keys of this one
 const compute = betterCompute({ database: postgres() });
-const stores: Store[] = [];
-const openStore = () => {
-  const store = compute.openStore(env);
-  stores.push(store);
-  return store;
-};
+const { openStore, needsServer, closeAll } = realPostgres(compute);
 let observer: Store;
-let realPostgres = false;
 
-beforeAll(async () => {
+beforeAll(() => {
   observer = openStore();
-  const { rows } = await observer.db.execute(sql`SELECT version() AS v`);
-  realPostgres = !/emscripten|wasm/i.test(String((rows[0] as { v: string }).v));
 });
 
-afterAll(async () => {
-  await Promise.all(stores.map((s) => s.close()));
-});
-
-function needsServer(test: TestContext) {
-  if (realPostgres) return;
-  console.log("skipped: PGlite runs one transaction at a time, so nothing races; run it with npm run test:pg (a Postgres server)");
-  test.skip();
-}
+afterAll(closeAll);
 
 async function node(name: string): Promise<string> {
   const id = `cp-${run}-${name}`;
@@ -69,7 +54,7 @@ const deliver = async (nodeId: string, afterSeq: number) =>
   (await nextDelivery(observer, nodeId, { afterSeq, specAfter: null, limit: 100 }, secrets)).frames.map((f) => ({ id: f.id, seq: f.seq }));
 
 it("enqueues to one node do not wait for each other, and one committed after a later one was sent is still delivered", async (test) => {
-  needsServer(test);
+  await needsServer(test);
   const site = await node("site");
   const early = heldEnqueue(openStore(), site, "early");
   const first = await early.ran;
@@ -99,7 +84,7 @@ it("enqueues to one node do not wait for each other, and one committed after a l
 }, 60_000);
 
 it("a revocation waits for the enqueues in progress; after it, enqueueing to the node is NOT_FOUND", async (test) => {
-  needsServer(test);
+  await needsServer(test);
   const site = await node("revoked");
   const open = heldEnqueue(openStore(), site, "before");
   await open.ran;

@@ -6,10 +6,11 @@
 // they are skipped there; `npm run test:pg` (and CI, beside npm test) runs them.
 import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
-import { afterAll, beforeAll, expect, it, type TestContext } from "vitest";
+import { afterAll, beforeAll, expect, it } from "vitest";
 import { betterCompute, defineSink, postgres, type SinkDefinition, type SinkEvent } from "../core/index.ts";
 import { dispatchOnce, type PassOutcome } from "../core/events/dispatch.ts";
 import type { Store } from "../core/store/database.ts";
+import { realPostgres } from "./support/real-postgres.ts";
 
 const run = crypto.randomUUID().slice(0, 8); // the database outlives a run: sinks and event types of this one
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -47,30 +48,14 @@ function slowSink(id: string, maxBatch: number) {
 const raceSink = slowSink(`race-${run}`, 4);
 const orderSink = slowSink(`order-${run}`, 100);
 const compute = betterCompute({ database: postgres(), sinks: { events: [raceSink.sink, orderSink.sink] } });
-const stores: Store[] = [];
-const openStore = () => {
-  const store = compute.openStore(env);
-  stores.push(store);
-  return store;
-};
+const { openStore, needsServer, closeAll } = realPostgres(compute);
 let observer: Store;
-let realPostgres = false;
 
-beforeAll(async () => {
+beforeAll(() => {
   observer = openStore();
-  const { rows } = await observer.db.execute(sql`SELECT version() AS v`);
-  realPostgres = !/emscripten|wasm/i.test(String((rows[0] as { v: string }).v));
 });
 
-afterAll(async () => {
-  await Promise.all(stores.map((s) => s.close()));
-});
-
-function needsServer(test: TestContext) {
-  if (realPostgres) return;
-  console.log("skipped: PGlite runs one transaction at a time, so nothing races; run it with npm run test:pg (a Postgres server)");
-  test.skip();
-}
+afterAll(closeAll);
 
 /** Starts a sink at the current end of the outbox (the shared database holds other runs' events). */
 async function startAtEnd(sink: SinkDefinition): Promise<string> {
@@ -112,7 +97,7 @@ const cursorOf = async (sink: SinkDefinition) => {
 };
 
 it("two racing dispatchers never deliver one sink at once, never out of order, and lose nothing", async (test) => {
-  needsServer(test);
+  await needsServer(test);
   const { sink, state } = raceSink;
   const start = await startAtEnd(sink);
   const type = `test.race.${run}`;
@@ -168,7 +153,7 @@ it("two racing dispatchers never deliver one sink at once, never out of order, a
 }, 60_000);
 
 it("numbers the outbox in commit order: an event with a smaller id that commits last is delivered after, with no gap", async (test) => {
-  needsServer(test);
+  await needsServer(test);
   const { sink, state } = orderSink;
   const start = await startAtEnd(sink);
   const type = `test.order.${run}`;

@@ -39,11 +39,11 @@ import {
   recordResults,
   waitingWorkflow,
   type ArrivedResult,
-  type ResultOutcome,
   type SessionRef,
 } from "../core/agents/sessions.ts";
 import { recordStatus } from "../core/agents/node-specs.ts";
 import { setAlarm } from "./alarm.ts";
+import { SerialBatches } from "./serial.ts";
 
 /** The sweep re-reads Postgres while an agent is connected: a missed poke costs at most this. */
 const SWEEP_MS = 30_000;
@@ -93,14 +93,28 @@ export function nodeObject(compute: Compute) {
   return class NodeDO extends DurableObject<Bindings> implements WakeableObject {
     #store: Store | undefined;
     #secrets: SecretStore | undefined;
-    #delivering: Promise<void> = Promise.resolve();
-    #deliveryQueued = false;
-    /** Results that arrive while one is being recorded wait, and are recorded together in the next statement. */
-    #recording: Promise<void> = Promise.resolve();
-    #arrived: { result: ArrivedResult; answer: (outcome: ResultOutcome | Error) => void }[] = [];
-    #statusRecording: Promise<void> = Promise.resolve();
-    /** The newest status not yet recorded (see status()). */
-    #latestStatus: { ws: WebSocket; att: Attachment; frame: StatusFrame } | undefined;
+    /**
+     * Delivery passes, one at a time: wake-ups while a pass waits its turn share it (it reads
+     * everything open when it starts).
+     */
+    #deliveries = new SerialBatches(async () => {
+      try {
+        await this.deliverOnce();
+      } catch (err) {
+        this.log().warn("delivery pass failed; the sweep retries", { error: errorText(err) });
+      }
+    });
+    /** Results that arrive while a batch is being recorded wait, and are recorded together in the next statement. */
+    #results = new SerialBatches((batch: ArrivedResult[]) => recordResults(this.store, batch));
+    /**
+     * Statuses are recorded one at a time, in the order they arrived: recorded concurrently, an
+     * older one could commit last and hide the newer. Each status is whole, so of those waiting
+     * their turn only the newest is recorded.
+     */
+    #statuses = new SerialBatches(async (batch: { ws: WebSocket; att: Attachment; frame: StatusFrame }[]) => {
+      const newest = batch.at(-1)!;
+      await this.saveStatus(newest.ws, newest.att, newest.frame);
+    });
     /** Events in progress that may use the store; at zero the store is closed after IDLE_CLOSE_MS. */
     #busy = 0;
     #idleTimer: ReturnType<typeof setTimeout> | undefined;
@@ -130,7 +144,7 @@ export function nodeObject(compute: Compute) {
     private closeIdleStore(): void {
       const store = this.#store;
       // Work queued behind a batch (results, a delivery pass) counts as busy until it settles.
-      if (this.#busy > 0 || !store || this.#arrived.length > 0 || this.#latestStatus || this.#deliveryQueued) return;
+      if (this.#busy > 0 || !store || this.#results.waiting || this.#statuses.waiting || this.#deliveries.waiting) return;
       this.#store = undefined;
       this.#secrets = undefined;
       void store.close();
@@ -205,7 +219,7 @@ export function nodeObject(compute: Compute) {
       if (frame.t === "hello") return this.hello(ws, att, frame);
       if (!att.ready) return ws.close(CloseCode.HELLO_REQUIRED, "say hello first");
       if (frame.t === "result") return this.result(ws, att, frame);
-      if (frame.t === "status") return this.status(ws, att, frame);
+      if (frame.t === "status") return this.#statuses.add({ ws, att, frame });
       // ack: the agent journaled the command; the result is what changes the record.
     }
 
@@ -237,7 +251,7 @@ export function nodeObject(compute: Compute) {
     private async result(ws: WebSocket, att: Attachment, frame: ResultFrame): Promise<void> {
       const refuse = (code: string, message: string) => void send(ws, { t: "error", code, message, ref: frame.id });
       try {
-        const outcome = await this.record({ node: att, frame });
+        const outcome = await this.#results.add({ node: att, frame });
         if ("refused" in outcome) {
           this.log(att).warn("refused a result", { commandId: frame.id, code: outcome.refused });
           return refuse(outcome.refused, outcome.message);
@@ -250,44 +264,6 @@ export function nodeObject(compute: Compute) {
         this.log(att).warn("could not record a result; the agent keeps it and resends", { commandId: frame.id, error: errorText(err) });
         refuse(FrameError.UNAVAILABLE, "the result could not be recorded now; send it again after reconnecting");
       }
-    }
-
-    /** Records a result with whatever else arrived meanwhile: one statement per batch, one batch at a time. */
-    private record(result: ArrivedResult): Promise<ResultOutcome> {
-      return new Promise((resolve, reject) => {
-        const first = this.#arrived.length === 0;
-        this.#arrived.push({ result, answer: (outcome) => (outcome instanceof Error ? reject(outcome) : resolve(outcome)) });
-        if (!first) return; // a batch is already waiting its turn: this result joins it
-        this.#recording = this.#recording.then(async () => {
-          const batch = this.#arrived.splice(0);
-          try {
-            const outcomes = await recordResults(
-              this.store,
-              batch.map((b) => b.result),
-            );
-            batch.forEach((b, i) => b.answer(outcomes[i]!));
-          } catch (err) {
-            for (const b of batch) b.answer(err instanceof Error ? err : new Error(String(err)));
-          }
-        });
-      });
-    }
-
-    /**
-     * Statuses are recorded one at a time, in the order they arrived: recorded concurrently, an
-     * older one could commit last and hide the newer. Each status is whole, so one still waiting
-     * its turn is replaced by a newer one rather than recorded after it.
-     */
-    private status(ws: WebSocket, att: Attachment, frame: StatusFrame): Promise<void> {
-      const waiting = this.#latestStatus !== undefined;
-      this.#latestStatus = { ws, att, frame };
-      if (waiting) return this.#statusRecording;
-      this.#statusRecording = this.#statusRecording.then(() => {
-        const latest = this.#latestStatus!;
-        this.#latestStatus = undefined;
-        return this.saveStatus(latest.ws, latest.att, latest.frame);
-      });
-      return this.#statusRecording;
     }
 
     /**
@@ -316,19 +292,9 @@ export function nodeObject(compute: Compute) {
       }
     }
 
-    /**
-     * Sends the node's open commands in seq order; one pass at a time per object. Wake-ups while
-     * a pass waits its turn share it: it reads everything open when it starts.
-     */
+    /** Sends the node's open commands in seq order (see #deliveries). */
     private deliver(): Promise<void> {
-      if (this.#deliveryQueued) return this.#delivering;
-      this.#deliveryQueued = true;
-      const pass = this.#delivering.then(() => {
-        this.#deliveryQueued = false;
-        return this.deliverOnce();
-      });
-      this.#delivering = pass.catch((err) => this.log().warn("delivery pass failed; the sweep retries", { error: errorText(err) }));
-      return this.#delivering;
+      return this.#deliveries.add();
     }
 
     private async deliverOnce(): Promise<void> {

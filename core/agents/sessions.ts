@@ -187,8 +187,9 @@ export interface Delivery {
  * frames, marked delivered: the caller sends them next. Open is pending, or delivered with a seq
  * above afterSeq (the highest the caller sent on its socket: a new socket starts at 0, so it gets
  * every command without a result again). A pending command below afterSeq is one whose
- * transaction committed after a later one's was sent: seqs are not numbered in commit order. (A send that fails leaves one
- * attempt counted that never left; the command is still open, and sent again on the next socket.)
+ * transaction committed after a later one's was sent: seqs are not numbered in commit order.
+ * (A send that fails leaves one attempt counted that never left; the command is still open, and
+ * sent again on the next socket.)
  * A command's secret references are resolved here, into the frame only: the record keeps
  * references, the agent gets values.
  */

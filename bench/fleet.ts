@@ -4,69 +4,74 @@
 // per second, workflow steps per second, and Postgres round trips per transition (counted by the
 // embedded PGlite server, or at the driver on Postgres). Then Walkthrough 1's invariants over every
 // machine, in SQL (the run fails when one does not hold), and memory per machine.
-import v8 from "node:v8";
-import vm from "node:vm";
-import { sql } from "drizzle-orm";
+//
+// On Postgres the machines are split into lanes (BENCH_FLEET_LANES, default one per CPU): each a
+// child process (bench/fleet-lane.ts) simulating one site with a control plane of its own, all on
+// one schema, as a deployment's Workers and Durable Objects share its database. On PGlite, whose
+// database lives in the simulating process, the fleet runs in this process.
+import { fork, type ChildProcess } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { sql, type SQL } from "drizzle-orm";
+import { postgres } from "../core/store/database.ts";
 import { createImageCache } from "../agent/roles/image-cache.ts";
-import { createMetalSim, destructiveTwice, transitionsIntoReady, type MetalSim } from "../agent/testing/metal-sim.ts";
+import { createSimSchema, destructiveTwice, inSchema, transitionsIntoReady } from "../agent/testing/metal-sim.ts";
+import type { NodeStore } from "../scripts/local/node-store.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
-import { printQueryStats, QueryStats } from "./query-stats.ts";
-import { mapLimit } from "./stack.ts";
+import { startSite, type FleetPhase, type LaneAnswer, type LaneConfig, type LaneRequest, type LaneStats } from "./fleet-lane.ts";
+import { printQueryStats, type QueryKindStats } from "./query-stats.ts";
 
 const POLL_MS = 250;
+/** Enroll, deploy and undeploy requests in flight, over all lanes. */
+const IN_FLIGHT = 16;
 
 export const fleetSection: BenchSection = {
   id: "fleet",
   title: "Fleet: simulated machines from enroll to ready, one deploy (image-stream) and one release",
   async run(ctx: BenchContext) {
+    const lanes = ctx.databaseUrl ? ctx.fleet.lanes : 1;
+    if (!ctx.databaseUrl && ctx.fleet.lanes > 1) ctx.log("BENCH_FLEET_LANES is ignored on PGlite: its database lives in the one process");
     ctx.log(
-      `one process: ${ctx.databaseUrl ? "" : "PGlite, "}the engine and metal module, the Redfish emulator, a site agent and one agent per booted machine` +
-        (ctx.databaseUrl ? "; DATABASE_URL's Postgres (a schema per run), one pool of 20 connections over TCP (node-postgres)" : ""),
+      lanes > 1
+        ? `${lanes} lanes: child processes, each one site (the engine and metal module, the Redfish emulator, a site agent and one agent per booted machine) with its own pool of 20 connections over TCP (node-postgres) to DATABASE_URL's Postgres, all on one schema made for the run`
+        : `one process: ${ctx.databaseUrl ? "" : "PGlite, "}the engine and metal module, the Redfish emulator, a site agent and one agent per booted machine` +
+            (ctx.databaseUrl ? "; DATABASE_URL's Postgres (a schema per run), one pool of 20 connections over TCP (node-postgres)" : ""),
     );
-    ctx.log("an enroll, deploy or undeploy request per machine, 16 in flight; a phase ends when every machine is in its target state");
+    ctx.log(
+      `an enroll, deploy or undeploy request per machine, ${IN_FLIGHT} in flight; a phase ends when every machine is in its target state`,
+    );
     const rows: string[][] = [];
     const memory: string[][] = [];
     for (const size of ctx.fleet.sizes) {
-      const base = memoryNow();
       const cache = createImageCache();
       const image = { sha256: cache.put(new TextEncoder().encode(`simulated disk image for the fleet bench\n`.repeat(256))), url: "" };
       const served = await cache.serve();
       image.url = `${served.url}/images/${image.sha256}`;
-      const queries = new QueryStats();
-      const sim = await createMetalSim({
-        machines: size,
-        ...(ctx.databaseUrl ? { databaseUrl: ctx.databaseUrl, onRoundTrip: queries.record } : {}),
-      });
+      const width = Math.max(4, String(size - 1).length);
+      const ids = Array.from({ length: size }, (_, i) => `m-${String(i).padStart(width, "0")}`);
+      const fleet = lanes > 1 ? await laneFleet(ctx.databaseUrl!, ids, lanes) : await inProcessFleet(ctx.databaseUrl, ids);
       try {
-        const ids = sim.machines.map((_, i) => `m-${String(i).padStart(4, "0")}`);
-        const phases: [string, () => Promise<void>, string][] = [
-          ["enroll → ready", () => each(ids, (id, i) => sim.enroll(sim.machines[i]!, { id })), "ready"],
-          [
-            "ready → deployed",
-            () => each(ids, (id) => sim.call("metal.deploy", { node: id, profile: "metal.deploy.image-stream", input: { image } })),
-            "deployed",
-          ],
-          ["deployed → ready", () => each(ids, (id) => sim.call("metal.undeploy", { node: id })), "ready"],
+        const phases: [string, FleetPhase, string][] = [
+          ["enroll → ready", "enroll", "ready"],
+          ["ready → deployed", "deploy", "deployed"],
+          ["deployed → ready", "undeploy", "ready"],
         ];
-        for (const [name, start, target] of phases) {
-          const before = await counters(sim);
-          queries.reset();
+        for (const [name, phase, target] of phases) {
+          const before = await counters(fleet);
+          await fleet.stats(true);
           const t0 = performance.now();
-          await start();
-          await allIn(sim, size, target, ctx);
+          await fleet.start(phase, image);
+          await allIn(fleet, size, target, ctx);
           const seconds = (performance.now() - t0) / 1000;
-          const after = await counters(sim);
+          const after = await counters(fleet);
+          const stats = await fleet.stats(false);
           // Where the database time went (on Postgres, where the driver times each round trip).
           if (ctx.databaseUrl)
-            printQueryStats(ctx, `${size} machines, ${name}: round trips by query kind`, queries.snapshot(), {
-              count: size,
-              unit: "machine",
-            });
+            printQueryStats(ctx, `${size} machines, ${name}: round trips by query kind`, stats.queries, { count: size, unit: "machine" });
           // Ready machines are off (no agent); deployed ones each run their installed system's agent.
           memory.push([
             String(size),
             `${target} (${target === "deployed" ? "an agent connected each" : "no agent"})`,
-            ...perMachine(base, size),
+            ...perMachine(stats, size),
           ]);
           const transitions = after.transitions - before.transitions;
           const steps = after.steps - before.steps;
@@ -82,9 +87,9 @@ export const fleetSection: BenchSection = {
             (trips / steps).toFixed(1),
           ]);
         }
-        await checkInvariants(sim, size);
+        await checkInvariants(fleet, size);
       } finally {
-        await sim.stop();
+        await fleet.stop();
         await served.stop();
       }
     }
@@ -101,70 +106,201 @@ export const fleetSection: BenchSection = {
     ctx.log("Walkthrough 1's invariants held over every machine: one attested wipe before each ready, no destructive command twice");
     ctx.table(["machines", "after the phase into", "RSS MiB", "heap MiB", "RSS KiB/machine", "heap KiB/machine"], memory);
     ctx.log(
-      "memory: this process's growth since before the sim started (the emulated BMCs, disks, agents and, on PGlite, the database), per machine",
+      `memory: the growth of the simulating process${lanes > 1 ? "es (summed over the lanes)" : ""} since before the sim started (the emulated BMCs, disks, agents and, on PGlite, the database), per machine`,
     );
   },
 };
 
-const each = (ids: string[], fn: (id: string, i: number) => Promise<unknown>) => mapLimit(ids, 16, fn).then(() => undefined);
+/** The simulated machines, in this process or in lanes; the bench's own reads are not in its round trips. */
+interface Fleet {
+  /** A store on the fleet's database, for Walkthrough 1's checks. */
+  store: NodeStore;
+  /** The bench's own reads (progress, counters): their round trips are subtracted from the fleet's. */
+  read(query: SQL): Promise<Record<string, unknown>[]>;
+  /** Sends every machine's request of the phase; resolves once all are answered. */
+  start(phase: FleetPhase, image: { sha256: string; url: string }): Promise<void>;
+  /** The control planes' round trips so far, per query kind since the last reset, and the simulating processes' memory. */
+  stats(reset: boolean): Promise<LaneStats>;
+  /** The round trips of read() so far that the fleet's count includes (PGlite counts every statement at its server). */
+  observerTrips(): number;
+  stop(): Promise<void>;
+}
+
+/** The whole fleet in this process: one site, one control plane. */
+async function inProcessFleet(databaseUrl: string | undefined, ids: string[]): Promise<Fleet> {
+  const site = await startSite({ ids, inFlight: IN_FLIGHT, ...(databaseUrl ? { databaseUrl } : {}) });
+  const { sim } = site;
+  let observed = 0;
+  return {
+    store: sim.store,
+    async read(query) {
+      const before = sim.roundTrips();
+      try {
+        return (await sim.store.db.execute(query)).rows;
+      } finally {
+        observed += sim.roundTrips() - before;
+      }
+    },
+    start: (phase, image) => site.start(phase, image),
+    stats: async (reset) => site.stats(reset),
+    observerTrips: () => observed,
+    stop: () => sim.stop(),
+  };
+}
+
+/** The fleet split into lanes: child processes (bench/fleet-lane.ts), a site each, on one schema. */
+async function laneFleet(databaseUrl: string, ids: string[], lanes: number): Promise<Fleet> {
+  const made = await createSimSchema(databaseUrl);
+  const store = postgres({ hyperdrive: { connectionString: inSchema(databaseUrl, made.schema) }, maxConnections: 2 }).open({});
+  const children: Lane[] = [];
+  const stop = async () => {
+    await Promise.all(children.map((lane) => lane.stop()));
+    await store.close();
+    await made.drop();
+  };
+  try {
+    // One after another: the first makes the tables (migrations) and the deployment's keys.
+    for (let k = 0; k < lanes; k++) {
+      children.push(
+        await startLane({
+          databaseUrl,
+          schema: made.schema,
+          siteId: `sim-site-${k + 1}`,
+          ids: ids.filter((_, i) => i % lanes === k),
+          inFlight: Math.ceil(IN_FLIGHT / lanes),
+        }),
+      );
+    }
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  return {
+    store,
+    read: async (query) => (await store.db.execute(query)).rows,
+    start: (phase, image) => Promise.all(children.map((lane) => lane.ask({ op: "phase", phase, image }))).then(() => undefined),
+    async stats(reset) {
+      const all = (await Promise.all(children.map((lane) => lane.ask({ op: "stats", reset })))) as LaneStats[];
+      const ran: Record<string, number> = {};
+      for (const s of all) for (const [kind, n] of Object.entries(s.ran)) ran[kind] = (ran[kind] ?? 0) + n;
+      return {
+        roundTrips: all.reduce((n, s) => n + s.roundTrips, 0),
+        queries: mergeQueries(all.map((s) => s.queries)),
+        ran,
+        rssBytes: all.reduce((n, s) => n + s.rssBytes, 0),
+        heapBytes: all.reduce((n, s) => n + s.heapBytes, 0),
+      };
+    },
+    observerTrips: () => 0,
+    stop,
+  };
+}
+
+interface Lane {
+  ask(request: DistributiveOmit<LaneRequest, "id">): Promise<LaneStats | undefined>;
+  stop(): Promise<void>;
+}
+type DistributiveOmit<T, K extends keyof T> = T extends unknown ? Omit<T, K> : never;
+
+const LANE_ENTRY = fileURLToPath(new URL("./fleet-lane.ts", import.meta.url));
+
+/** Forks a lane and waits until its sim is up; a lane that dies fails what was asked of it. */
+async function startLane(config: LaneConfig): Promise<Lane> {
+  const child: ChildProcess = fork(LANE_ENTRY, [], {
+    execArgv: ["--import", "tsx"],
+    env: { ...process.env, BENCH_LANE: JSON.stringify(config) },
+    stdio: ["ignore", "inherit", "inherit", "ipc"],
+  });
+  const waiting = new Map<number, { resolve(v: LaneStats | undefined): void; reject(e: Error): void }>();
+  let nextId = 1;
+  let exited: Error | undefined;
+  child.on("message", (answer: LaneAnswer) => {
+    const waiter = waiting.get(answer.id);
+    waiting.delete(answer.id);
+    if (answer.ok) waiter?.resolve(answer.value);
+    else waiter?.reject(new Error(`lane ${config.siteId}: ${answer.error}`));
+  });
+  child.on("exit", (code, signal) => {
+    exited = new Error(`lane ${config.siteId} exited (${signal ?? `code ${code}`})`);
+    for (const waiter of waiting.values()) waiter.reject(exited);
+    waiting.clear();
+  });
+  const answer = (id: number) =>
+    new Promise<LaneStats | undefined>((resolve, reject) => {
+      if (exited) return reject(exited);
+      waiting.set(id, { resolve, reject });
+    });
+  await answer(0);
+  const ask = (request: DistributiveOmit<LaneRequest, "id">) => {
+    const id = nextId++;
+    const answered = answer(id);
+    child.send({ ...request, id });
+    return answered;
+  };
+  return {
+    ask,
+    async stop() {
+      if (exited) return;
+      const gone = new Promise((resolve) => child.once("exit", resolve));
+      await ask({ op: "stop" }).catch(() => {});
+      const killed = setTimeout(() => child.kill("SIGKILL"), 10_000);
+      await gone;
+      clearTimeout(killed);
+    },
+  };
+}
+
+/** One table of query kinds from the lanes' tables. */
+function mergeQueries(tables: QueryKindStats[][]): QueryKindStats[] {
+  const kinds = new Map<string, QueryKindStats>();
+  for (const row of tables.flat()) {
+    const kind = kinds.get(row.kind) ?? { kind: row.kind, count: 0, totalMs: 0 };
+    kinds.set(row.kind, { kind: row.kind, count: kind.count + row.count, totalMs: kind.totalMs + row.totalMs });
+  }
+  return [...kinds.values()].sort((a, b) => b.totalMs - a.totalMs);
+}
 
 /** Walkthrough 1's checks over every machine: one attested wipe before each ready, no destructive command twice. */
-async function checkInvariants(sim: MetalSim, size: number): Promise<void> {
-  const intoReady = await transitionsIntoReady(sim.store);
+async function checkInvariants(fleet: Fleet, size: number): Promise<void> {
+  const intoReady = await transitionsIntoReady(fleet.store);
   const wrong = intoReady.filter((t) => t.attested_wipes !== 1);
   // Commissioning and one release per machine.
   if (intoReady.length !== 2 * size || wrong.length)
     throw new Error(
       `${intoReady.length} transitions into ready (want ${2 * size}), ${wrong.length} without exactly one attested wipe: ${JSON.stringify(wrong.slice(0, 3))}`,
     );
-  const twice = await destructiveTwice(sim.store);
+  const twice = await destructiveTwice(fleet.store);
   if (twice.length) throw new Error(`destructive commands done twice: ${JSON.stringify(twice.slice(0, 3))}`);
   // And the agents ran each destructive command they were sent once.
-  const enqueued = await sim.store.db.execute(sql`SELECT kind, count(*)::int AS n FROM bc_commands WHERE destructive GROUP BY kind`);
-  for (const { kind, n } of enqueued.rows as { kind: string; n: number }[]) {
-    const ran = sim.commandsSeen.filter((c) => c.kind === kind).length;
-    if (ran !== n) throw new Error(`${kind}: ${n} enqueued, ${ran} run by the agents`);
+  const { ran } = await fleet.stats(false);
+  const enqueued = await fleet.read(sql`SELECT kind, count(*)::int AS n FROM bc_commands WHERE destructive GROUP BY kind`);
+  for (const { kind, n } of enqueued as { kind: string; n: number }[]) {
+    if ((ran[kind] ?? 0) !== n) throw new Error(`${kind}: ${n} enqueued, ${ran[kind] ?? 0} run by the agents`);
   }
 }
 
-// A collection before each reading, so the figures are what is live, not what awaits the collector.
-v8.setFlagsFromString("--expose-gc");
-const gc = vm.runInNewContext("gc") as () => void;
-
-function memoryNow() {
-  gc();
-  const { rss, heapUsed } = process.memoryUsage();
-  return { rss, heapUsed };
-}
-
-function perMachine(base: ReturnType<typeof memoryNow>, size: number): string[] {
-  const now = memoryNow();
-  const rss = now.rss - base.rss;
-  const heap = now.heapUsed - base.heapUsed;
+function perMachine(stats: LaneStats, size: number): string[] {
+  const { rssBytes: rss, heapBytes: heap } = stats;
   return [(rss / 2 ** 20).toFixed(0), (heap / 2 ** 20).toFixed(0), (rss / 1024 / size).toFixed(0), (heap / 1024 / size).toFixed(0)];
 }
 
-let observerTrips = 0;
-
-async function counters(sim: MetalSim) {
-  const before = sim.roundTrips();
-  const found = await sim.store.db.execute(sql`
-    SELECT (SELECT count(*)::int FROM metal_transitions) AS transitions, (SELECT count(*)::int FROM workflow_steps WHERE state = 'succeeded') AS steps`);
-  observerTrips += sim.roundTrips() - before;
-  const row = found.rows[0] as { transitions: number; steps: number };
-  return { ...row, roundTrips: sim.roundTrips(), observerTrips };
+async function counters(fleet: Fleet) {
+  const [row] = (await fleet.read(sql`
+    SELECT (SELECT count(*)::int FROM metal_transitions) AS transitions, (SELECT count(*)::int FROM workflow_steps WHERE state = 'succeeded') AS steps`)) as {
+    transitions: number;
+    steps: number;
+  }[];
+  return { ...row!, roundTrips: (await fleet.stats(false)).roundTrips, observerTrips: fleet.observerTrips() };
 }
 
 const PROGRESS_MS = 30_000;
 
-async function allIn(sim: MetalSim, size: number, state: string, ctx: BenchContext): Promise<void> {
+async function allIn(fleet: Fleet, size: number, state: string, ctx: BenchContext): Promise<void> {
   const started = performance.now();
   let reported = started;
   for (;;) {
-    const before = sim.roundTrips();
-    const found = await sim.store.db.execute(sql`SELECT state, count(*)::int AS n FROM metal_nodes GROUP BY state`);
-    observerTrips += sim.roundTrips() - before;
-    const counts = Object.fromEntries((found.rows as { state: string; n: number }[]).map((r) => [r.state, r.n]));
+    const found = await fleet.read(sql`SELECT state, count(*)::int AS n FROM metal_nodes GROUP BY state`);
+    const counts = Object.fromEntries((found as { state: string; n: number }[]).map((r) => [r.state, r.n]));
     if (counts[state] === size) return;
     // A 1,000-machine phase takes minutes: say where the machines are now and then.
     if (performance.now() - reported >= PROGRESS_MS) {
@@ -173,13 +309,13 @@ async function allIn(sim: MetalSim, size: number, state: string, ctx: BenchConte
     }
     if (counts.failed) {
       // Where the time went: the failed machines' errors, and how long commands waited for delivery and ran.
-      const failed = await sim.store.db.execute(sql`SELECT id, last_error FROM metal_nodes WHERE state = 'failed' ORDER BY id LIMIT 3`);
-      const commands = await sim.store.db.execute(sql`
+      const failed = await fleet.read(sql`SELECT id, last_error FROM metal_nodes WHERE state = 'failed' ORDER BY id LIMIT 3`);
+      const commands = await fleet.read(sql`
         SELECT state, count(*)::int AS n, round(avg(extract(epoch FROM delivered_at - created_at))::numeric, 1)::float8 AS wait_s,
                round(avg(extract(epoch FROM completed_at - delivered_at))::numeric, 1)::float8 AS run_s
         FROM bc_commands GROUP BY state`);
       throw new Error(
-        `${counts.failed} machine(s) failed: ${JSON.stringify(counts)}; ${failed.rows.map((r) => JSON.stringify(r)).join("; ")}; commands: ${JSON.stringify(commands.rows)}`,
+        `${counts.failed} machine(s) failed: ${JSON.stringify(counts)}; ${failed.map((r) => JSON.stringify(r)).join("; ")}; commands: ${JSON.stringify(commands)}`,
       );
     }
     if (performance.now() - started > ctx.fleet.timeoutSeconds * 1000)

@@ -13,6 +13,7 @@
 //   BENCH_WORKFLOW_BATCHES  workflows section: batch sizes started at once (default 1,10,100)
 //   BENCH_FLEET         fleet section: machine counts, comma-separated (default 100,1000)
 //   BENCH_FLEET_TIMEOUT fleet section: seconds a phase may take before the run is failed (default 1800)
+//   BENCH_FLEET_LANES   fleet section on DATABASE_URL: processes the machines are split across, a site each (default: the CPUs)
 //   BENCH_VPS_INSTANCES vps section: instances, split across the three providers (default 30)
 //   BENCH_VPS_ACTION_MS vps section: how long each emulated action, boot and task takes, ms (default 1500)
 //   BENCH_VMS_GUESTS    vms section: real guests booted on a real bcd node, per phase (default 6)
@@ -38,7 +39,7 @@ export interface BenchContext {
     /** Sizes of the batches started at once (BENCH_WORKFLOW_BATCHES, comma-separated). */
     batches: number[];
   };
-  fleet: { sizes: number[]; timeoutSeconds: number };
+  fleet: { sizes: number[]; timeoutSeconds: number; lanes: number };
   vps: {
     /** Instances, split across Hetzner Cloud, Hetzner Robot and Proxmox. */
     instances: number;
@@ -85,7 +86,11 @@ const ctx: BenchContext = {
   warmupSeconds: positiveNumber("BENCH_WARMUP", 2, true),
   commands: positiveInt("BENCH_COMMANDS", 1000),
   workflows: { batches: intList("BENCH_WORKFLOW_BATCHES", "1,10,100") },
-  fleet: { sizes: intList("BENCH_FLEET", "100,1000"), timeoutSeconds: positiveNumber("BENCH_FLEET_TIMEOUT", 1800) },
+  fleet: {
+    sizes: intList("BENCH_FLEET", "100,1000"),
+    timeoutSeconds: positiveNumber("BENCH_FLEET_TIMEOUT", 1800),
+    lanes: positiveInt("BENCH_FLEET_LANES", os.availableParallelism()),
+  },
   vps: { instances: positiveInt("BENCH_VPS_INSTANCES", 30), actionMs: positiveNumber("BENCH_VPS_ACTION_MS", 1500, true) },
   agents: {
     max: positiveInt("BENCH_AGENTS_MAX", 200),
@@ -113,7 +118,9 @@ console.log(`  sections: ${sections.map((s) => s.id).join(", ")}${only.length ? 
 console.log(
   `  api: ${ctx.concurrency} concurrent clients (BENCH_CONCURRENCY), ${ctx.warmupSeconds} s warm-up (BENCH_WARMUP) + ${ctx.seconds} s measured (BENCH_SECONDS) per target`,
 );
-console.log(`  fleet: ${ctx.fleet.sizes.join(", ")} simulated machines (BENCH_FLEET)`);
+console.log(
+  `  fleet: ${ctx.fleet.sizes.join(", ")} simulated machines (BENCH_FLEET)${ctx.databaseUrl ? ` in ${ctx.fleet.lanes} lane(s) (BENCH_FLEET_LANES)` : ""}`,
+);
 console.log(
   `  vps: ${ctx.vps.instances} instances (BENCH_VPS_INSTANCES), emulated actions of ${ctx.vps.actionMs} ms (BENCH_VPS_ACTION_MS)`,
 );

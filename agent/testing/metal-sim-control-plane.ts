@@ -45,6 +45,7 @@ export async function inProcessControlPlane(options: {
   chaos?: ChaosPlan;
   pki?: PkiOptions;
   databaseUrl?: string;
+  databaseSchema?: string;
   onRoundTrip?: RoundTripHook;
 }): Promise<SimControlPlane> {
   const cleanup: Array<() => Promise<unknown>> = [];
@@ -53,7 +54,9 @@ export async function inProcessControlPlane(options: {
     cleanup.length = 0;
   };
   try {
-    const db = options.databaseUrl ? await postgresDatabase(options.databaseUrl, options.onRoundTrip) : await pgliteDatabase();
+    const db = options.databaseUrl
+      ? await postgresDatabase(options.databaseUrl, options.onRoundTrip, options.databaseSchema)
+      : await pgliteDatabase();
     cleanup.push(() => db.stop());
     // The store the control plane's passes and sessions run on (counted on a real Postgres).
     const { store, engine = store } = db;
@@ -162,43 +165,62 @@ async function pgliteDatabase(): Promise<SimDatabase> {
 }
 
 /**
- * A real Postgres, in a schema of its own (dropped at stop) so runs never meet each other's rows.
+ * A real Postgres, in a schema of its own (dropped at stop) so runs never meet each other's rows,
+ * or in `schema`, made by the caller for several sims to share (parallel lanes of one fleet: each
+ * process one control plane, as a deployment runs many Workers on one database), left in place.
  * Every request, pass and session shares one pool over TCP with node-postgres, the driver of the
  * Hyperdrive binding: pooled connections, as Hyperdrive keeps them to Neon in production, where a
  * pool per request would pay a connection and its password exchange each time. Round trips are
  * counted at that driver (onRoundTrip); the returned store is another pool, for the sim's and the
  * caller's own reads, not counted.
  */
-async function postgresDatabase(url: string, onRoundTrip?: RoundTripHook): Promise<SimDatabase> {
-  const schema = `metal_sim_${Date.now().toString(36)}_${crypto.randomUUID().slice(0, 8)}`;
-  const admin = postgres({ hyperdrive: { connectionString: url }, maxConnections: 1 }).open({});
-  await admin.db.execute(sql.raw(`CREATE SCHEMA ${schema}`));
-  const inSchema = new URL(url);
-  inSchema.searchParams.set("options", `-c search_path=${schema}`);
+async function postgresDatabase(url: string, onRoundTrip?: RoundTripHook, shared?: string): Promise<SimDatabase> {
+  const made = shared ? undefined : await createSimSchema(url);
+  const schema = shared ?? made!.schema;
   let roundTrips = 0;
-  const shared = postgres({
-    hyperdrive: { connectionString: inSchema.toString() },
+  const pool = postgres({
+    hyperdrive: { connectionString: inSchema(url, schema) },
     maxConnections: 20,
     onRoundTrip: (statement, answered) => {
       roundTrips++;
       onRoundTrip?.(statement, answered);
     },
   }).open({});
-  const store = postgres({ hyperdrive: { connectionString: inSchema.toString() }, maxConnections: 4 }).open({});
+  const store = postgres({ hyperdrive: { connectionString: inSchema(url, schema) }, maxConnections: 4 }).open({});
   return {
     store,
-    engine: shared,
+    engine: pool,
     env: {},
     // A request's close() must not end the pool the others share.
-    port: { open: () => ({ ...shared, close: async () => {} }) },
+    port: { open: () => ({ ...pool, close: async () => {} }) },
     roundTrips: () => roundTrips,
     async stop() {
-      await shared.close();
+      await pool.close();
       await store.close();
+      await made?.drop();
+    },
+  };
+}
+
+/** A new, empty schema for a sim's tables on the Postgres at url; drop() removes it and them. */
+export async function createSimSchema(url: string): Promise<{ schema: string; drop(): Promise<void> }> {
+  const schema = `metal_sim_${Date.now().toString(36)}_${crypto.randomUUID().slice(0, 8)}`;
+  const admin = postgres({ hyperdrive: { connectionString: url }, maxConnections: 1 }).open({});
+  await admin.db.execute(sql.raw(`CREATE SCHEMA ${schema}`));
+  return {
+    schema,
+    async drop() {
       await admin.db.execute(sql.raw(`DROP SCHEMA ${schema} CASCADE`)).catch(() => {});
       await admin.close();
     },
   };
+}
+
+/** The connection string of url with schema first on its search_path. */
+export function inSchema(url: string, schema: string): string {
+  const u = new URL(url);
+  u.searchParams.set("options", `-c search_path=${schema}`);
+  return u.toString();
 }
 
 /** POST /v1/<method> as the admin; a refusal throws an Error carrying the API's code and details. */

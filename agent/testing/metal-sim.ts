@@ -32,7 +32,7 @@ import { openNodeStore } from "../../scripts/local/node-store.ts";
 import { sql } from "drizzle-orm";
 import type { RoundTripHook } from "../../core/store/database.ts";
 
-export { ChaosPlan, type ChaosBoundary } from "./metal-sim-control-plane.ts";
+export { ChaosPlan, createSimSchema, inSchema, type ChaosBoundary } from "./metal-sim-control-plane.ts";
 export { selfSignedCertificate, type SelfSignedCertificate } from "./tls.ts";
 
 export const SIM_BMC_USER = "admin";
@@ -102,6 +102,11 @@ export interface MetalSimOptions {
   pki?: PkiOptions;
   /** A real Postgres for the in-process control plane instead of the embedded PGlite (a schema of its own, dropped at stop). */
   databaseUrl?: string;
+  /**
+   * With databaseUrl: this schema (createSimSchema), shared with other sims, instead of one of its
+   * own; left in place at stop. Each sim then needs its own siteId, and its own node ids.
+   */
+  databaseSchema?: string;
   /** BENCH HOOK (with databaseUrl): every round trip of the control plane, with its duration (core/store/database.ts). */
   onRoundTrip?: RoundTripHook;
 }
@@ -188,7 +193,10 @@ export interface MetalSim {
 
 export async function createMetalSim(options: MetalSimOptions = {}): Promise<MetalSim> {
   if (options.stack && options.chaos) throw new Error("createMetalSim: a chaos plan needs the in-process control plane");
-  if (options.stack && (options.modules?.length || options.hardwareProfiles || options.pki || options.databaseUrl)) {
+  if (
+    options.stack &&
+    (options.modules?.length || options.hardwareProfiles || options.pki || options.databaseUrl || options.databaseSchema)
+  ) {
     throw new Error(
       "createMetalSim: modules, hardwareProfiles, pki and databaseUrl belong to the stack's own config when a stack is given",
     );

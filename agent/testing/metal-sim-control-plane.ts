@@ -170,7 +170,8 @@ async function pgliteDatabase(): Promise<SimDatabase> {
  * process one control plane, as a deployment runs many Workers on one database), left in place.
  * Every request, pass and session shares one pool over TCP with node-postgres, the driver of the
  * Hyperdrive binding: pooled connections, as Hyperdrive keeps them to Neon in production, where a
- * pool per request would pay a connection and its password exchange each time. Round trips are
+ * pool per request would pay a connection and its password exchange each time. Its statements are
+ * prepared by name once per connection (preparedStatements). Round trips are
  * counted at that driver (onRoundTrip); the returned store is another pool, for the sim's and the
  * caller's own reads, not counted.
  */
@@ -181,6 +182,8 @@ async function postgresDatabase(url: string, onRoundTrip?: RoundTripHook, shared
   const pool = postgres({
     hyperdrive: { connectionString: inSchema(url, schema) },
     maxConnections: 20,
+    // The pool lives as long as the sim: each connection parses a statement once (docs/decisions.md).
+    preparedStatements: true,
     onRoundTrip: (statement, answered) => {
       roundTrips++;
       onRoundTrip?.(statement, answered);

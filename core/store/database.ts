@@ -54,6 +54,15 @@ export interface PostgresOptions {
   /** Connections per Store (per request); default 4. */
   maxConnections?: number;
   /**
+   * Name every statement that has parameters, so each connection parses and plans it once and then
+   * only binds and executes it (see namedStatements). Default off: it pays only on connections kept
+   * across many statements (a pool every request shares, as the metal simulation's), and the server
+   * must keep each connection's statements apart: Postgres directly, a pooler in session mode, or
+   * pgbouncer 1.21+ with max_prepared_statements. Not the local PGlite server, whose one session
+   * every connection shares (a second connection's Parse of the same name fails).
+   */
+  preparedStatements?: boolean;
+  /**
    * TEST AND BENCH HOOK: called once per message the driver sends and waits on (every statement,
    * a transaction's BEGIN and COMMIT included): a Postgres round trip, with its text, and a promise
    * of its duration in ms (from the send to the answer, an error included). Unset in production.
@@ -70,13 +79,13 @@ export function postgres(options: PostgresOptions = {}): DatabasePort {
       if (hyperdrive !== undefined) {
         const url = nonEmpty((hyperdrive as { connectionString?: unknown } | null)?.connectionString);
         if (!url) throw invalidConfig("the HYPERDRIVE binding has no connectionString: bind a Hyperdrive config (docs/operations.md)");
-        return openStore(new pg.Pool({ connectionString: url, max: options.maxConnections ?? 4 }), options.onRoundTrip);
+        return openStore(new pg.Pool({ connectionString: url, max: options.maxConnections ?? 4 }), options);
       }
       const url = options.url ?? nonEmpty(env.DATABASE_URL);
       if (!url) throw invalidConfig("no database configured: bind HYPERDRIVE, set DATABASE_URL or pass database: postgres({ url })");
       const wsProxy = options.wsProxy ?? nonEmpty(env.BC_DB_WS_PROXY);
       if (wsProxy) useBridge(wsProxy);
-      return openStore(new Pool({ connectionString: url, max: options.maxConnections ?? 4 }), options.onRoundTrip);
+      return openStore(new Pool({ connectionString: url, max: options.maxConnections ?? 4 }), options);
     },
   };
 }
@@ -91,10 +100,11 @@ export function useBridge(bridge: string): void {
 
 type Client = PoolClient | pg.PoolClient;
 
-function openStore(pool: Pool | pg.Pool, onRoundTrip?: RoundTripHook): Store {
+function openStore(pool: Pool | pg.Pool, { onRoundTrip, preparedStatements }: PostgresOptions): Store {
   // An idle client that drops (server restart, bridge gone) must not crash the isolate.
   pool.on("error", () => {});
   pool.on("connect", (client: Client) => {
+    if (preparedStatements) namedStatements(client);
     if (onRoundTrip) timeQueries(client, onRoundTrip);
     lazyTransactions(client); // outermost, so the hook sees only what is sent
   });
@@ -174,6 +184,46 @@ function lazyTransactions(client: Client): void {
     await flush();
     return query(...args);
   }) as PoolClient["query"];
+}
+
+/** Statements one connection keeps prepared, at most: a statement whose text varies must not grow the server's memory. */
+const PREPARED_PER_CONNECTION = 500;
+
+/**
+ * Gives every statement with parameters a name derived from its text. node-postgres then sends its
+ * Parse once per connection and afterwards only Bind and Execute, and Postgres reuses the parsed
+ * statement and, after a few runs, its plan. A name is never reused for another text (the driver
+ * refuses that), so a hash collision fails loudly instead of running the wrong statement.
+ */
+function namedStatements(client: Client): void {
+  const query = client.query.bind(client) as (...args: unknown[]) => unknown;
+  const named = new Set<string>();
+  client.query = ((...args: unknown[]) => {
+    // (text | config, values?, callback?): the pool's own query() passes a callback, a transaction's client none.
+    const [first, second] = args as [string | { text: string; name?: string; values?: unknown[] }, unknown];
+    const config = typeof first === "string" ? { text: first } : first;
+    const values = Array.isArray(second) ? second : config.values;
+    if (!values?.length || config.name !== undefined) return query(...args);
+    const name = statementName(config.text);
+    if (!named.has(name)) {
+      if (named.size >= PREPARED_PER_CONNECTION) return query(...args);
+      named.add(name);
+    }
+    return query({ ...config, name }, ...args.slice(1));
+  }) as PoolClient["query"];
+}
+
+/** A statement's name: "bc_" and a 53-bit hash of its text (cyrb53; Postgres keeps 63 bytes of a name). */
+function statementName(text: string): string {
+  let [h1, h2] = [0xdeadbeef, 0x41c6ce57];
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    h1 = Math.imul(h1 ^ c, 2654435761);
+    h2 = Math.imul(h2 ^ c, 1597334677);
+  }
+  h1 = Math.imul(h1 ^ (h1 >>> 16), 2246822507) ^ Math.imul(h2 ^ (h2 >>> 13), 3266489909);
+  h2 = Math.imul(h2 ^ (h2 >>> 16), 2246822507) ^ Math.imul(h1 ^ (h1 >>> 13), 3266489909);
+  return `bc_${(4294967296 * (2097151 & h2) + (h1 >>> 0)).toString(36)}`;
 }
 
 /** Reports every query the client runs, with its duration (the pool's own queries run on its clients too). */

@@ -7,6 +7,7 @@ import os from "node:os";
 import path from "node:path";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
 import { postgres } from "../../core/store/database.ts";
 import { runConformance, storeConformanceCases } from "../../core/conformance/index.ts";
 import { LOCAL_CONNECTION_STRING_VAR, localHyperdrive } from "../../scripts/local/hyperdrive.ts";
@@ -66,6 +67,26 @@ describe("the store on a HYPERDRIVE binding (node-postgres over TCP)", () => {
     }
   });
 
+  it("with preparedStatements, parses a statement with parameters once per connection and binds it after", async () => {
+    // One connection: the local PGlite server shares one session between its connections.
+    const store = postgres({ hyperdrive: { connectionString: pglite.connectionString }, maxConnections: 1, preparedStatements: true }).open(
+      {},
+    );
+    try {
+      const doubled = [];
+      for (const n of [1, 2, 3]) doubled.push((await store.db.execute(sql`SELECT ${n}::int * 2 AS doubled`)).rows[0]);
+      expect(doubled).toEqual([{ doubled: 2 }, { doubled: 4 }, { doubled: 6 }]);
+      await store.db.execute(sql`SELECT 1 AS unnamed`); // no parameters: nothing to reuse, not named
+      const { rows } = await store.db.execute(
+        sql`SELECT name, statement, generic_plans + custom_plans AS runs FROM pg_prepared_statements WHERE name LIKE 'bc\\_%'`,
+      );
+      expect(rows).toEqual([{ name: expect.stringMatching(/^bc_[0-9a-z]+$/), statement: "SELECT $1::int * 2 AS doubled", runs: "3" }]);
+      await store.db.execute(sql`DEALLOCATE ALL`); // the next connection to this PGlite may reuse the name
+    } finally {
+      await store.close();
+    }
+  });
+
   it("refuses a binding with no connection string with INVALID_CONFIG", () => {
     expect(() => postgres().open({ HYPERDRIVE: {} as Hyperdrive })).toThrow(expect.objectContaining({ code: "INVALID_CONFIG" }));
   });
@@ -102,17 +123,9 @@ describe("the local stack's HYPERDRIVE binding", () => {
       expect(stack.databasePath).toBe("hyperdrive");
       const devEnv = fs.readFileSync(path.join(stack.dataDir, "dev.env"), "utf8");
       expect(devEnv).not.toContain("BC_DB_WS_PROXY");
-      const call = async (method: string, input: object) => {
-        const res = await fetch(`${stack.url}/v1/${method}`, {
-          method: "POST",
-          headers: { authorization: `Bearer ${stack.adminKey}`, "content-type": "application/json" },
-          body: JSON.stringify(input),
-        });
-        return { status: res.status, body: (await res.json()) as Record<string, unknown> };
-      };
-      expect((await call("iam.whoami", {})).status).toBe(200);
-      const created = await call("joinTokens.create", { role: "node" });
-      expect(created.status).toBe(200);
+      // Each throws unless the API answers 200.
+      await callApi(stack.url, stack.adminKey, "iam.whoami");
+      await callApi(stack.url, stack.adminKey, "joinTokens.create", { role: "node" });
       expect((await fetch(`${stack.url}/v1/health`)).status).toBe(200);
     });
   });

@@ -14,6 +14,7 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
+import { callApi as callAsAdmin } from "../agent/testing/metal-sim-control-plane.ts";
 import { repoRoot } from "../scripts/local/node-store.ts";
 import { startStack, type Stack } from "../scripts/local/stack.ts";
 import type { BenchContext } from "./run.ts";
@@ -107,17 +108,9 @@ export async function withStack<T>(ctx: BenchContext, name: string, fn: (stack: 
   }
 }
 
-/** Calls an API method with the stack's admin key; anything but a 200 throws with the answer. */
-export async function callApi<T = Record<string, unknown>>(stack: Stack, method: string, input: object): Promise<T> {
-  const res = await fetch(`${stack.url}/v1/${method}`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${stack.adminKey}`, "content-type": "application/json" },
-    body: JSON.stringify(input),
-  });
-  const text = await res.text();
-  if (res.status !== 200) throw new Error(`${method} answered ${res.status}: ${text.slice(0, 300)}`);
-  return JSON.parse(text) as T;
-}
+/** Calls an API method with the stack's admin key; anything but a 200 throws with the API's code. */
+export const callApi = <T = Record<string, unknown>>(stack: Stack, method: string, input: Record<string, unknown>): Promise<T> =>
+  callAsAdmin<T>(stack.url, stack.adminKey, method, input);
 
 /** Runs fn over items with at most `limit` at a time; the first rejection rejects (the rest still settle). */
 export async function mapLimit<I, O>(items: readonly I[], limit: number, fn: (item: I, index: number) => Promise<O>): Promise<O[]> {

@@ -7,6 +7,7 @@ import path from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { repoRoot } from "../../scripts/local/node-store.ts";
 import { startStack, type Stack } from "../../scripts/local/stack.ts";
+import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
 import { startRedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
 import { eventually as poll } from "../support/eventually.ts";
 
@@ -31,17 +32,11 @@ afterAll(async () => {
 const eventually = <T>(read: () => Promise<T>, done: (v: T) => boolean, what: string) =>
   poll(read, done, what, { detail: () => `bcd said:\n${bcdOutput}` });
 
-async function api(name: string, input: object) {
-  const res = await fetch(`${stack.url}/v1/${name}`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${stack.adminKey}`, "content-type": "application/json" },
-    body: JSON.stringify(input),
-  });
-  return { status: res.status, body: (await res.json()) as any };
-}
+/** The admin's API call; anything but a 200 throws. */
+const api = (name: string, input: Record<string, unknown>) => callApi<any>(stack.url, stack.adminKey, name, input);
 
 it("joins with a site token, connects, runs a command, drives a BMC for commissioning, and disconnects on SIGTERM", async () => {
-  const token = (await api("siteTokens.create", { site: "lab" })).body.token as string;
+  const token = (await api("siteTokens.create", { site: "lab" })).token as string;
   bcd = spawn(
     process.execPath,
     [
@@ -65,7 +60,7 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
   bcd.stderr!.on("data", (d) => (bcdOutput += d));
 
   const site = await eventually(
-    async () => (await api("nodes.list", { role: "site" })).body.nodes as any[],
+    async () => (await api("nodes.list", { role: "site" })).nodes as any[],
     (nodes) => nodes.some((n) => n.state === "connected"),
     "the site agent connecting",
   );
@@ -73,9 +68,8 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
   expect(node.labels["bc.dev/site"]).toBe("lab");
 
   const created = await api("commands.create", { node: node.id, kind: "agent.ping", body: {} });
-  expect(created.status).toBe(200);
   const done = await eventually(
-    async () => (await api("commands.get", { id: created.body.id })).body,
+    async () => api("commands.get", { id: created.id }),
     (c) => c.state === "succeeded",
     "the ping's result",
   );
@@ -91,23 +85,21 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
   const bmc = await startRedfishEmulator({ machines: 1, username: "admin", password: BMC_PASSWORD });
   try {
     const system = [...bmc.machines.values()][0]!;
-    expect((await api("metal.sites.create", { id: "lab" })).status).toBe(200);
-    expect((await api("metal.pools.create", { id: "lab-metal", site: "lab", policy: { hardwareProfile: "redfish-pxe" } })).status).toBe(
-      200,
-    );
+    await api("metal.sites.create", { id: "lab" });
+    await api("metal.pools.create", { id: "lab-metal", site: "lab", policy: { hardwareProfile: "redfish-pxe" } });
     const enrolled = await api("metal.enroll", {
       id: "m-1",
       pool: "lab-metal",
       bmc: { address: `${bmc.url}/redfish/v1/Systems/${system.id}`, username: "admin", password: BMC_PASSWORD },
     });
-    expect(enrolled.body).toMatchObject({ state: "commissioning" });
+    expect(enrolled).toMatchObject({ state: "commissioning" });
     // No ramdisk will boot here (no PXE): commissioning gets as far as the power cycle and waits.
     await eventually(
       async () => system.powerHistory,
       (h) => h.includes("On"),
       "the power cycle through bcd",
     );
-    const workflow = (await api("workflows.get", { id: enrolled.body.workflow })).body;
+    const workflow = await api("workflows.get", { id: enrolled.workflow });
     expect(workflow.steps[0]).toMatchObject({ name: "inspect", attempts: [{ state: "succeeded", output: { uuid: system.uuid } }] });
     expect(bmc.requests.some((r) => r.method === "POST" && r.path.endsWith("/Actions/ComputerSystem.Reset") && r.status === 204)).toBe(
       true,
@@ -122,7 +114,7 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
   const code = await new Promise<number | null>((resolve) => bcd!.once("exit", (c) => resolve(c)));
   expect(code).toBe(0);
   await eventually(
-    async () => (await api("nodes.get", { node: node.id })).body.state,
+    async () => (await api("nodes.get", { node: node.id })).state,
     (s) => s === "disconnected",
     "the disconnection being recorded",
   );

@@ -8,6 +8,7 @@ import os from "node:os";
 import path from "node:path";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, expect, it } from "vitest";
+import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
 import { openNodeStore, repoRoot, type NodeStore } from "../../scripts/local/node-store.ts";
 import { startStack, type Stack } from "../../scripts/local/stack.ts";
 
@@ -33,16 +34,8 @@ afterAll(async () => {
   fs.rmSync(dataDir, { recursive: true, force: true });
 });
 
-async function call<T = any>(method: string, body: unknown): Promise<T> {
-  const res = await fetch(`${stack.url}/v1/${method}`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${stack.adminKey}`, "content-type": "application/json" },
-    body: JSON.stringify(body),
-  });
-  const text = await res.text();
-  expect(res.status, text).toBe(200);
-  return JSON.parse(text) as T;
-}
+/** The admin's API call; anything but a 200 throws. */
+const call = <T = any>(method: string, input: Record<string, unknown>) => callApi<T>(stack.url, stack.adminKey, method, input);
 
 async function until<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 30_000): Promise<T> {
   const deadline = Date.now() + timeoutMs;

@@ -16,6 +16,7 @@ import { processesNaming } from "../../agent/runtimes/microvm/helpers.ts";
 import { ensureGuestImage } from "../../agent/runtimes/microvm/image.ts";
 import { netnsExists, netnsName } from "../../agent/runtimes/microvm/network.ts";
 import { FakeDaemon } from "../../agent/testing.ts";
+import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
 import { simulatedRuntime } from "../../agent/testing/simulated-runtime.ts";
 import { repoRoot } from "../../scripts/local/node-store.ts";
 import { startStack, type Stack } from "../../scripts/local/stack.ts";
@@ -55,20 +56,8 @@ afterAll(async () => {
   fs.rmSync(dataDir, { recursive: true, force: true });
 });
 
-async function call(name: string, input: object, key = stack.adminKey) {
-  const res = await fetch(`${stack.url}/v1/${name}`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-    body: JSON.stringify(input),
-  });
-  return { status: res.status, body: (await res.json()) as any };
-}
-
-async function ok(name: string, input: object, key?: string): Promise<any> {
-  const res = await call(name, input, key);
-  expect(res.status, `${name}: ${JSON.stringify(res.body)}`).toBe(200);
-  return res.body;
-}
+/** An API call as the admin or the holder of `key`; anything but a 200 throws with the API's code. */
+const ok = (name: string, input: Record<string, unknown>, key = stack.adminKey) => callApi<any>(stack.url, key, name, input);
 
 const eventually = <T>(read: () => Promise<T>, done: (v: T) => boolean, what: string, ms = 60_000) =>
   poll(read, done, what, { ms, intervalMs: 250, detail: () => `bcd said:\n${bcdOutput.slice(-4000)}` });

@@ -6,10 +6,10 @@ import { abortAllDurableObjects } from "cloudflare:test";
 import { sql } from "drizzle-orm";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { z } from "zod";
-import { FakeDaemon } from "../agent/testing.ts";
+import type { FakeDaemon } from "../agent/testing.ts";
 import { betterCompute, definePlugin } from "../core/index.ts";
 import { createTestClient, type TestClient } from "../core/testing.ts";
-import { fetcher } from "./support/raw-agent.ts";
+import { joinedDaemon } from "./support/fake-daemon.ts";
 
 const compute = betterCompute({
   plugins: [
@@ -33,9 +33,8 @@ afterEach(async () => {
 afterAll(() => client?.close());
 
 async function daemon(handlers: ConstructorParameters<typeof FakeDaemon>[0]["handlers"] = {}): Promise<FakeDaemon> {
-  const d = new FakeDaemon({ baseUrl: "http://bc.test", fetch: fetcher(compute, env), role: "node", handlers, heartbeatMs: 60_000 });
+  const d = await joinedDaemon(client, compute, env, { handlers, heartbeatMs: 60_000 });
   daemons.push(d);
-  await d.join((await client.call("joinTokens.create", { role: "node" })).body.token);
   return d;
 }
 

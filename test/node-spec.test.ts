@@ -6,14 +6,14 @@ import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { z } from "zod";
-import { FakeDaemon } from "../agent/testing.ts";
+import type { FakeDaemon } from "../agent/testing.ts";
 import { simulatedRuntime, type SimulatedRuntime } from "../agent/testing/simulated-runtime.ts";
 import { MemoryState } from "../agent/state.ts";
 import { betterCompute, definePlugin } from "../core/index.ts";
 import { isComputeError } from "../core/errors.ts";
 import { sha256Hex } from "../core/encoding.ts";
 import { createTestClient, type TestClient } from "../core/testing.ts";
-import { fetcher } from "./support/raw-agent.ts";
+import { joinedDaemon } from "./support/fake-daemon.ts";
 
 const instanceEntry = z.strictObject({
   name: z.string(),
@@ -70,17 +70,12 @@ async function refusal(promise: Promise<unknown>): Promise<string> {
 }
 
 async function joinedNode(opts: { runtime?: SimulatedRuntime; state?: MemoryState } = {}): Promise<FakeDaemon> {
-  const d = new FakeDaemon({
-    baseUrl: "http://bc.test",
-    fetch: fetcher(compute, env),
-    role: "node",
+  const d = await joinedDaemon(client, compute, env, {
     heartbeatMs: 60_000,
     ...(opts.state ? { state: opts.state } : {}),
     node: { runtimes: [opts.runtime ?? simulatedRuntime()] },
   });
   daemons.push(d);
-  if (!opts.state || !(await opts.state.loadIdentity()))
-    await d.join((await client.call("joinTokens.create", { role: "node" })).body.token);
   return d;
 }
 

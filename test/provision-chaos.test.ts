@@ -6,13 +6,14 @@
 import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { FakeDaemon } from "../agent/testing.ts";
+import type { FakeDaemon } from "../agent/testing.ts";
 import { postgres } from "../core/index.ts";
 import type { Store } from "../core/store/database.ts";
 import { createTestClient, type TestClient } from "../core/testing.ts";
 import { wakeStalledWorkflows } from "../plugins/provision/module.ts";
 import { chaos, type Boundary } from "./support/chaos.ts";
 import { testCompute } from "./support/worker.ts";
+import { joinedDaemon } from "./support/fake-daemon.ts";
 
 let client: TestClient;
 let observer: Store; // the test's own reads, outside the counted (wrapped) stores
@@ -22,10 +23,8 @@ const wipesRun = new Map<string, number>();
 beforeAll(async () => {
   client = await createTestClient(testCompute, env);
   observer = postgres().open(env);
-  daemon = new FakeDaemon({
-    baseUrl: "http://bc.test",
-    fetch: (url: string, init?: RequestInit) => testCompute.fetch(new Request(url, init), env),
-    role: "node",
+  daemon = await joinedDaemon(client, testCompute, env, {
+    connect: true,
     handlers: {
       "chaos.inventory": () => ({ disk: "/dev/nvme0n1" }),
       "chaos.wipe": (_body, { key }) => {
@@ -34,8 +33,6 @@ beforeAll(async () => {
       },
     },
   });
-  await daemon.join((await client.call("joinTokens.create", { role: "node" })).body.token);
-  await daemon.connect();
 });
 
 afterAll(async () => {

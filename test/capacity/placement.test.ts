@@ -7,12 +7,12 @@
 import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { FakeDaemon } from "../../agent/testing.ts";
+import type { FakeDaemon } from "../../agent/testing.ts";
 import { betterCompute, defineModule, defineSchedulerPlugin } from "../../core/index.ts";
 import type { HostView, PlacementRequest, PlacementResult } from "../../core/public.ts";
 import { createTestClient, type TestClient } from "../../core/testing.ts";
 import { capacity } from "../../plugins/capacity/index.ts";
-import { fetcher } from "../support/raw-agent.ts";
+import { joinedDaemon } from "../support/fake-daemon.ts";
 
 // A third party's scheduler plugin: its filter, scorer, atom picker and admission take part in
 // every placement of this deployment, but only hosts and requests of the plugin test trigger them.
@@ -77,17 +77,14 @@ async function insertHost(id: string, spec: HostSpec): Promise<string> {
 
 /** A host whose FakeDaemon joined (with the scope's labels on its token) and connected, reporting these resources. */
 async function daemonHost(labels: Record<string, string>, spec: HostSpec & { drivers?: { id: string; version: string }[] } = {}) {
-  const d = new FakeDaemon({
-    baseUrl: "http://bc.test",
-    fetch: fetcher(compute, env),
-    role: "node",
+  const d = await joinedDaemon(client, compute, env, {
     heartbeatMs: 60_000,
     drivers: spec.drivers ?? [],
     resources: { cpus: spec.cpus ?? 8, memoryMiB: spec.memoryMiB ?? 16384, diskGiB: spec.diskGiB ?? 200, devices: spec.devices ?? [] },
+    tokenLabels: labels,
+    connect: true,
   });
   daemons.push(d);
-  await d.join((await client.call("joinTokens.create", { role: "node", labels })).body.token);
-  await d.connect();
   await expect.poll(() => nodeState(d.nodeId!), { timeout: 10_000 }).toBe("connected");
   return d;
 }

@@ -8,14 +8,14 @@
 import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { FakeDaemon } from "../../agent/testing.ts";
+import type { FakeDaemon } from "../../agent/testing.ts";
 import { simulatedRuntime, type SimulatedRuntime } from "../../agent/testing/simulated-runtime.ts";
 import { betterCompute } from "../../core/index.ts";
 import { sha256Hex } from "../../core/encoding.ts";
 import { createTestClient, type TestClient } from "../../core/testing.ts";
 import { capacity } from "better-compute/capacity";
 import { vps } from "../../plugins/vps/index.ts";
-import { fetcher } from "../support/raw-agent.ts";
+import { joinedDaemon } from "../support/fake-daemon.ts";
 
 const compute = betterCompute({ modules: [capacity(), vps()] });
 let client: TestClient;
@@ -54,19 +54,17 @@ async function host(
 ) {
   const runtime = opts.restart?.runtime ?? simulatedRuntime({ id: "qemu-microvm", bootDelayMs: 10 });
   const resources = opts.resources ?? { cpus: 4, memoryMiB: 8192, diskGiB: 100 };
-  const d = new FakeDaemon({
-    baseUrl: "http://bc.test",
-    fetch: fetcher(compute, env),
-    role: "node",
+  // A restart's state holds the identity: it connects without joining again.
+  const d = await joinedDaemon(client, compute, env, {
     heartbeatMs: 60_000,
     drivers: opts.drivers ?? [],
     resources: { ...resources, devices: [] },
     node: { runtimes: [runtime] },
     ...(opts.restart ? { state: opts.restart.daemon.state } : {}),
+    tokenLabels: labels,
+    connect: true,
   });
   daemons.push(d);
-  if (!opts.restart) await d.join((await client.call("joinTokens.create", { role: "node", labels })).body.token);
-  await d.connect();
   await expect
     .poll(async () => ((await client.store.db.execute(sql`SELECT state FROM bc_nodes WHERE id = ${d.nodeId!}`)).rows[0] as any)?.state)
     .toBe("connected");

@@ -303,7 +303,8 @@ async function withRealNode(ctx: BenchContext, guests: number, fn: (world: Guest
     bcd = spawn(
       process.execPath,
       [
-        path.join(repoRoot, "node_modules", "tsx", "dist", "cli.mjs"),
+        "--import",
+        "tsx",
         path.join(repoRoot, "agent", "bcd.ts"),
         "start",
         "--url",

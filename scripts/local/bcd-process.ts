@@ -2,7 +2,6 @@
 // its JSON log lines are printed one readable line each under a tag, and stop() ends it with
 // SIGTERM, then SIGKILL after a grace period.
 import { spawn, type ChildProcess } from "node:child_process";
-import { createRequire } from "node:module";
 import path from "node:path";
 import { createInterface } from "node:readline";
 import { repoRoot } from "./node-store.ts";
@@ -33,10 +32,9 @@ export interface BcdProcess {
 }
 
 export function startBcd(options: BcdProcessOptions): BcdProcess {
-  const tsx = createRequire(import.meta.url).resolve("tsx/cli");
   const bcd = path.join(repoRoot, "agent", "bcd.ts");
   const args = ["start", "--url", options.url, "--role", options.role, "--state-dir", options.stateDir, "--hostname", options.hostname];
-  const child = spawn(process.execPath, [tsx, bcd, ...args, ...(options.args ?? [])], {
+  const child = spawn(process.execPath, ["--import", "tsx", bcd, ...args, ...(options.args ?? [])], {
     cwd: repoRoot,
     env: { ...process.env, BC_JOIN_TOKEN: options.token },
     stdio: ["ignore", "pipe", "pipe"],

@@ -39,17 +39,7 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
   const token = (await api("siteTokens.create", { site: "lab" })).token as string;
   bcd = spawn(
     process.execPath,
-    [
-      path.join(repoRoot, "node_modules", "tsx", "dist", "cli.mjs"),
-      path.join(repoRoot, "agent", "bcd.ts"),
-      "start",
-      "--url",
-      stack.url,
-      "--role",
-      "site",
-      "--state-dir",
-      stateDir,
-    ],
+    ["--import", "tsx", path.join(repoRoot, "agent", "bcd.ts"), "start", "--url", stack.url, "--role", "site", "--state-dir", stateDir],
     {
       cwd: repoRoot,
       env: { ...process.env, BC_JOIN_TOKEN: token },

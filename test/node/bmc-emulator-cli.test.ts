@@ -19,11 +19,10 @@ afterAll(() => {
 
 /** Spawns the emulator and resolves with what it printed once it is serving. */
 function emulator(args: string[]): Promise<{ child: ChildProcess; output: string }> {
-  const child = spawn(
-    process.execPath,
-    [path.join(repoRoot, "node_modules", "tsx", "dist", "cli.mjs"), path.join(repoRoot, "scripts", "bmc-emulator.ts"), ...args],
-    { cwd: repoRoot, stdio: ["ignore", "pipe", "pipe"] },
-  );
+  const child = spawn(process.execPath, ["--import", "tsx", path.join(repoRoot, "scripts", "bmc-emulator.ts"), ...args], {
+    cwd: repoRoot,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
   children.push(child);
   let output = "";
   return new Promise((resolve, reject) => {

@@ -88,7 +88,8 @@ it("a tenant's three instances on a real bcd node and a simulated host: placed b
   bcd = spawn(
     process.execPath,
     [
-      path.join(repoRoot, "node_modules", "tsx", "dist", "cli.mjs"),
+      "--import",
+      "tsx",
       path.join(repoRoot, "agent", "bcd.ts"),
       "start",
       "--url",

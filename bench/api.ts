@@ -5,6 +5,7 @@
 // what the platform's envelope costs over the cheapest possible database round trip; the ratio
 // to the no-database route (GET /bench/noop) is what the database path costs at all.
 import { cpuLine, runLoad, type LoadResult, type LoadTarget } from "./load.ts";
+import { profileLines, profileWorker } from "./profile.ts";
 import { printQueryStats, readQueryStats, type QueryKindStats } from "./query-stats.ts";
 import type { BenchSection } from "./run.ts";
 import { ms, withStack } from "./stack.ts";
@@ -71,6 +72,17 @@ export const apiSection: BenchSection = {
       for (const line of cpu) ctx.log(`  ${line}`);
       ctx.log("where the database time goes, per query kind (the Worker's round trips, warm-up and window; ms from send to answer):");
       for (const [label, stats] of queries.slice(1)) printQueryStats(ctx, label, stats);
+
+      // Not in the figures above: the profiler slows what it samples.
+      if (ctx.profile) {
+        for (const target of [floor, api]) {
+          const { result, profile } = await profileWorker(stack.inspectorPort, stack.bundleFile, () =>
+            runLoad(target, { concurrency: ctx.concurrency, warmupSeconds: 0, seconds: ctx.seconds }),
+          );
+          ctx.log(`profiled window, ${target.label}: ${result.requests} requests`);
+          for (const line of profileLines(profile, result.requests)) ctx.log(`  ${line}`);
+        }
+      }
 
       const failed = results.filter((r) => r.errors > 0 || r.requests === 0);
       if (failed.length) {

@@ -18,6 +18,8 @@
 //   BENCH_VPS_ACTION_MS vps section: how long each emulated action, boot and task takes, ms (default 1500)
 //   BENCH_VMS_GUESTS    vms section: real guests booted on a real bcd node, per phase (default 6)
 //   DATABASE_URL        bench a real Postgres instead of the embedded PGlite (an empty database: see below)
+//   BENCH_PROFILE=1     api section: after the measured windows, one more window of each target under the
+//                       Worker's CPU profiler, printed as time per module (zod, hono, drizzle-orm, pg, ours)
 //   BENCH_RESET_DATABASE=1  empty DATABASE_URL's public schema first when an earlier run left its tables there
 import os from "node:os";
 import pg from "pg";
@@ -54,6 +56,8 @@ export interface BenchContext {
     lastHoldSeconds: number;
     heartbeatSeconds: number;
   };
+  /** BENCH_PROFILE=1: the API section profiles the Worker in an extra window per target (bench/profile.ts). */
+  profile: boolean;
   /** DATABASE_URL when set; otherwise the section uses the embedded PGlite. */
   databaseUrl?: string;
   log(line: string): void;
@@ -85,6 +89,7 @@ const ctx: BenchContext = {
   seconds: positiveNumber("BENCH_SECONDS", 10),
   warmupSeconds: positiveNumber("BENCH_WARMUP", 2, true),
   commands: positiveInt("BENCH_COMMANDS", 1000),
+  profile: process.env.BENCH_PROFILE === "1",
   workflows: { batches: intList("BENCH_WORKFLOW_BATCHES", "1,10,100") },
   fleet: {
     sizes: intList("BENCH_FLEET", "100,1000"),

@@ -60,6 +60,8 @@ function frozenConfig(): Promise<string> {
 }
 
 export interface BenchStack extends Stack {
+  /** The bundle wrangler dev serves (bench/profile.ts maps a profile's lines to modules with it). */
+  bundleFile: string;
   /** The last lines wrangler dev printed (warnings and errors: it runs with --log-level warn). */
   wranglerTail(): string[];
 }
@@ -100,7 +102,8 @@ export async function withStack<T>(ctx: BenchContext, name: string, fn: (stack: 
     ctx.log(
       `stack up in ${((performance.now() - started) / 1000).toFixed(1)} s (wrangler dev at ${stack.url} → ${stack.databasePath === "hyperdrive" ? `HYPERDRIVE binding (local: TCP${stack.pooled ? " to pgbouncer, transaction pooling" : ""})` : "WebSocket bridge"} → ${stack.embedded ? "PGlite" : "DATABASE_URL"})`,
     );
-    return await fn({ ...stack, wranglerTail: () => [...lines] });
+    const bundleFile = path.join(path.dirname(wranglerConfig), "bundle", "worker.js");
+    return await fn({ ...stack, bundleFile, wranglerTail: () => [...lines] });
   } finally {
     process.off("SIGINT", interrupted);
     await stack?.stop();

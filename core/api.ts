@@ -44,7 +44,7 @@ export function methodRoutes(deps: MethodDeps): Hono<AppEnv> {
 
 async function invoke(c: Context<AppEnv>, deps: MethodDeps, mod: Module, method: MethodDefinition): Promise<Response> {
   c.set("method", method.name);
-  const store = c.var.store;
+  const store = c.get("store");
   const principal = await deps.iam.authenticate(c.req.raw, store);
   if (!principal) throw new ComputeError("UNAUTHENTICATED", "credentials are required: send 'Authorization: Bearer <API key>'");
 
@@ -58,11 +58,11 @@ async function invoke(c: Context<AppEnv>, deps: MethodDeps, mod: Module, method:
   }
 
   let inTransaction = false;
-  const platform = deps.moduleContext(mod, c.env ?? {}, store, principal, c.var.requestId);
+  const platform = deps.moduleContext(mod, c.env ?? {}, store, principal, c.get("requestId"));
   // Inherit rather than spread: spreading would resolve lazy ports (secrets) on every call.
   const ctx: MethodContext = Object.assign(Object.create(platform) as PlatformContext, {
     principal,
-    requestId: c.var.requestId,
+    requestId: c.get("requestId"),
     async check(action: string, checkResource = "*") {
       // Rule 2: IAM is decided before a transaction opens, never awaited inside one.
       if (inTransaction) throw new ComputeError("INTERNAL", `ctx.check(${action}) was called inside ${method.name}'s transaction`);
@@ -82,7 +82,7 @@ async function invoke(c: Context<AppEnv>, deps: MethodDeps, mod: Module, method:
       const result = await method.handler(ctx, input, tx);
       if (!method.readOnly) {
         // Sent with the COMMIT: one round trip fewer than a statement of its own.
-        const row = [principal.id, method.action, resource, method.name, c.var.requestId].map(literal).join(", ");
+        const row = [principal.id, method.action, resource, method.name, c.get("requestId")].map(literal).join(", ");
         await sendWithCommit(tx, `INSERT INTO bc_audit (actor, action, resource, method, request_id) VALUES (${row})`);
         platform.wake.sinks(); // audit sinks hear of it after commit
       }

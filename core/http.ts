@@ -9,6 +9,7 @@ import { clip, ComputeError, errorBody, invalidArgument, isComputeError, issuePa
 import { createLogger } from "./log.ts";
 import { fromPostgresError, type DatabasePort, type Store } from "./store/database.ts";
 
+// Read them with `c.get(name)`: hono's `c.var` copies every variable into a new object on each read.
 export type AppEnv = { Bindings: Bindings; Variables: { store: Store; requestId: string; method?: string; longInputs?: string[] } };
 
 /** The deepest a request body may nest (objects and arrays); deeper is refused before it is parsed. */
@@ -36,7 +37,7 @@ export function serviceApp(deps: { database: DatabasePort; modules: readonly str
 
   app.get("/v1/health", async (c) => {
     try {
-      await c.var.store.db.execute(sql`SELECT 1`);
+      await c.get("store").db.execute(sql`SELECT 1`);
     } catch {
       throw new ComputeError("UNAVAILABLE", "the database is unreachable", { database: "unreachable" });
     }
@@ -45,17 +46,17 @@ export function serviceApp(deps: { database: DatabasePort; modules: readonly str
 
   app.notFound((c) => {
     const error = new ComputeError("NOT_FOUND", `no route for ${c.req.method} ${clip(new URL(c.req.url).pathname)}`);
-    return c.json(errorBody(error, [], c.var.requestId), 404);
+    return c.json(errorBody(error, [], c.get("requestId")), 404);
   });
 
   app.onError((err, c) => {
     const error = toComputeError(err);
-    const body = errorBody(error, c.var.longInputs ?? [], c.var.requestId);
+    const body = errorBody(error, c.get("longInputs") ?? [], c.get("requestId"));
     if (error.status >= 500) {
       // One line per server-side failure, with what an operator needs to find it: never the body.
-      const where = c.var.method ? { method: c.var.method } : { path: `${c.req.method} ${clip(new URL(c.req.url).pathname)}` };
+      const where = c.get("method") ? { method: c.get("method") } : { path: `${c.req.method} ${clip(new URL(c.req.url).pathname)}` };
       const cause = isComputeError(err) ? { detail: body.message } : describeError(err);
-      log.error("request failed", { requestId: c.var.requestId, ...where, code: error.code, status: error.status, ...cause });
+      log.error("request failed", { requestId: c.get("requestId"), ...where, code: error.code, status: error.status, ...cause });
     }
     return c.json(body, error.status as 400);
   });

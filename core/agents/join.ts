@@ -59,9 +59,9 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
       throw new ComputeError("UNAUTHENTICATED", "the join request's signature does not verify with its public key");
     }
     const attestor = findAttestor(deps.registry, request.attestor);
-    const ctx = deps.agentsContext(c.env ?? {}, c.var.store);
+    const ctx = deps.agentsContext(c.env ?? {}, c.get("store"));
     const challenge = attestor.challenge
-      ? await consumeChallenge(c.var.store, attestor.id, request.publicKey, request.evidence)
+      ? await consumeChallenge(c.get("store"), attestor.id, request.publicKey, request.evidence)
       : undefined;
     const attested = await attestor.verify(ctx, request.evidence, {
       role: request.role,
@@ -73,7 +73,7 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
       throw new ComputeError("PERMISSION_DENIED", `the attestor vouched for role ${attested.role}, not ${request.role}`);
 
     const nodeId = attested.nodeId ?? `n-${hex(crypto.getRandomValues(new Uint8Array(8)))}`;
-    await c.var.store.transaction(async (tx) => {
+    await c.get("store").transaction(async (tx) => {
       const upserted = await tx.execute(sql`
         INSERT INTO bc_nodes (id, role, public_key, hostname, labels, attestor)
         VALUES (${nodeId}, ${request.role}, ${request.publicKey}, ${request.hostname ?? null},
@@ -90,7 +90,7 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
         data: { role: request.role, attestor: attestor.id, hostname: request.hostname ?? null },
       });
     });
-    const issued = await issueCredential(c.var.store, ctx.secrets, { nodeId, role: request.role, publicKey: request.publicKey });
+    const issued = await issueCredential(c.get("store"), ctx.secrets, { nodeId, role: request.role, publicKey: request.publicKey });
     return c.json({ nodeId, role: request.role, ...issued } satisfies JoinResponse);
   });
 
@@ -98,14 +98,14 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
     const request = await readInput(c, challengeRequest);
     const attestor = findAttestor(deps.registry, request.attestor);
     if (!attestor.challenge) throw new ComputeError("FAILED_PRECONDITION", `attestor ${attestor.id} takes no challenge: join directly`);
-    const ctx = deps.agentsContext(c.env ?? {}, c.var.store);
+    const ctx = deps.agentsContext(c.env ?? {}, c.get("store"));
     const issued = await attestor.challenge(ctx, request.evidence, {
       role: request.role,
       publicKey: request.publicKey,
       hostname: request.hostname,
     });
     const challengeId = `ch-${hex(crypto.getRandomValues(new Uint8Array(16)))}`;
-    const expiresAt = await c.var.store.transaction(async (tx) => {
+    const expiresAt = await c.get("store").transaction(async (tx) => {
       await tx.execute(sql`DELETE FROM bc_attestation_challenges WHERE expires_at < compute_now() - interval '1 day'`);
       const inserted = await tx.execute(sql`
         INSERT INTO bc_attestation_challenges (id, attestor, public_key, state, expires_at)
@@ -118,9 +118,9 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
   });
 
   app.post(RENEW_PATH, limit, async (c) => {
-    const node = await verifyCredential(c.var.store, bearer(c.req.raw));
+    const node = await verifyCredential(c.get("store"), bearer(c.req.raw));
     const request = await readInput(c, renewRequest);
-    const now = await databaseSeconds(c.var.store);
+    const now = await databaseSeconds(c.get("store"));
     const at = Date.parse(request.timestamp) / 1000;
     if (!Number.isFinite(at) || Math.abs(now - at) > RENEW_CLOCK_SKEW_SECONDS) {
       throw invalidArgument(`the renewal timestamp is more than ${RENEW_CLOCK_SKEW_SECONDS} s from the control plane's time`);
@@ -128,8 +128,8 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
     if (!(await verifyMessage(node.publicKey, renewMessage(node.nodeId, request.timestamp), request.signature))) {
       throw new ComputeError("UNAUTHENTICATED", "the renewal is not signed by the node's key");
     }
-    const ctx = deps.agentsContext(c.env ?? {}, c.var.store);
-    const issued = await issueCredential(c.var.store, ctx.secrets, node);
+    const ctx = deps.agentsContext(c.env ?? {}, c.get("store"));
+    const issued = await issueCredential(c.get("store"), ctx.secrets, node);
     return c.json({ nodeId: node.nodeId, role: node.role, ...issued } satisfies JoinResponse);
   });
 
@@ -143,7 +143,7 @@ export function gatewayRoutes(): Hono<AppEnv> {
     if (c.req.header("upgrade")?.toLowerCase() !== "websocket") {
       throw new ComputeError("FAILED_PRECONDITION", "the agent gateway speaks WebSocket only (send Upgrade: websocket)");
     }
-    const node = await verifyCredential(c.var.store, bearer(c.req.raw));
+    const node = await verifyCredential(c.get("store"), bearer(c.req.raw));
     const ns = nodeNamespace(c.env ?? {});
     if (!ns) throw new ComputeError("UNAVAILABLE", "this deployment has no NodeDO binding (NODE)");
     const headers = new Headers({

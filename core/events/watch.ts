@@ -37,7 +37,7 @@ export function watchRoutes(deps: { iam: IamPort; openStore: (env: Bindings) => 
 
   app.get("/v1/events.watch", async (c) => {
     c.set("method", "events.watch");
-    const principal = await deps.iam.authenticate(c.req.raw, c.var.store);
+    const principal = await deps.iam.authenticate(c.req.raw, c.get("store"));
     if (!principal) throw new ComputeError("UNAUTHENTICATED", "credentials are required: send 'Authorization: Bearer <API key>'");
     const filter = parseQuery(c.req.query());
     // The same decision as events.list: whoever may read the record may watch it.
@@ -72,7 +72,7 @@ export function watchRoutes(deps: { iam: IamPort; openStore: (env: Bindings) => 
           await stream.sleep(pollMs);
         }
       } catch (err) {
-        await endWithError(stream, err, c.var.requestId);
+        await endWithError(stream, err, c.get("requestId"));
       } finally {
         await store.close();
       }

@@ -73,6 +73,8 @@ export interface Stack {
   databaseStats?: { connections: number; roundTrips: number };
   /** The config's cron expressions, fired locally on their schedule. */
   crons: string[];
+  /** wrangler dev's DevTools inspector (the Worker's debugger and profiler) on 127.0.0.1. */
+  inspectorPort: number;
   stop(): Promise<void>;
 }
 
@@ -153,6 +155,7 @@ export async function startStack(options: StackOptions): Promise<Stack> {
     );
 
     const port = options.port ?? (await freePort());
+    const inspectorPort = await freePort();
     const wrangler = spawn(
       process.execPath,
       [
@@ -166,7 +169,7 @@ export async function startStack(options: StackOptions): Promise<Stack> {
         "--port",
         String(port),
         "--inspector-port",
-        String(await freePort()),
+        String(inspectorPort),
         "--env-file",
         envFile,
         "--persist-to",
@@ -239,6 +242,7 @@ export async function startStack(options: StackOptions): Promise<Stack> {
       pooled,
       ...(pglite ? { databaseStats: pglite.stats } : {}),
       crons: crons.map((c) => c.expression),
+      inspectorPort,
       stop,
     };
   } catch (err) {

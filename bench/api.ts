@@ -80,7 +80,7 @@ export const apiSection: BenchSection = {
             runLoad(target, { concurrency: ctx.concurrency, warmupSeconds: 0, seconds: ctx.seconds }),
           );
           ctx.log(`profiled window, ${target.label}: ${result.requests} requests`);
-          for (const line of profileLines(profile, result.requests)) ctx.log(`  ${line}`);
+          for (const line of profileLines(profile, result.requests, "req")) ctx.log(`  ${line}`);
         }
       }
 

@@ -9,6 +9,7 @@
 import v8 from "node:v8";
 import vm from "node:vm";
 import { createMetalSim, type MetalSim } from "../agent/testing/metal-sim.ts";
+import { mergeProfiles, selfProfiler, type CpuProfile } from "./profile.ts";
 import { QueryStats, type QueryKindStats } from "./query-stats.ts";
 import { mapLimit } from "./stack.ts";
 
@@ -20,6 +21,8 @@ export interface LaneConfig {
   ids: string[];
   /** Requests in flight in this lane. */
   inFlight: number;
+  /** BENCH_PROFILE=1: the lane profiles itself; its stats carry the profile since the last reset. */
+  profile: boolean;
 }
 
 export type FleetPhase = "enroll" | "deploy" | "undeploy";
@@ -37,6 +40,8 @@ export interface LaneStats {
   /** This process's growth since before its sim started, after a collection. */
   rssBytes: number;
   heapBytes: number;
+  /** With profiling on: where this process's CPU went since the last reset. */
+  profile?: CpuProfile;
 }
 
 export type LaneAnswer = { id: number; ok: true; value?: LaneStats } | { id: number; ok: false; error: string };
@@ -56,7 +61,9 @@ export interface FleetSite {
   sim: MetalSim;
   /** Sends every machine's request of the phase (inFlight at a time); resolves once all are answered. */
   start(phase: FleetPhase, image: { sha256: string; url: string }): Promise<void>;
-  stats(reset: boolean): LaneStats;
+  stats(reset: boolean): Promise<LaneStats>;
+  /** Stops the sim (and the profiler). */
+  stop(): Promise<void>;
 }
 
 /** Starts a site (createMetalSim) whose machines get the node ids `ids`; on PGlite without a databaseUrl. */
@@ -66,8 +73,11 @@ export async function startSite(options: {
   databaseUrl?: string;
   databaseSchema?: string;
   siteId?: string;
+  profile?: boolean;
 }): Promise<FleetSite> {
   const base = memoryNow();
+  const profiler = options.profile ? await selfProfiler() : undefined;
+  let profiled: CpuProfile[] = [];
   const queries = new QueryStats();
   const sim = await createMetalSim({
     machines: options.ids.length,
@@ -84,7 +94,8 @@ export async function startSite(options: {
         await each((id) => sim.call("metal.deploy", { node: id, profile: "metal.deploy.image-stream", input: { image } }));
       else await each((id) => sim.call("metal.undeploy", { node: id }));
     },
-    stats(reset) {
+    async stats(reset) {
+      if (profiler) profiled = [mergeProfiles([...profiled, await profiler.take()])];
       const ran: Record<string, number> = {};
       for (const c of sim.commandsSeen) ran[c.kind] = (ran[c.kind] ?? 0) + 1;
       const now = memoryNow();
@@ -94,9 +105,17 @@ export async function startSite(options: {
         ran,
         rssBytes: now.rss - base.rss,
         heapBytes: now.heapUsed - base.heapUsed,
+        ...(profiler ? { profile: profiled[0] } : {}),
       };
-      if (reset) queries.reset();
+      if (reset) {
+        queries.reset();
+        profiled = [];
+      }
       return stats;
+    },
+    async stop() {
+      await profiler?.stop();
+      await sim.stop();
     },
   };
 }
@@ -110,7 +129,7 @@ async function main(config: LaneConfig): Promise<void> {
       case "stats":
         return site.stats(request.reset);
       case "stop":
-        return void (await site.sim.stop());
+        return void (await site.stop());
     }
   };
   process.on("message", (request: LaneRequest) => {

@@ -18,6 +18,7 @@ import { createSimSchema, destructiveTwice, inSchema, transitionsIntoReady } fro
 import type { NodeStore } from "../scripts/local/node-store.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
 import { startSite, type FleetPhase, type LaneAnswer, type LaneConfig, type LaneRequest, type LaneStats } from "./fleet-lane.ts";
+import { mergeProfiles, profileLines } from "./profile.ts";
 import { printQueryStats, type QueryKindStats } from "./query-stats.ts";
 
 const POLL_MS = 250;
@@ -48,7 +49,8 @@ export const fleetSection: BenchSection = {
       image.url = `${served.url}/images/${image.sha256}`;
       const width = Math.max(4, String(size - 1).length);
       const ids = Array.from({ length: size }, (_, i) => `m-${String(i).padStart(width, "0")}`);
-      const fleet = lanes > 1 ? await laneFleet(ctx.databaseUrl!, ids, lanes) : await inProcessFleet(ctx.databaseUrl, ids);
+      const fleet =
+        lanes > 1 ? await laneFleet(ctx.databaseUrl!, ids, lanes, ctx.profile) : await inProcessFleet(ctx.databaseUrl, ids, ctx.profile);
       try {
         const phases: [string, FleetPhase, string][] = [
           ["enroll → ready", "enroll", "ready"],
@@ -67,6 +69,12 @@ export const fleetSection: BenchSection = {
           // Where the database time went (on Postgres, where the driver times each round trip).
           if (ctx.databaseUrl)
             printQueryStats(ctx, `${size} machines, ${name}: round trips by query kind`, stats.queries, { count: size, unit: "machine" });
+          if (stats.profile) {
+            ctx.log(
+              `${size} machines, ${name}: where the simulating process${lanes > 1 ? "es'" : "'s"} CPU went (profiled: slower than unprofiled)`,
+            );
+            for (const line of profileLines(stats.profile, size, "machine")) ctx.log(`  ${line}`);
+          }
           // Ready machines are off (no agent); deployed ones each run their installed system's agent.
           memory.push([
             String(size),
@@ -127,8 +135,8 @@ interface Fleet {
 }
 
 /** The whole fleet in this process: one site, one control plane. */
-async function inProcessFleet(databaseUrl: string | undefined, ids: string[]): Promise<Fleet> {
-  const site = await startSite({ ids, inFlight: IN_FLIGHT, ...(databaseUrl ? { databaseUrl } : {}) });
+async function inProcessFleet(databaseUrl: string | undefined, ids: string[], profile: boolean): Promise<Fleet> {
+  const site = await startSite({ ids, inFlight: IN_FLIGHT, profile, ...(databaseUrl ? { databaseUrl } : {}) });
   const { sim } = site;
   let observed = 0;
   return {
@@ -142,14 +150,14 @@ async function inProcessFleet(databaseUrl: string | undefined, ids: string[]): P
       }
     },
     start: (phase, image) => site.start(phase, image),
-    stats: async (reset) => site.stats(reset),
+    stats: (reset) => site.stats(reset),
     observerTrips: () => observed,
-    stop: () => sim.stop(),
+    stop: () => site.stop(),
   };
 }
 
 /** The fleet split into lanes: child processes (bench/fleet-lane.ts), a site each, on one schema. */
-async function laneFleet(databaseUrl: string, ids: string[], lanes: number): Promise<Fleet> {
+async function laneFleet(databaseUrl: string, ids: string[], lanes: number, profile: boolean): Promise<Fleet> {
   const made = await createSimSchema(databaseUrl);
   const store = postgres({ hyperdrive: { connectionString: inSchema(databaseUrl, made.schema) }, maxConnections: 2 }).open({});
   const children: Lane[] = [];
@@ -168,6 +176,7 @@ async function laneFleet(databaseUrl: string, ids: string[], lanes: number): Pro
           siteId: `sim-site-${k + 1}`,
           ids: ids.filter((_, i) => i % lanes === k),
           inFlight: Math.ceil(IN_FLIGHT / lanes),
+          profile,
         }),
       );
     }
@@ -189,6 +198,7 @@ async function laneFleet(databaseUrl: string, ids: string[], lanes: number): Pro
         ran,
         rssBytes: all.reduce((n, s) => n + s.rssBytes, 0),
         heapBytes: all.reduce((n, s) => n + s.heapBytes, 0),
+        ...(profile ? { profile: mergeProfiles(all.map((s) => s.profile!)) } : {}),
       };
     },
     observerTrips: () => 0,

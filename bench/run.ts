@@ -18,8 +18,9 @@
 //   BENCH_VPS_ACTION_MS vps section: how long each emulated action, boot and task takes, ms (default 1500)
 //   BENCH_VMS_GUESTS    vms section: real guests booted on a real bcd node, per phase (default 6)
 //   DATABASE_URL        bench a real Postgres instead of the embedded PGlite (an empty database: see below)
-//   BENCH_PROFILE=1     api section: after the measured windows, one more window of each target under the
-//                       Worker's CPU profiler, printed as time per module (zod, hono, drizzle-orm, pg, ours)
+//   BENCH_PROFILE=1     where the CPU goes, per module (zod, hono, drizzle-orm, pg, ours) and function: the api
+//                       section profiles the Worker in one more window per target; the fleet section profiles
+//                       its simulating processes through every phase (which slows them)
 //   BENCH_RESET_DATABASE=1  empty DATABASE_URL's public schema first when an earlier run left its tables there
 import os from "node:os";
 import pg from "pg";
@@ -56,7 +57,7 @@ export interface BenchContext {
     lastHoldSeconds: number;
     heartbeatSeconds: number;
   };
-  /** BENCH_PROFILE=1: the API section profiles the Worker in an extra window per target (bench/profile.ts). */
+  /** BENCH_PROFILE=1: the api section profiles the Worker in an extra window per target, the fleet its processes (bench/profile.ts). */
   profile: boolean;
   /** DATABASE_URL when set; otherwise the section uses the embedded PGlite. */
   databaseUrl?: string;

@@ -77,7 +77,7 @@ export async function startSite(options: {
 }): Promise<FleetSite> {
   const base = memoryNow();
   const profiler = options.profile ? await selfProfiler() : undefined;
-  let profiled: CpuProfile[] = [];
+  let pieces: CpuProfile[] = []; // the profile since the last reset, taken in pieces (one per stats())
   const queries = new QueryStats();
   const sim = await createMetalSim({
     machines: options.ids.length,
@@ -95,7 +95,7 @@ export async function startSite(options: {
       else await each((id) => sim.call("metal.undeploy", { node: id }));
     },
     async stats(reset) {
-      if (profiler) profiled = [mergeProfiles([...profiled, await profiler.take()])];
+      if (profiler) pieces.push(await profiler.take());
       const ran: Record<string, number> = {};
       for (const c of sim.commandsSeen) ran[c.kind] = (ran[c.kind] ?? 0) + 1;
       const now = memoryNow();
@@ -105,11 +105,11 @@ export async function startSite(options: {
         ran,
         rssBytes: now.rss - base.rss,
         heapBytes: now.heapUsed - base.heapUsed,
-        ...(profiler ? { profile: profiled[0] } : {}),
+        ...(profiler ? { profile: mergeProfiles(pieces) } : {}),
       };
       if (reset) {
         queries.reset();
-        profiled = [];
+        pieces = [];
       }
       return stats;
     },

@@ -63,6 +63,12 @@ export interface PostgresOptions {
    */
   preparedStatements?: boolean;
   /**
+   * On the Hyperdrive/TCP path: write a transaction's BEGIN (and a statement sendWithCommit holds)
+   * together with the statement after it, in one round trip instead of two (node-postgres's pipeline
+   * mode; see lazyTransactions). Default on. The WebSocket driver always sends them one by one.
+   */
+  pipeline?: boolean;
+  /**
    * TEST AND BENCH HOOK: called once per message the driver sends and waits on (every statement,
    * a transaction's BEGIN and COMMIT included): a Postgres round trip, with its text, and a promise
    * of its duration in ms (from the send to the answer, an error included). Unset in production.
@@ -79,7 +85,8 @@ export function postgres(options: PostgresOptions = {}): DatabasePort {
       if (hyperdrive !== undefined) {
         const url = nonEmpty((hyperdrive as { connectionString?: unknown } | null)?.connectionString);
         if (!url) throw invalidConfig("the HYPERDRIVE binding has no connectionString: bind a Hyperdrive config (docs/operations.md)");
-        return openStore(new pg.Pool({ connectionString: url, max: options.maxConnections ?? 4 }), options);
+        const pipeline = options.pipeline ?? true;
+        return openStore(new pg.Pool({ connectionString: url, max: options.maxConnections ?? 4, pipeline }), options);
       }
       const url = options.url ?? nonEmpty(env.DATABASE_URL);
       if (!url) throw invalidConfig("no database configured: bind HYPERDRIVE, set DATABASE_URL or pass database: postgres({ url })");
@@ -106,7 +113,7 @@ function openStore(pool: Pool | pg.Pool, { onRoundTrip, preparedStatements }: Po
   pool.on("connect", (client: Client) => {
     if (preparedStatements) namedStatements(client);
     if (onRoundTrip) timeQueries(client, onRoundTrip);
-    lazyTransactions(client); // outermost, so the hook sees only what is sent
+    lazyTransactions(client, (client as { pipeline?: boolean }).pipeline === true); // outermost, so the hook sees only what is sent
   });
   // The same drizzle database on either driver (see the top of this file): only the types' names differ.
   const db: Db = pool instanceof Pool ? drizzle({ client: pool }) : (drizzleNodePostgres({ client: pool }) as unknown as Db);
@@ -145,21 +152,45 @@ export function literal(value: string | number | null): string {
 }
 
 /**
+ * Marks a statement written ahead of the next one without waiting for its answer (a pipelined BEGIN
+ * or held statement): the round-trip hook reports the two as one round trip.
+ */
+const JOINS_NEXT = Symbol("joins the next statement's round trip");
+
+/**
  * Every transaction on this client holds its BEGIN back until its first statement, and drops BEGIN
  * and COMMIT (or ROLLBACK) when there was none: a method whose handler reads nothing costs no round
  * trip for its transaction. A statement from sendWithCommit waits for the COMMIT and goes with it in
- * one simple query (or before the next statement, if one comes first).
+ * one simple query (or before the next statement, if one comes first). On a pipelining client
+ * (node-postgres's pipeline mode) what is held is written together with the statement that releases
+ * it, so BEGIN and a transaction's first statement cost one round trip; otherwise each waits its turn.
  */
-function lazyTransactions(client: Client): void {
+function lazyTransactions(client: Client, pipelining: boolean): void {
   const query = client.query.bind(client) as (...args: unknown[]) => Promise<unknown>;
   let inTransaction = false;
   let begin: string | undefined; // held back, not sent yet
   let last: string | undefined; // sendWithCommit's statement, not sent yet
   const nothing = (command: string) => Promise.resolve({ command, rows: [], rowCount: null, fields: [] });
-  const flush = async () => {
-    const held = [begin, last];
+  /** Sends what is held, then the statement `args` (if any), and answers with the statement's result. */
+  const release = async (args?: unknown[]): Promise<unknown> => {
+    const held = [begin, last].filter((statement) => statement !== undefined);
     begin = last = undefined;
-    for (const statement of held) if (statement !== undefined) await query(statement);
+    if (!pipelining) {
+      for (const statement of held) await query(statement);
+      return args && query(...args);
+    }
+    // All written before any answer is read. Each statement has its own Sync, so each is answered on
+    // its own: a failure aborts the transaction and what follows it fails with "transaction aborted",
+    // so the first failure is the one to report.
+    const stream = (client as { connection?: { stream?: { cork?: () => void; uncork?: () => void } } }).connection?.stream;
+    stream?.cork?.(); // one write on a Node socket (the Workers socket has no cork and writes in order)
+    const sends = held.map((text, i) => query(args || i < held.length - 1 ? { text, [JOINS_NEXT]: true } : text));
+    if (args) sends.push(query(...args));
+    stream?.uncork?.();
+    const settled = await Promise.allSettled(sends);
+    const failed = settled.find((outcome) => outcome.status === "rejected");
+    if (failed) throw failed.reason;
+    return args && (settled.at(-1) as PromiseFulfilledResult<unknown>).value;
   };
   client.query = (async (...args: unknown[]) => {
     const first = args[0] as string | { text: string };
@@ -177,12 +208,11 @@ function lazyTransactions(client: Client): void {
       return query(withCommit === undefined ? text : `${withCommit};\n${text}`);
     }
     if (inTransaction && text.startsWith(WITH_COMMIT)) {
-      if (last !== undefined) await flush(); // an earlier one goes first, after BEGIN
+      if (last !== undefined) await release(); // an earlier one goes first, after BEGIN
       last = text;
       return nothing("WITH COMMIT");
     }
-    await flush();
-    return query(...args);
+    return begin === undefined && last === undefined ? query(...args) : release(args);
   }) as PoolClient["query"];
 }
 
@@ -229,10 +259,17 @@ function statementName(text: string): string {
 /** Reports every query the client runs, with its duration (the pool's own queries run on its clients too). */
 function timeQueries(client: Client, onRoundTrip: RoundTripHook): void {
   const query = client.query.bind(client) as (...args: unknown[]) => unknown;
+  let ahead: string[] = []; // written ahead of the next statement, in its round trip (JOINS_NEXT)
   client.query = ((...args: unknown[]) => {
-    const first = args[0] as string | { text: string };
+    const first = args[0] as string | { text: string; [JOINS_NEXT]?: true };
+    const text = typeof first === "string" ? first : first.text;
+    if (typeof first !== "string" && first[JOINS_NEXT]) {
+      ahead.push(text);
+      return query(...args);
+    }
     let answered!: (ms: number) => void;
-    onRoundTrip(typeof first === "string" ? first : first.text, new Promise<number>((resolve) => (answered = resolve)));
+    onRoundTrip([...ahead, text].join(";\n"), new Promise<number>((resolve) => (answered = resolve)));
+    ahead = [];
     const started = performance.now();
     const result = query(...args);
     const done = () => answered(performance.now() - started);

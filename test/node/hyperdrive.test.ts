@@ -56,14 +56,23 @@ describe("the store on a HYPERDRIVE binding (node-postgres over TCP)", () => {
     }
   });
 
-  it("counts a transaction's round trips as the WebSocket driver does (BEGIN, the statement, COMMIT)", async () => {
-    const statements: string[] = [];
-    const store = postgres({ hyperdrive: { connectionString: pglite.connectionString }, onRoundTrip: (s) => statements.push(s) }).open({});
-    try {
-      await store.transaction((tx) => tx.execute(sql`SELECT 1`));
-      expect(statements.map((s) => s.trim().toLowerCase())).toEqual(["begin", "select 1", "commit"]);
-    } finally {
-      await store.close();
+  it("writes a transaction's BEGIN with its first statement (one round trip); with pipeline off, as the WebSocket driver does", async () => {
+    for (const [pipeline, expected] of [
+      [undefined, ["begin;\nselect 1", "commit"]],
+      [false, ["begin", "select 1", "commit"]],
+    ] as const) {
+      const statements: string[] = [];
+      const store = postgres({
+        hyperdrive: { connectionString: pglite.connectionString },
+        pipeline,
+        onRoundTrip: (s) => statements.push(s),
+      }).open({});
+      try {
+        expect(await store.transaction(async (tx) => (await tx.execute(sql`SELECT 1 AS one`)).rows)).toEqual([{ one: 1 }]);
+        expect(statements.map((s) => s.trim().toLowerCase().replace(" as one", ""))).toEqual(expected);
+      } finally {
+        await store.close();
+      }
     }
   });
 

@@ -1,12 +1,13 @@
 // Postgres round trips of the engine's hot paths, counted at the driver (every message the Store
 // sends and waits on, a transaction's BEGIN and COMMIT included): what a workflow step and a
 // lifecycle transition cost, so a change that adds a query to either fails here. Real parts: the
-// engine, the metal module and the production driver on PGlite through the WebSocket bridge. The
-// agent is not: the test records the command's result in SQL, as the NodeDO would.
+// engine, the metal module and the production driver (node-postgres over TCP, as on a HYPERDRIVE
+// binding, pipelining a transaction's BEGIN with its first statement) on PGlite. The agent is not:
+// the test records the command's result in SQL, as the NodeDO would.
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { betterCompute, definePlugin, postgres, type Compute } from "better-compute";
+import { betterCompute, definePlugin, postgres, type Compute, type DatabasePort } from "better-compute";
 import type { Store } from "better-compute/core";
 import { metalModule } from "better-compute/metal";
 import { advance, defineProfile, defineStep, provisionModule, startWorkflow } from "better-compute/provision";
@@ -24,11 +25,12 @@ import { startBridge, type Bridge } from "../../scripts/local/ws-bridge.ts";
  */
 const STEP_BUDGET = 1;
 /**
- * An agent step's (issue 14's target: 4 plus the enqueue's 3 = 7): 6. The send is a transaction
- * (BEGIN, the enqueue's one statement, the attempt's, COMMIT), the pass the result wakes reads the
- * workflow, and the success is one statement (docs/decisions.md, "A transition is one statement").
+ * An agent step's (issue 14's target: 4 plus the enqueue's 3 = 7): 5. The send is a transaction
+ * (BEGIN written with the enqueue's one statement, the attempt's, COMMIT), the pass the result wakes
+ * reads the workflow, and the success is one statement (docs/decisions.md, "A transition is one
+ * statement").
  */
-const AGENT_STEP_BUDGET = 6;
+const AGENT_STEP_BUDGET = 5;
 /** Most round trips a lifecycle transition may cost beyond its workflow's steps. */
 const TRANSITION_BUDGET = 3;
 
@@ -63,7 +65,7 @@ beforeAll(async () => {
   pglite = await startPglite();
   bridge = await startBridge();
   observer = await openNodeStore(pglite.connectionString, { bridge: bridge.url });
-  counted = postgres({ url: pglite.connectionString, wsProxy: bridge.url, onRoundTrip: (statement) => sent.push(statement) }).open({});
+  counted = countedDatabase().open({});
   compute = betterCompute({
     secret: "round-trips-secret-0123456789abcdef",
     modules: [provisionModule(), metalModule()],
@@ -79,6 +81,10 @@ afterAll(async () => {
   await bridge?.stop();
   await pglite?.stop();
 });
+
+/** The production driver on a HYPERDRIVE binding, reporting each round trip to `sent`. */
+const countedDatabase = (): DatabasePort =>
+  postgres({ hyperdrive: { connectionString: pglite.connectionString }, onRoundTrip: (statement) => sent.push(statement) });
 
 const ctx = (store: Store) => compute.moduleContext("provision", {}, store);
 
@@ -114,7 +120,7 @@ async function tripsToFinish(id: string): Promise<{ trips: number; statements: s
   throw new Error(`workflow ${id} did not finish`);
 }
 
-it("a control-plane step costs at most 1 round trip, an agent step at most 6", async () => {
+it("a control-plane step costs at most 1 round trip, an agent step at most 5", async () => {
   await tripsToFinish(await start("rt.one")); // warm: the pool's connection is open
   const one = (await tripsToFinish(await start("rt.one"))).trips;
   const three = (await tripsToFinish(await start("rt.three"))).trips;
@@ -172,8 +178,8 @@ it("a lifecycle transition costs at most 3 round trips beyond its steps", async 
 
 // ---- the command round trip: commands.create over the API, the NodeDO's delivery and its recording of results
 
-/** commands.create through the API envelope: the key lookup, BEGIN, the enqueue's statement, the audit row with the COMMIT. */
-const CREATE_BUDGET = 4;
+/** commands.create through the API envelope: the key lookup, BEGIN with the enqueue's statement, the audit row with the COMMIT. */
+const CREATE_BUDGET = 3;
 /** An authenticated read whose handler reads nothing (iam.whoami): the key lookup; its transaction sends nothing. */
 const WHOAMI_BUDGET = 1;
 const AGENT = "rt-agent";
@@ -200,12 +206,12 @@ const counting = async <T>(fn: () => Promise<T>): Promise<{ value: T; trips: num
   return { value, trips: sent.length };
 };
 
-it("a command costs at most 4 round trips to create, 1 to deliver and 1 to record; iam.whoami 1", async () => {
+it("a command costs at most 3 round trips to create, 1 to deliver and 1 to record; iam.whoami 1", async () => {
   await observer.db.execute(sql`
     INSERT INTO bc_nodes (id, role, public_key, attestor) VALUES (${AGENT}, 'node', ${agent.publicKey}, 'test'), ('rt-other', 'node', 'k', 'test')`);
   const api = betterCompute({
     secret: "round-trips-secret-0123456789abcdef",
-    database: postgres({ url: pglite.connectionString, wsProxy: bridge.url, onRoundTrip: (statement) => sent.push(statement) }),
+    database: countedDatabase(),
   });
   const { key: apiKey } = await api.mintApiKey(observer, { name: "round trips", roles: ["admin"] });
   const call = (method: string, body: object) =>
@@ -331,7 +337,7 @@ it("a delivery pass expires overdue commands with their events and sends the res
   expect((await nextDelivery(counted, "rt-late", { afterSeq: 0, specAfter: 0, limit: 100 }, secrets)).live).toBe(false);
 });
 
-it("a transaction sends BEGIN with its first statement and nothing when it has none; a statement sent with the COMMIT is dropped by a ROLLBACK", async () => {
+it("a transaction writes BEGIN with its first statement and sends nothing when it has none; a statement sent with the COMMIT is dropped by a ROLLBACK", async () => {
   const empty = await counting(() => counted.transaction(async () => "nothing"));
   expect(empty).toEqual({ value: "nothing", trips: 0 });
   await observer.db.execute(sql`CREATE TABLE IF NOT EXISTS rt_lazy (v text)`);
@@ -351,8 +357,9 @@ it("a transaction sends BEGIN with its first statement and nothing when it has n
     }),
   );
   expect(await rows()).toEqual(["a", "c'\\"]);
-  // BEGIN, a, savepoint, b, rollback to savepoint, c with the COMMIT
-  expect(kept.trips).toBe(6);
+  // BEGIN with a, savepoint, b, rollback to savepoint, c with the COMMIT
+  expect(kept.trips).toBe(5);
+  expect(sent[0]).toBe("begin;\nINSERT INTO rt_lazy VALUES ('a')");
 
   // A handler that fails after its last statement: nothing it wrote, nor the held statement, stays.
   await expect(
@@ -366,4 +373,27 @@ it("a transaction sends BEGIN with its first statement and nothing when it has n
   const alone = await counting(() => counted.transaction((tx) => sendWithCommit(tx, `INSERT INTO rt_lazy VALUES ('f')`)));
   expect(alone.trips).toBe(1);
   expect(await rows()).toEqual(["a", "c'\\", "f"]);
+});
+
+it("a failure inside a pipelined batch reports that statement's own error, keeps nothing, and leaves the connection usable", async () => {
+  await observer.db.execute(sql`CREATE TABLE IF NOT EXISTS rt_unique (v text PRIMARY KEY)`);
+  await observer.db.execute(sql`INSERT INTO rt_unique VALUES ('taken') ON CONFLICT DO NOTHING`);
+  const count = async () => Number((await observer.db.execute(sql`SELECT count(*)::int AS n FROM rt_unique`)).rows[0]!.n);
+  // The second held statement fails, written ahead of the statement that released it, which can only
+  // say "transaction aborted": the caller sees the duplicate key.
+  const failure = await counted
+    .transaction(async (tx) => {
+      await sendWithCommit(tx, "INSERT INTO rt_unique VALUES ('new-1')");
+      await sendWithCommit(tx, "INSERT INTO rt_unique VALUES ('taken')"); // releases the first, with BEGIN
+      await tx.execute(sql`INSERT INTO rt_unique VALUES ('new-2')`); // releases the second
+    })
+    .catch((e: unknown) => e);
+  expect(failure).toBeInstanceOf(Error);
+  const codes: unknown[] = [];
+  for (let e = failure; e; e = (e as { cause?: unknown }).cause) codes.push((e as { code?: unknown }).code);
+  expect(codes).toContain("23505");
+  expect(await count()).toBe(1); // 'new-1' went with the failed transaction
+  // The connection (the pool keeps it) answers the next transaction.
+  await counted.transaction((tx) => tx.execute(sql`INSERT INTO rt_unique VALUES ('after')`));
+  expect(await count()).toBe(2);
 });

@@ -46,6 +46,7 @@ export {
 export type { IamPort, Principal, ResolvedCatalog } from "./iam.ts";
 export type { Logger } from "./log.ts";
 export type { DatabasePort, Db, Store, Tx } from "./store/database.ts";
+export { literal, sendWithCommit } from "./store/database.ts";
 export { isSecretRef, MAX_ID_LENGTH, resourceId, SECRET_REF } from "./schemas.ts";
 export { sha256Hex } from "./encoding.ts";
 export { canonicalJson } from "./protocol.ts";

@@ -126,17 +126,20 @@ function openStore(pool: Pool | pg.Pool, { onRoundTrip, preparedStatements }: Po
   };
 }
 
-/** Marks a statement that sendWithCommit holds back until the transaction's COMMIT. */
+/** Marks a statement that sendWithCommit holds back until the transaction's next statement or its COMMIT. */
 const WITH_COMMIT = "/* sent with COMMIT */ ";
 
 /**
- * Runs `statement` as the last of the transaction, in one round trip with its COMMIT (or alone, a
- * one-statement write, when the transaction sent nothing else); dropped if it rolls back. Its
- * result is not seen. It is sent as a simple query, without parameters: quote every value in it
- * with literal(). Outside a store's transaction it runs at once.
+ * Runs `statement` in the transaction without waiting for it: it is held until the transaction's
+ * next statement or its COMMIT and goes in the same round trip (or alone, a one-statement write,
+ * when the transaction sends nothing else); a ROLLBACK drops it. Its result is not seen, and its
+ * failure is the failure of the statement (or COMMIT) it went with. On the WebSocket driver, which
+ * does not pipeline, a statement with parameters costs its own round trip when it is released; a
+ * string (no parameters: quote every value in it with literal()) is sent with the COMMIT in one
+ * simple query. Outside a store's transaction it runs at once.
  */
-export async function sendWithCommit(tx: Tx, statement: string): Promise<void> {
-  await tx.execute(sql.raw(WITH_COMMIT + statement));
+export async function sendWithCommit(tx: Tx, statement: string | SQL): Promise<void> {
+  await tx.execute(typeof statement === "string" ? sql.raw(WITH_COMMIT + statement) : sql`${sql.raw(WITH_COMMIT)}${statement}`);
 }
 
 /** Quotes a value for a statement sent with no parameters (sendWithCommit). */
@@ -157,62 +160,83 @@ export function literal(value: string | number | null): string {
  */
 const JOINS_NEXT = Symbol("joins the next statement's round trip");
 
+/** A query's arguments as the driver takes them: (text | config, values?, callback?). */
+type QueryArgs = unknown[];
+
+const textOf = (args: QueryArgs) => {
+  const first = args[0] as string | { text: string };
+  return typeof first === "string" ? first : first.text;
+};
+
+/** The same query, marked as written ahead of the next one (JOINS_NEXT). */
+const joiningNext = ([first, ...rest]: QueryArgs): QueryArgs => [
+  { ...(typeof first === "string" ? { text: first } : (first as object)), [JOINS_NEXT]: true },
+  ...rest,
+];
+
 /**
  * Every transaction on this client holds its BEGIN back until its first statement, and drops BEGIN
  * and COMMIT (or ROLLBACK) when there was none: a method whose handler reads nothing costs no round
- * trip for its transaction. A statement from sendWithCommit waits for the COMMIT and goes with it in
- * one simple query (or before the next statement, if one comes first). On a pipelining client
- * (node-postgres's pipeline mode) what is held is written together with the statement that releases
- * it, so BEGIN and a transaction's first statement cost one round trip; otherwise each waits its turn.
+ * trip for its transaction. Statements from sendWithCommit are held too, until the next statement or
+ * the COMMIT. On a pipelining client (node-postgres's pipeline mode) everything held is written
+ * together with the statement that releases it, in one round trip; otherwise each waits its turn,
+ * except that a held statement with no parameters rides in one simple query with the COMMIT.
  */
 function lazyTransactions(client: Client, pipelining: boolean): void {
-  const query = client.query.bind(client) as (...args: unknown[]) => Promise<unknown>;
+  const query = client.query.bind(client) as (...args: QueryArgs) => Promise<unknown>;
   let inTransaction = false;
-  let begin: string | undefined; // held back, not sent yet
-  let last: string | undefined; // sendWithCommit's statement, not sent yet
+  let held: QueryArgs[] = []; // not sent yet: the BEGIN (until the first statement), then sendWithCommit's
+  let begun = false; // the BEGIN has been sent
   const nothing = (command: string) => Promise.resolve({ command, rows: [], rowCount: null, fields: [] });
-  /** Sends what is held, then the statement `args` (if any), and answers with the statement's result. */
-  const release = async (args?: unknown[]): Promise<unknown> => {
-    const held = [begin, last].filter((statement) => statement !== undefined);
-    begin = last = undefined;
+  /** Sends what is held, then `args`, and answers with the result of `args`. */
+  const release = async (args: QueryArgs): Promise<unknown> => {
+    const sends = [...held, args];
+    [held, begun] = [[], true];
     if (!pipelining) {
-      for (const statement of held) await query(statement);
-      return args && query(...args);
+      for (const statement of sends.slice(0, -1)) await query(...statement);
+      return query(...args);
     }
     // All written before any answer is read. Each statement has its own Sync, so each is answered on
-    // its own: a failure aborts the transaction and what follows it fails with "transaction aborted",
-    // so the first failure is the one to report.
+    // its own: a failure aborts the transaction and what follows it fails with "transaction aborted"
+    // (a COMMIT answers ROLLBACK), so the first failure is the one to report.
     const stream = (client as { connection?: { stream?: { cork?: () => void; uncork?: () => void } } }).connection?.stream;
     stream?.cork?.(); // one write on a Node socket (the Workers socket has no cork and writes in order)
-    const sends = held.map((text, i) => query(args || i < held.length - 1 ? { text, [JOINS_NEXT]: true } : text));
-    if (args) sends.push(query(...args));
+    const answers = sends.map((statement, i) => query(...(i < sends.length - 1 ? joiningNext(statement) : statement)));
     stream?.uncork?.();
-    const settled = await Promise.allSettled(sends);
+    const settled = await Promise.allSettled(answers);
     const failed = settled.find((outcome) => outcome.status === "rejected");
     if (failed) throw failed.reason;
-    return args && (settled.at(-1) as PromiseFulfilledResult<unknown>).value;
+    return (settled.at(-1) as PromiseFulfilledResult<unknown>).value;
   };
-  client.query = (async (...args: unknown[]) => {
-    const first = args[0] as string | { text: string };
-    const text = typeof first === "string" ? first : first.text;
+  client.query = (async (...args: QueryArgs) => {
+    const text = textOf(args);
     if (!inTransaction && /^\s*begin\b/i.test(text)) {
-      [inTransaction, begin, last] = [true, text, undefined];
+      [inTransaction, held, begun] = [true, [[text]], false];
       return nothing("BEGIN");
     }
     // The transaction's end (a savepoint's is "rollback to savepoint ..." and goes on as any statement).
     const end = inTransaction ? /^\s*(commit|rollback)\s*$/i.exec(text)?.[1]?.toLowerCase() : undefined;
     if (end) {
-      const [sent, withCommit] = [begin === undefined, end === "commit" ? last : undefined];
-      [inTransaction, begin, last] = [false, undefined, undefined];
-      if (!sent) return withCommit === undefined ? nothing(end.toUpperCase()) : query(withCommit);
-      return query(withCommit === undefined ? text : `${withCommit};\n${text}`);
+      const [pending, sent] = [held, begun];
+      [inTransaction, held, begun] = [false, [], false];
+      const withCommit = sent ? pending : pending.slice(1); // without the BEGIN not sent
+      if (end === "rollback" || withCommit.length === 0) return sent ? query(...args) : nothing(end.toUpperCase());
+      // Alone, a held statement is a one-statement write: atomic with no BEGIN and COMMIT.
+      if (!sent && withCommit.length === 1) return query(...withCommit[0]!);
+      held = pending;
+      const last = withCommit.at(-1)!;
+      // Without pipelining, a last held statement with no parameters rides in the COMMIT's simple query.
+      if (!pipelining && last.length === 1 && typeof last[0] === "string") {
+        held.pop();
+        return release([`${last[0]};\n${text}`]);
+      }
+      return release(args);
     }
     if (inTransaction && text.startsWith(WITH_COMMIT)) {
-      if (last !== undefined) await release(); // an earlier one goes first, after BEGIN
-      last = text;
+      held.push(args);
       return nothing("WITH COMMIT");
     }
-    return begin === undefined && last === undefined ? query(...args) : release(args);
+    return held.length === 0 ? query(...args) : release(args);
   }) as PoolClient["query"];
 }
 

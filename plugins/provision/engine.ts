@@ -14,6 +14,7 @@ import {
   ComputeError,
   isComputeError,
   schemaIssues,
+  sendWithCommit,
   sha256Hex,
   type ModuleContext,
   type PlatformContext,
@@ -351,17 +352,22 @@ async function sendCommand(
         origin: `workflow:${wf.id}`,
         ...(step.deadlineSeconds ? { deadlineSeconds: step.deadlineSeconds } : {}),
       });
-      const updated = await tx.execute(sql`
+      // Sent with the COMMIT: its answer is not waited for. Guarded as every transition is, so if
+      // another pass moved the attempt first it changes nothing (the enqueue was the same command).
+      await sendWithCommit(
+        tx,
+        sql`
         WITH sent AS (
           UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.send.to}, command_id = ${command.id}::bigint
           WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("send")}
           RETURNING attempt),
         ${eventsSql(ctx, wf.id, [{ from: "sent", type: "workflow.step.sent", data: { step: name, kind: step.command.kind, node: target, command: command.id } }])}
-        SELECT count(*)::int AS sent FROM sent`);
-      return (updated.rows[0] as { sent: number }).sent > 0 ? command.id : undefined;
+        SELECT count(*)::int AS sent FROM sent`,
+      );
+      return command.id;
     });
-    // Sent by this pass: the command has no result yet.
-    if (sent) pass.next = { ...wf, attempt: { ...attempt, state: ATTEMPT_MOVES.send.to, command_id: sent } };
+    // The command has no result yet: the pass waits for it (if another pass sent it first, so does that one).
+    pass.next = { ...wf, attempt: { ...attempt, state: ATTEMPT_MOVES.send.to, command_id: sent } };
   } catch (err) {
     // Refused at enqueue (unknown node, a body that breaks the kind's schema, a destructive kind
     // outside an approved batch): nothing was sent. Anything else (the database failed, perhaps

@@ -168,6 +168,9 @@ const textOf = (args: QueryArgs) => {
   return typeof first === "string" ? first : first.text;
 };
 
+const hasParameters = ([first, second]: QueryArgs) =>
+  ((Array.isArray(second) ? second : (first as { values?: unknown[] }).values)?.length ?? 0) > 0;
+
 /** The same query, marked as written ahead of the next one (JOINS_NEXT). */
 const joiningNext = ([first, ...rest]: QueryArgs): QueryArgs => [
   { ...(typeof first === "string" ? { text: first } : (first as object)), [JOINS_NEXT]: true },
@@ -226,9 +229,9 @@ function lazyTransactions(client: Client, pipelining: boolean): void {
       held = pending;
       const last = withCommit.at(-1)!;
       // Without pipelining, a last held statement with no parameters rides in the COMMIT's simple query.
-      if (!pipelining && last.length === 1 && typeof last[0] === "string") {
+      if (!pipelining && !hasParameters(last)) {
         held.pop();
-        return release([`${last[0]};\n${text}`]);
+        return release([`${textOf(last)};\n${text}`]);
       }
       return release(args);
     }

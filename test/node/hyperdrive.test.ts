@@ -8,7 +8,7 @@ import path from "node:path";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
-import { postgres } from "../../core/store/database.ts";
+import { postgres, sendWithCommit } from "../../core/store/database.ts";
 import { runConformance, storeConformanceCases } from "../../core/conformance/index.ts";
 import { LOCAL_CONNECTION_STRING_VAR, localHyperdrive } from "../../scripts/local/hyperdrive.ts";
 import { startPglite, type PgliteServer } from "../../scripts/local/pglite-server.ts";
@@ -57,9 +57,11 @@ describe("the store on a HYPERDRIVE binding (node-postgres over TCP)", () => {
   });
 
   it("writes a transaction's BEGIN with its first statement (one round trip); with pipeline off, as the WebSocket driver does", async () => {
+    const held = "/* sent with commit */ select 2";
     for (const [pipeline, expected] of [
-      [undefined, ["begin;\nselect 1", "commit"]],
-      [false, ["begin", "select 1", "commit"]],
+      [undefined, ["begin;\nselect 1", `${held};\ncommit`]],
+      // Without pipelining a held statement with no parameters still rides in the COMMIT's simple query.
+      [false, ["begin", "select 1", `${held};\ncommit`]],
     ] as const) {
       const statements: string[] = [];
       const store = postgres({
@@ -68,7 +70,12 @@ describe("the store on a HYPERDRIVE binding (node-postgres over TCP)", () => {
         onRoundTrip: (s) => statements.push(s),
       }).open({});
       try {
-        expect(await store.transaction(async (tx) => (await tx.execute(sql`SELECT 1 AS one`)).rows)).toEqual([{ one: 1 }]);
+        const rows = await store.transaction(async (tx) => {
+          const { rows } = await tx.execute(sql`SELECT 1 AS one`);
+          await sendWithCommit(tx, "SELECT 2");
+          return rows;
+        });
+        expect(rows).toEqual([{ one: 1 }]);
         expect(statements.map((s) => s.trim().toLowerCase().replace(" as one", ""))).toEqual(expected);
       } finally {
         await store.close();

@@ -257,10 +257,9 @@ function namedStatements(client: Client): void {
   const named = new Set<string>();
   client.query = ((...args: unknown[]) => {
     // (text | config, values?, callback?): the pool's own query() passes a callback, a transaction's client none.
-    const [first, second] = args as [string | { text: string; name?: string; values?: unknown[] }, unknown];
+    const first = args[0] as string | { text: string; name?: string };
     const config = typeof first === "string" ? { text: first } : first;
-    const values = Array.isArray(second) ? second : config.values;
-    if (!values?.length || config.name !== undefined) return query(...args);
+    if (!hasParameters(args) || config.name !== undefined) return query(...args);
     const name = statementName(config.text);
     if (!named.has(name)) {
       if (named.size >= PREPARED_PER_CONNECTION) return query(...args);
@@ -288,8 +287,8 @@ function timeQueries(client: Client, onRoundTrip: RoundTripHook): void {
   const query = client.query.bind(client) as (...args: unknown[]) => unknown;
   let ahead: string[] = []; // written ahead of the next statement, in its round trip (JOINS_NEXT)
   client.query = ((...args: unknown[]) => {
-    const first = args[0] as string | { text: string; [JOINS_NEXT]?: true };
-    const text = typeof first === "string" ? first : first.text;
+    const first = args[0] as string | { [JOINS_NEXT]?: true };
+    const text = textOf(args);
     if (typeof first !== "string" && first[JOINS_NEXT]) {
       ahead.push(text);
       return query(...args);

@@ -201,7 +201,8 @@ describe("the firecracker API fake validates requests as firecracker does", () =
     expect((await call(sock, "PUT", "/actions", { action_type: "InstanceStart" })).status).toBe(204);
     expect((await call(sock, "GET", "/")).body?.state).toBe("Running");
     // The serial console is the fake's stdout: the guest booted from what was configured.
-    const report = await waitFor("the guest's report", async () => /^bc-report (.*)$/m.exec(console_)?.[1], 120_000);
+    // A whole line: the console arrives in chunks, and `$` alone would match a line still being written.
+    const report = await waitFor("the guest's report", async () => /^bc-report (.*)\r?\n/m.exec(console_)?.[1], 120_000);
     expect(JSON.parse(report)).toMatchObject({ instanceId: "api-test", userDataSha256: data.sha256 });
 
     for (const [route, body] of config.slice(0, 6)) {

@@ -1,13 +1,16 @@
 // Workflow throughput: batches of 1, 10 and 100 workflows of ten control-plane steps started
 // at once, timed until the whole batch has finished; and Postgres round trips per step, counted
-// by the embedded PGlite (each group of client messages answered is one round trip).
+// at the driver by the bench Worker's round-trip hook (GET /bench/query-stats), on either database.
 import { sql } from "drizzle-orm";
 import { openNodeStore } from "../scripts/local/node-store.ts";
+import { printQueryStats, readQueryStats, type QueryKindStats } from "./query-stats.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
 import { callApi, mapLimit, ms, withStack } from "./stack.ts";
 
 const STEPS = 10;
 const POLL_MS = 25;
+/** Issue 14's target for a step's round trips (begin and finish, plus a command's enqueue). */
+const STEP_ROUND_TRIPS_TARGET = 4;
 
 export const workflowsSection: BenchSection = {
   id: "workflows",
@@ -22,20 +25,21 @@ export const workflowsSection: BenchSection = {
         // Warm-up: one workflow through every path once.
         await batch(1);
         const rows: string[][] = [];
+        let largest: { size: number; steps: number; roundTrips: number; queries: QueryKindStats[] } | undefined;
         for (const size of ctx.workflows.batches) {
           const runs = size === 1 ? 5 : 1;
           let completed = 0;
           let elapsed = 0;
-          let roundTrips = 0;
-          let observerTrips = 0;
+          const queries: QueryKindStats[] = [];
           for (let r = 0; r < runs; r++) {
             const m = await batch(size);
             completed += size;
             elapsed += m.elapsedMs;
-            roundTrips += m.roundTrips;
-            observerTrips += m.polls;
+            queries.push(...m.queries);
           }
-          const perStep = stack.databaseStats ? ((roundTrips - observerTrips) / (completed * STEPS)).toFixed(1) : "-";
+          const roundTrips = queries.reduce((n, q) => n + q.count, 0);
+          if (!largest || size >= largest.size) largest = { size, steps: completed * STEPS, roundTrips, queries: byKind(queries) };
+          const perStep = (roundTrips / (completed * STEPS)).toFixed(1);
           rows.push([
             String(size),
             String(completed),
@@ -47,24 +51,31 @@ export const workflowsSection: BenchSection = {
         }
         ctx.table(["running at once", "workflows", "batch ms", "workflows/s", "steps/s", "round trips/step"], rows);
         ctx.log(
-          "round trips/step: every Postgres round trip of the batch (workflows.start requests and the WorkflowDOs) per step, the bench's own polling subtracted",
+          "round trips/step: every Postgres round trip of the batch's workflows.start requests and WorkflowDOs (the bench Worker's stores, counted at the driver) per step",
         );
-        if (!stack.databaseStats) ctx.log("(round trips are counted by the embedded PGlite only; unset DATABASE_URL to see them)");
+        if (largest) {
+          const perStep = largest.roundTrips / largest.steps;
+          ctx.log(
+            `a control-plane step, ${largest.size} running at once: ${perStep.toFixed(1)} round trips (target ≤ ${STEP_ROUND_TRIPS_TARGET}: ${perStep <= STEP_ROUND_TRIPS_TARGET ? "met" : "not met"})`,
+          );
+          printQueryStats(ctx, `${largest.size} running at once, round trips by query kind`, largest.queries, {
+            count: largest.steps,
+            unit: "step",
+          });
+        }
       } finally {
         await observer.close();
       }
 
-      async function batch(size: number): Promise<{ elapsedMs: number; roundTrips: number; polls: number }> {
+      async function batch(size: number): Promise<{ elapsedMs: number; queries: QueryKindStats[] }> {
+        await readQueryStats(stack.url, true);
         const started = performance.now();
-        const tripsAtStart = stack.databaseStats?.roundTrips ?? 0;
         const ids = await mapLimit(
           Array.from({ length: size }, (_, i) => i),
           20,
           async (i) => (await callApi<{ id: string }>(stack, "workflows.start", { profile: "bench.tenSteps", target: `bench-${i}` })).id,
         );
-        let polls = 0;
         for (;;) {
-          polls++;
           const result = await observer.db.execute(sql`
             SELECT count(*) FILTER (WHERE state = 'running')::int AS running, count(*) FILTER (WHERE state = 'failed')::int AS failed
             FROM workflows WHERE id = ANY(${`{${ids.join(",")}}`}::text[])`);
@@ -74,8 +85,21 @@ export const workflowsSection: BenchSection = {
           if (performance.now() - started > 120_000) throw new Error(`${running} of ${size} workflows still running after 120 s`);
           await new Promise((r) => setTimeout(r, POLL_MS));
         }
-        return { elapsedMs: performance.now() - started, roundTrips: (stack.databaseStats?.roundTrips ?? 0) - tripsAtStart, polls };
+        const elapsedMs = performance.now() - started;
+        return { elapsedMs, queries: await readQueryStats(stack.url, true) };
       }
     });
   },
 };
+
+/** The runs' query kinds added up, the most total time first. */
+function byKind(queries: QueryKindStats[]): QueryKindStats[] {
+  const kinds = new Map<string, QueryKindStats>();
+  for (const q of queries) {
+    const sum = kinds.get(q.kind) ?? { kind: q.kind, count: 0, totalMs: 0 };
+    sum.count += q.count;
+    sum.totalMs += q.totalMs;
+    kinds.set(q.kind, sum);
+  }
+  return [...kinds.values()].sort((x, y) => y.totalMs - x.totalMs);
+}

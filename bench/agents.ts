@@ -18,7 +18,7 @@ import { PONG } from "../core/protocol.ts";
 import { cpuLine, cpuShares, cpuSnapshot } from "./load.ts";
 import { collectGarbage, descendantsFds, descendantsRss, mib, type FdCount } from "./proc.ts";
 import type { BenchSection } from "./run.ts";
-import { callApi, mapLimit, seconds, withStack, type BenchStack } from "./stack.ts";
+import { callApi, mapLimit, seconds, target, withStack, type BenchStack } from "./stack.ts";
 
 /**
  * Agents joining and connecting at once during a ramp (each: a token, a join, a socket and its
@@ -216,6 +216,10 @@ export const agentsSection: BenchSection = {
           best
             ? `held: ${best.agents} agents connected with a ping every ${heartbeatSeconds} s; ${stopped || `reached the cap (BENCH_AGENTS_MAX=${max})`}`
             : `held: none; ${stopped}`,
+        );
+        const bestHold = best?.agents === max ? lastHoldSeconds : holdSeconds;
+        ctx.log(
+          `10,000 agents held 60 s: ${best ? `${best.agents} held ${bestHold} s` : "none held"} ${target("10,000 for 60 s", (best?.agents ?? 0) >= 10_000 && bestHold >= 60)}`,
         );
         if (best) {
           ctx.log(

@@ -8,7 +8,7 @@ import { cpuLine, runLoad, type LoadResult, type LoadTarget } from "./load.ts";
 import { profileLines, profileWorker } from "./profile.ts";
 import { printQueryStats, readQueryStats, type QueryKindStats } from "./query-stats.ts";
 import type { BenchSection } from "./run.ts";
-import { ms, withStack } from "./stack.ts";
+import { ms, target, withStack } from "./stack.ts";
 
 export const apiSection: BenchSection = {
   id: "api",
@@ -62,8 +62,8 @@ export const apiSection: BenchSection = {
       const p50Ratio = apiResult.p50 / floorResult.p50;
       const rpsRatio = apiResult.rps / floorResult.rps;
       ctx.log(
-        `ratio API / no database: req/s ${rpsRatio.toFixed(2)}× (target ≥ 0.5×: ${rpsRatio >= 0.5 ? "met" : "not met"}), ` +
-          `p50 ${p50Ratio.toFixed(2)}× (target ≤ 2×: ${p50Ratio <= 2 ? "met" : "not met"}), p99 ${(apiResult.p99 / floorResult.p99).toFixed(2)}×`,
+        `ratio API / no database: req/s ${rpsRatio.toFixed(2)}× ${target("≥ 0.5×", rpsRatio >= 0.5)}, ` +
+          `p50 ${p50Ratio.toFixed(2)}× ${target("≤ 2×", p50Ratio <= 2)}, p99 ${(apiResult.p99 / floorResult.p99).toFixed(2)}×`,
       );
       ctx.log(
         `database path: ${stack.databasePath === "hyperdrive" ? `HYPERDRIVE binding (TCP${stack.pooled ? ", pgbouncer transaction pooling" : ", a connection per request"})` : "WebSocket bridge (a connection per request)"}`,

@@ -19,7 +19,7 @@ import { openNodeStore } from "../scripts/local/node-store.ts";
 import { cpuLine, cpuShares, cpuSnapshot, percentile, type CpuShare } from "./load.ts";
 import { printQueryStats, readQueryStats } from "./query-stats.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
-import { callApi, ms, withStack, type BenchStack } from "./stack.ts";
+import { callApi, ms, target, withStack, type BenchStack } from "./stack.ts";
 
 /** What the EchoDO (bench/echo-do.ts) inserts into, one row per message. */
 const ECHO_TABLE_DDL =
@@ -140,7 +140,7 @@ export const commandsSection: BenchSection = {
         const p50 = percentile(totals, 0.5) / percentile(echoSorted, 0.5);
         const p99 = percentile(totals, 0.99) / percentile(echoSorted, 0.99);
         ctx.log(
-          `ratio command / bare: p50 ${p50.toFixed(1)}×, p99 ${p99.toFixed(1)}× (p50 ${ms(percentile(totals, 0.5) - percentile(echoSorted, 0.5))} ms over the bare path)`,
+          `ratio command / bare: p50 ${p50.toFixed(1)}× ${target("≤ 2×", p50 <= 2)}, p99 ${p99.toFixed(1)}× ${target("≤ 3×", p99 <= 3)} (p50 ${ms(percentile(totals, 0.5) - percentile(echoSorted, 0.5))} ms over the bare path)`,
         );
         ctx.log("where a command's time goes (p50 and p99 of each consecutive segment; per command they add up to its total):");
         const segments: [string, (s: CommandSample) => number][] = [

@@ -20,6 +20,7 @@ import type { BenchContext, BenchSection } from "./run.ts";
 import { startSite, type FleetPhase, type LaneAnswer, type LaneConfig, type LaneRequest, type LaneStats } from "./fleet-lane.ts";
 import { mergeProfiles, profileLines } from "./profile.ts";
 import { printQueryStats, type QueryKindStats } from "./query-stats.ts";
+import { target } from "./stack.ts";
 
 const POLL_MS = 250;
 /** Enroll, deploy and undeploy requests in flight, over all lanes. */
@@ -42,6 +43,7 @@ export const fleetSection: BenchSection = {
     );
     const rows: string[][] = [];
     const memory: string[][] = [];
+    const phaseSeconds = new Map<number, number[]>();
     for (const size of ctx.fleet.sizes) {
       const cache = createImageCache();
       const image = { sha256: cache.put(new TextEncoder().encode(`simulated disk image for the fleet bench\n`.repeat(256))), url: "" };
@@ -57,13 +59,15 @@ export const fleetSection: BenchSection = {
           ["ready → deployed", "deploy", "deployed"],
           ["deployed → ready", "undeploy", "ready"],
         ];
-        for (const [name, phase, target] of phases) {
+        phaseSeconds.set(size, []);
+        for (const [name, phase, into] of phases) {
           const before = await counters(fleet);
           await fleet.stats(true);
           const t0 = performance.now();
           await fleet.start(phase, image);
-          await allIn(fleet, size, target, ctx);
+          await allIn(fleet, size, into, ctx);
           const seconds = (performance.now() - t0) / 1000;
+          phaseSeconds.get(size)!.push(seconds);
           const after = await counters(fleet);
           const stats = await fleet.stats(false);
           // Where the database time went (on Postgres, where the driver times each round trip).
@@ -78,7 +82,7 @@ export const fleetSection: BenchSection = {
           // Ready machines are off (no agent); deployed ones each run their installed system's agent.
           memory.push([
             String(size),
-            `${target} (${target === "deployed" ? "an agent connected each" : "no agent"})`,
+            `${into} (${into === "deployed" ? "an agent connected each" : "no agent"})`,
             ...perMachine(stats, size),
           ]);
           const transitions = after.transitions - before.transitions;
@@ -116,8 +120,19 @@ export const fleetSection: BenchSection = {
     ctx.log(
       `memory: the growth of the simulating process${lanes > 1 ? "es (summed over the lanes)" : ""} since before the sim started (the emulated BMCs, disks, agents and, on PGlite, the database), per machine`,
     );
+    for (const line of targetLines(phaseSeconds)) ctx.log(line);
   },
 };
+
+/** Issue 14's fleet targets beside this run's figures: 1,000 machines enroll → ready in under 60 s, 10,000 through all three phases in under 20 minutes. */
+function targetLines(phaseSeconds: Map<number, number[]>): string[] {
+  const thousand = phaseSeconds.get(1000)?.[0];
+  const tenThousand = phaseSeconds.get(10_000)?.reduce((sum, s) => sum + s, 0);
+  return [
+    `1000 machines, enroll → ready: ${thousand === undefined ? "not run (BENCH_FLEET=1000)" : `${thousand.toFixed(1)} s ${target("< 60 s", thousand < 60)}`}`,
+    `10000 machines, enroll → ready → deployed → ready: ${tenThousand === undefined ? "not run (BENCH_FLEET=10000 BENCH_FLEET_TIMEOUT=3000 runs it)" : `${(tenThousand / 60).toFixed(1)} min ${target("< 20 min", tenThousand < 20 * 60)}`}`,
+  ];
+}
 
 /** The simulated machines, in this process or in lanes; the bench's own reads are not in its round trips. */
 interface Fleet {

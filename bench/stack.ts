@@ -136,4 +136,6 @@ export async function mapLimit<I, O>(items: readonly I[], limit: number, fn: (it
 }
 
 export const ms = (value: number) => (Number.isFinite(value) ? value.toFixed(2) : "-");
+/** Issue 14's verdict on a figure, printed beside it: "(target ≤ 2×: met)". */
+export const target = (goal: string, met: boolean) => `(target ${goal}: ${met ? "met" : "not met"})`;
 export const seconds = (fromMs: number) => ((performance.now() - fromMs) / 1000).toFixed(1);

@@ -5,7 +5,7 @@ import { sql } from "drizzle-orm";
 import { openNodeStore } from "../scripts/local/node-store.ts";
 import { printQueryStats, readQueryStats, type QueryKindStats } from "./query-stats.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
-import { callApi, mapLimit, ms, withStack } from "./stack.ts";
+import { callApi, mapLimit, ms, target, withStack } from "./stack.ts";
 
 const STEPS = 10;
 const POLL_MS = 25;
@@ -56,7 +56,7 @@ export const workflowsSection: BenchSection = {
         if (largest) {
           const perStep = largest.roundTrips / largest.steps;
           ctx.log(
-            `a control-plane step, ${largest.size} running at once: ${perStep.toFixed(1)} round trips (target ≤ ${STEP_ROUND_TRIPS_TARGET}: ${perStep <= STEP_ROUND_TRIPS_TARGET ? "met" : "not met"})`,
+            `a control-plane step, ${largest.size} running at once: ${perStep.toFixed(1)} round trips ${target(`≤ ${STEP_ROUND_TRIPS_TARGET}`, perStep <= STEP_ROUND_TRIPS_TARGET)}`,
           );
           printQueryStats(ctx, `${largest.size} running at once, round trips by query kind`, largest.queries, {
             count: largest.steps,

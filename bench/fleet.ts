@@ -19,7 +19,7 @@ import type { NodeStore } from "../scripts/local/node-store.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
 import { startSite, type FleetPhase, type LaneAnswer, type LaneConfig, type LaneRequest, type LaneStats } from "./fleet-lane.ts";
 import { mergeProfiles, profileLines } from "./profile.ts";
-import { printQueryStats, type QueryKindStats } from "./query-stats.ts";
+import { mergeQueries, printQueryStats, type QueryKindStats } from "./query-stats.ts";
 import { target } from "./stack.ts";
 
 const POLL_MS = 250;
@@ -273,16 +273,6 @@ async function startLane(config: LaneConfig): Promise<Lane> {
       clearTimeout(killed);
     },
   };
-}
-
-/** One table of query kinds from the lanes' tables. */
-function mergeQueries(tables: QueryKindStats[][]): QueryKindStats[] {
-  const kinds = new Map<string, QueryKindStats>();
-  for (const row of tables.flat()) {
-    const kind = kinds.get(row.kind) ?? { kind: row.kind, count: 0, totalMs: 0 };
-    kinds.set(row.kind, { kind: row.kind, count: kind.count + row.count, totalMs: kind.totalMs + row.totalMs });
-  }
-  return [...kinds.values()].sort((a, b) => b.totalMs - a.totalMs);
 }
 
 /** Walkthrough 1's checks over every machine: one attested wipe before each ready, no destructive command twice. */

@@ -81,6 +81,16 @@ function oneKind(text: string): string {
   }
 }
 
+/** One table of query kinds from several (lanes, runs): counts and times added up, the most total time first. */
+export function mergeQueries(tables: QueryKindStats[][]): QueryKindStats[] {
+  const kinds = new Map<string, QueryKindStats>();
+  for (const row of tables.flat()) {
+    const kind = kinds.get(row.kind) ?? { kind: row.kind, count: 0, totalMs: 0 };
+    kinds.set(row.kind, { kind: row.kind, count: kind.count + row.count, totalMs: kind.totalMs + row.totalMs });
+  }
+  return [...kinds.values()].sort((a, b) => b.totalMs - a.totalMs);
+}
+
 /** The bench Worker's figures since the last reset (GET /bench/query-stats); `reset` starts them again. */
 export async function readQueryStats(baseUrl: string, reset = false): Promise<QueryKindStats[]> {
   const res = await fetch(`${baseUrl}/bench/query-stats${reset ? "?reset=1" : ""}`);

@@ -3,7 +3,7 @@
 // at the driver by the bench Worker's round-trip hook (GET /bench/query-stats), on either database.
 import { sql } from "drizzle-orm";
 import { openNodeStore } from "../scripts/local/node-store.ts";
-import { printQueryStats, readQueryStats, type QueryKindStats } from "./query-stats.ts";
+import { mergeQueries, printQueryStats, readQueryStats, type QueryKindStats } from "./query-stats.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
 import { callApi, mapLimit, ms, target, withStack } from "./stack.ts";
 
@@ -25,21 +25,21 @@ export const workflowsSection: BenchSection = {
         // Warm-up: one workflow through every path once.
         await batch(1);
         const rows: string[][] = [];
-        let largest: { size: number; steps: number; roundTrips: number; queries: QueryKindStats[] } | undefined;
+        let largest: { size: number; steps: number; queries: QueryKindStats[] } | undefined;
         for (const size of ctx.workflows.batches) {
           const runs = size === 1 ? 5 : 1;
           let completed = 0;
           let elapsed = 0;
-          const queries: QueryKindStats[] = [];
+          const perRun: QueryKindStats[][] = [];
           for (let r = 0; r < runs; r++) {
             const m = await batch(size);
             completed += size;
             elapsed += m.elapsedMs;
-            queries.push(...m.queries);
+            perRun.push(m.queries);
           }
-          const roundTrips = queries.reduce((n, q) => n + q.count, 0);
-          if (!largest || size >= largest.size) largest = { size, steps: completed * STEPS, roundTrips, queries: byKind(queries) };
-          const perStep = (roundTrips / (completed * STEPS)).toFixed(1);
+          const queries = mergeQueries(perRun);
+          if (!largest || size >= largest.size) largest = { size, steps: completed * STEPS, queries };
+          const perStep = (roundTrips(queries) / (completed * STEPS)).toFixed(1);
           rows.push([
             String(size),
             String(completed),
@@ -54,7 +54,7 @@ export const workflowsSection: BenchSection = {
           "round trips/step: every Postgres round trip of the batch's workflows.start requests and WorkflowDOs (the bench Worker's stores, counted at the driver) per step",
         );
         if (largest) {
-          const perStep = largest.roundTrips / largest.steps;
+          const perStep = roundTrips(largest.queries) / largest.steps;
           ctx.log(
             `a control-plane step, ${largest.size} running at once: ${perStep.toFixed(1)} round trips ${target(`≤ ${STEP_ROUND_TRIPS_TARGET}`, perStep <= STEP_ROUND_TRIPS_TARGET)}`,
           );
@@ -92,14 +92,4 @@ export const workflowsSection: BenchSection = {
   },
 };
 
-/** The runs' query kinds added up, the most total time first. */
-function byKind(queries: QueryKindStats[]): QueryKindStats[] {
-  const kinds = new Map<string, QueryKindStats>();
-  for (const q of queries) {
-    const sum = kinds.get(q.kind) ?? { kind: q.kind, count: 0, totalMs: 0 };
-    sum.count += q.count;
-    sum.totalMs += q.totalMs;
-    kinds.set(q.kind, sum);
-  }
-  return [...kinds.values()].sort((x, y) => y.totalMs - x.totalMs);
-}
+const roundTrips = (queries: QueryKindStats[]) => queries.reduce((n, q) => n + q.count, 0);

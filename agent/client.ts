@@ -270,8 +270,10 @@ export class AgentClient {
       }
       return;
     }
-    // The control plane could not take a result just now: offer it again after a backoff.
-    if (frame.code === FrameError.UNAVAILABLE && frame.ref !== undefined) this.#outbox.retry(frame.ref);
+    // The control plane could not take a result just now (or this socket sent results over its
+    // budget): offer it again after a backoff.
+    const later = frame.code === FrameError.UNAVAILABLE || frame.code === FrameError.RATE_LIMITED;
+    if (later && frame.ref !== undefined) this.#outbox.retry(frame.ref);
   }
 
   /** Stop for good (REVOKED, CREDENTIAL_EXPIRED...): run() rejects with the error. */

@@ -81,7 +81,7 @@ export class Credentials {
       publicKey: key.publicKey,
       role: opts.role,
       ...(opts.hostname !== undefined ? { hostname: opts.hostname } : {}),
-      signature: await signMessage(key.privateKey, joinMessage(key.publicKey, opts.attestor)),
+      signature: await signMessage(key.privateKey, await joinMessage(key.publicKey, opts.attestor, opts.evidence)),
     };
     const res = await this.#post(trimBase(baseUrl) + JOIN_PATH, request, "join");
     if (!res.ok) throw await errorFromResponse(res, "join");

@@ -260,7 +260,7 @@ export class FakeNodeServer {
     const parsed = joinRequest.safeParse(raw);
     if (!parsed.success) return { status: 400, body: { code: "INVALID_ARGUMENT", message: "not a join request" } };
     const req = parsed.data;
-    if (!(await verifyMessage(req.publicKey, joinMessage(req.publicKey, req.attestor), req.signature))) {
+    if (!(await verifyMessage(req.publicKey, await joinMessage(req.publicKey, req.attestor, req.evidence), req.signature))) {
       return { status: 401, body: { code: "UNAUTHENTICATED", message: "the join signature does not verify" } };
     }
     const token = req.evidence.token;

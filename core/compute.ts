@@ -23,6 +23,7 @@ import {
   type RegisteredView,
   type SecretStore,
 } from "./context.ts";
+import { frameBudgets, type FrameBudgets } from "./agents/frame-budget.ts";
 import { gatewayRoutes, joinRoutes } from "./agents/join.ts";
 import { agentsModule } from "./agents/module.ts";
 import { databaseNodeSpecs } from "./agents/node-specs.ts";
@@ -61,7 +62,11 @@ export interface ComputeOptions extends RegistryInput {
   /** Where secrets are sealed; default the bc_secrets table. */
   secrets?: (store: Store, secret: string) => SecretStore;
   pki?: PkiOptions;
-  limits?: { maxBodyBytes?: number };
+  limits?: {
+    maxBodyBytes?: number;
+    /** What one agent socket may send (core/agents/frame-budget.ts, docs/agent-protocol.md); default DEFAULT_FRAME_BUDGETS. */
+    agentFrames?: Partial<FrameBudgets>;
+  };
 }
 
 export interface Compute {
@@ -72,6 +77,8 @@ export interface Compute {
   /** The join Worker's app (workers/join): JoinService and /v1/health alone. */
   readonly joinApp: Hono<AppEnv>;
   readonly options: Readonly<ComputeOptions>;
+  /** What one agent socket may send before its NodeDO drops frames and then closes it. */
+  readonly frameBudgets: FrameBudgets;
   /** The Worker's fetch handler: `export default compute`. */
   fetch(request: Request, env: Bindings, ctx?: ExecutionContext): Promise<Response>;
   /** Module migrations in apply order (core migrations live in migrations/core). */
@@ -113,6 +120,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   const database = options.database ?? postgres();
   const maxBodyBytes = options.limits?.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
   if (!Number.isInteger(maxBodyBytes) || maxBodyBytes <= 0) throw invalidConfig("limits.maxBodyBytes must be a positive integer");
+  const budgets = frameBudgets(options.limits?.agentFrames);
 
   const approvers = checkApprovers(options.pki?.approvers, registry);
   const reg = registry;
@@ -237,6 +245,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     app,
     joinApp,
     options,
+    frameBudgets: budgets,
     fetch: (request, env, ctx) => Promise.resolve(app.fetch(request, env, ctx)),
     migrations: () => reg.migrations,
     openapi: openapiDoc,

@@ -4,9 +4,9 @@
 // every frame is small control traffic (bulk data such as images never rides this socket),
 // workerd parses it natively, and an operator can read a capture. A frame over
 // MAX_FRAME_BYTES (MAX_SPEC_FRAME_BYTES for spec and status frames) closes the socket with 1009;
-// anything that is not a known frame closes it with MALFORMED_FRAME. A well-formed frame that
-// is refused (a forged signature, another node's command) is answered with an `error` frame and
-// the connection stays up.
+// anything that is not a known frame (readAgentFrame) closes it with MALFORMED_FRAME. A
+// well-formed frame that is refused (a forged signature, another node's command) is answered with
+// an `error` frame and the connection stays up.
 import { z } from "zod";
 import { base64url, sha256Hex, unbase64url, utf8 } from "./encoding.ts";
 
@@ -35,8 +35,10 @@ export const CloseCode = {
   HELLO_REQUIRED: 4402,
   /** The node's credential was revoked. */
   REVOKED: 4403,
-  /** A newer connection of the same node took over. */
+  /** A newer connection of the same node took over (it proved the node's key in its hello). */
   REPLACED: 4409,
+  /** The socket kept exceeding its frame budget (RFC 6455 "policy violation"): docs/agent-protocol.md. */
+  POLICY_VIOLATION: 1008,
 } as const;
 
 /** Codes of `error` frames: the refused frame is dropped, the connection stays. */
@@ -45,6 +47,8 @@ export const FrameError = {
   NOT_YOUR_COMMAND: "NOT_YOUR_COMMAND",
   UNKNOWN_COMMAND: "UNKNOWN_COMMAND",
   UNAVAILABLE: "UNAVAILABLE",
+  /** The socket sent results faster than its budget: this one was dropped; send it again after a backoff. */
+  RATE_LIMITED: "RATE_LIMITED",
 } as const;
 
 const labels = z.record(z.string().max(253), z.string().max(253));
@@ -133,6 +137,88 @@ export type ResultFrame = z.infer<typeof resultFrame>;
 export type StatusFrame = z.infer<typeof statusFrame>;
 /** A node's observed state as the agent reports it (a status frame without its tag). */
 export type NodeStatus = Omit<StatusFrame, "t">;
+
+/** The size limit of a frame of type t: spec and status frames carry a NodeSpec, every other frame is small. */
+export const frameLimit = (t: unknown) => (t === "status" || t === "spec" ? MAX_SPEC_FRAME_BYTES : MAX_FRAME_BYTES);
+
+/** What a WebSocket message from an agent reads as: a frame, or why the socket is closed. */
+export type FrameReading = { frame: AgentFrame } | { close: number; reason: string };
+
+/**
+ * Reads an agent's message strictly. The size limit is the parsed type's, and a frame that names
+ * a key twice is refused: JSON.parse keeps the last of duplicated keys, so such a frame could be
+ * one type to a reader of its text (`{"t":"status","t":"result"}`) and another once parsed.
+ */
+export function readAgentFrame(message: string | ArrayBuffer): FrameReading {
+  // Counting UTF-8 bytes costs an encode: a string this short cannot be over any limit.
+  const bytes =
+    typeof message !== "string" ? message.byteLength : message.length * 3 <= MAX_FRAME_BYTES ? message.length : utf8(message).byteLength;
+  if (bytes > MAX_SPEC_FRAME_BYTES)
+    return { close: CloseCode.FRAME_TOO_LARGE, reason: `frames are limited to ${MAX_SPEC_FRAME_BYTES} bytes` };
+  if (typeof message !== "string") return { close: CloseCode.MALFORMED_FRAME, reason: "frames are JSON text" };
+  let json: unknown;
+  try {
+    json = JSON.parse(message);
+  } catch {
+    return { close: CloseCode.MALFORMED_FRAME, reason: "the frame is not JSON" };
+  }
+  const t = (json as { t?: unknown } | null)?.t;
+  if (bytes > frameLimit(t)) {
+    return {
+      close: CloseCode.FRAME_TOO_LARGE,
+      reason: `${typeof t === "string" ? t.slice(0, 40) : "such"} frames are limited to ${frameLimit(t)} bytes`,
+    };
+  }
+  if (hasDuplicateKey(message)) return { close: CloseCode.MALFORMED_FRAME, reason: "the frame names a key twice" };
+  const parsed = agentFrame.safeParse(json);
+  if (!parsed.success) {
+    return {
+      close: CloseCode.MALFORMED_FRAME,
+      reason: typeof t === "string" ? `unknown or malformed frame ${t.slice(0, 40)}` : "the frame has no type",
+    };
+  }
+  return { frame: parsed.data };
+}
+
+/** Whether an object anywhere in the JSON text names a key twice. The text must be valid JSON. */
+export function hasDuplicateKey(text: string): boolean {
+  // One entry per open container: the keys seen so far of an object, null for an array.
+  const open: (Set<string> | null)[] = [];
+  let expectKey = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 0x22) {
+      // A string: its closing quote is the next one not escaped (preceded by an even run of backslashes).
+      let end = i;
+      for (;;) {
+        end = text.indexOf('"', end + 1);
+        let backslashes = 0;
+        while (text.charCodeAt(end - 1 - backslashes) === 0x5c) backslashes++;
+        if (backslashes % 2 === 0) break;
+      }
+      if (expectKey) {
+        // A key with escapes is compared as what it means: "a" and "\u0061" are the same key.
+        const raw = text.slice(i + 1, end);
+        const key = raw.includes("\\") ? (JSON.parse(text.slice(i, end + 1)) as string) : raw;
+        const keys = open[open.length - 1]!;
+        if (keys.has(key)) return true;
+        keys.add(key);
+        expectKey = false;
+      }
+      i = end;
+    } else if (c === 0x7b) {
+      open.push(new Set());
+      expectKey = true;
+    } else if (c === 0x5b) {
+      open.push(null);
+    } else if (c === 0x7d || c === 0x5d) {
+      open.pop();
+    } else if (c === 0x2c) {
+      expectKey = open[open.length - 1] != null;
+    }
+  }
+  return false;
+}
 
 // ---------------------------------------------------------------- NodeDO → agent
 
@@ -240,7 +326,7 @@ export const joinRequest = z.object({
   publicKey: z.string().regex(/^[A-Za-z0-9_-]{43}$/, "an Ed25519 public key, raw and base64url"),
   role: z.enum(["node", "site", "ramdisk"]),
   hostname: z.string().max(253).optional(),
-  /** Proof of possession: Ed25519 over joinMessage(publicKey, attestor), base64url. */
+  /** Proof of possession: Ed25519 over joinMessage(publicKey, attestor, evidence), base64url. */
   signature: z.string().max(256),
 });
 export type JoinRequest = z.infer<typeof joinRequest>;
@@ -256,9 +342,10 @@ export type JoinResponse = z.infer<typeof joinResponse>;
 
 /**
  * Renewal: the current (unexpired) credential as bearer, plus a fresh signature; the answer is a
- * joinResponse. A revoked node is answered 403 PERMISSION_DENIED here and at connect.
+ * joinResponse. A revoked node is answered 403 PERMISSION_DENIED here and at connect. Each
+ * renewal is single-use: its timestamp must be later than the node's last accepted renewal's.
  */
-export const renewRequest = z.object({ timestamp: z.string(), signature: z.string().max(256) });
+export const renewRequest = z.object({ timestamp: z.iso.datetime(), signature: z.string().max(256) });
 export const renewResponse = joinResponse;
 
 /**
@@ -277,7 +364,14 @@ export const challengeResponse = z.object({
 });
 export type ChallengeResponse = z.infer<typeof challengeResponse>;
 
-export const joinMessage = (publicKey: string, attestor: string) => `bc-join/v${PROTOCOL_VERSION}\n${attestor}\n${publicKey}`;
+/**
+ * What a join signs: the attestor, the key, and a digest of the evidence it spends (a join token,
+ * a challenge's answer), so a signed request cannot be taken apart and its signature reused
+ * around other evidence. v2: v1 did not cover the evidence, and is refused.
+ */
+export async function joinMessage(publicKey: string, attestor: string, evidence: Record<string, unknown>): Promise<string> {
+  return `bc-join/v2\n${attestor}\n${publicKey}\n${await sha256Hex(canonicalJson(evidence))}`;
+}
 export const renewMessage = (nodeId: string, timestamp: string) => `bc-renew/v${PROTOCOL_VERSION}\n${nodeId}\n${timestamp}`;
 
 /**

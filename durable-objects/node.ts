@@ -13,16 +13,14 @@ import type { Compute } from "../core/compute.ts";
 import type { SecretStore } from "../core/context.ts";
 import { createLogger, type Logger } from "../core/log.ts";
 import {
-  agentFrame,
   challengeFrame,
   CloseCode,
   FrameError,
   helloMessage,
-  MAX_FRAME_BYTES,
-  MAX_SPEC_FRAME_BYTES,
   PING,
   PONG,
   PROTOCOL_VERSION,
+  readAgentFrame,
   verifyMessage,
   type HelloFrame,
   type ResultFrame,
@@ -32,10 +30,12 @@ import {
 import type { Store } from "../core/store/database.ts";
 import { base64url } from "../core/encoding.ts";
 import { wakeObjects } from "../core/agents/notify.ts";
+import { SocketBudget, type BudgetedKind } from "../core/agents/frame-budget.ts";
 import {
   nextDelivery,
   recordConnected,
   recordDisconnected,
+  recordRateLimited,
   recordResults,
   waitingWorkflow,
   type ArrivedResult,
@@ -49,6 +49,20 @@ import { SerialBatches } from "./serial.ts";
 const SWEEP_MS = 30_000;
 /** A socket that has not said hello by then is closed. */
 const HELLO_TIMEOUT_MS = 30_000;
+/**
+ * Sockets still waiting for their hello, at most: a newer one closes the oldest. Only a socket
+ * whose hello proved the node's key replaces the live one, so a stolen credential without its key
+ * opens at most this many short-lived sockets and displaces nothing.
+ */
+const MAX_UNPROVEN_SOCKETS = 4;
+/**
+ * After a socket was closed for its frame budget, the node's new sockets are refused (429) this
+ * long: an agent that floods and reconnects at once would otherwise cost a hello, a recorded
+ * connection and another burst of frames each time.
+ */
+const POLICY_COOLDOWN_MS = 10_000;
+/** Storage key: until when (epoch ms) the node's sockets are refused after a policy close. */
+const COOLDOWN_KEY = "cooldown-until";
 const DELIVERY_BATCH = 100;
 /**
  * An idle object closes its Postgres connection after this: an open socket keeps workerd from
@@ -115,6 +129,8 @@ export function nodeObject(compute: Compute) {
       const newest = batch.at(-1)!;
       await this.saveStatus(newest.ws, newest.att, newest.frame);
     });
+    /** Each socket's frame budget (core/agents/frame-budget.ts), in memory: a woken object starts them afresh. */
+    #budgets = new WeakMap<WebSocket, SocketBudget>();
     /** Events in progress that may use the store; at zero the store is closed after IDLE_CLOSE_MS. */
     #busy = 0;
     #idleTimer: ReturnType<typeof setTimeout> | undefined;
@@ -170,14 +186,29 @@ export function nodeObject(compute: Compute) {
       await this.busy(() => this.deliver());
     }
 
-    private accept(request: Request): Response {
+    private async accept(request: Request): Promise<Response> {
+      const cooldownUntil = (await this.ctx.storage.get<number>(COOLDOWN_KEY)) ?? 0;
+      if (cooldownUntil > Date.now()) {
+        const seconds = Math.ceil((cooldownUntil - Date.now()) / 1000);
+        return Response.json(
+          { code: "RESOURCE_EXHAUSTED", message: `this node's last socket exceeded its frame budget: reconnect after ${seconds} s` },
+          { status: 429, headers: { "retry-after": String(seconds) } },
+        );
+      }
       const nodeId = request.headers.get("x-bc-node-id");
       const publicKey = request.headers.get("x-bc-node-key");
       if (!nodeId || !publicKey || request.headers.get("upgrade")?.toLowerCase() !== "websocket") {
         return new Response("the gateway must forward an authenticated upgrade", { status: 400 });
       }
-      // One live connection per node: a newer one (the agent reconnected) replaces the old.
-      for (const old of this.ctx.getWebSockets()) old.close(CloseCode.REPLACED, "replaced by a newer connection");
+      // The live connection stays until this one proves the node's key (hello). Unproven sockets
+      // are few: past MAX_UNPROVEN_SOCKETS the oldest goes.
+      const unproven = this.ctx
+        .getWebSockets()
+        .filter((ws) => ws.readyState === WebSocket.OPEN && !attachmentOf(ws).ready)
+        .sort((a, b) => attachmentOf(a).openedAt - attachmentOf(b).openedAt);
+      for (const old of unproven.slice(0, Math.max(0, unproven.length - MAX_UNPROVEN_SOCKETS + 1))) {
+        old.close(CloseCode.HELLO_REQUIRED, "a newer connection of this node is waiting for its hello");
+      }
 
       const pair = new WebSocketPair();
       const [client, server] = [pair[0], pair[1]];
@@ -195,32 +226,57 @@ export function nodeObject(compute: Compute) {
     }
 
     private async message(ws: WebSocket, message: string | ArrayBuffer): Promise<void> {
+      const budget = this.budgetOf(ws);
+      if (budget.closed) return;
+      const reading = readAgentFrame(message);
+      if ("close" in reading) return ws.close(reading.close, reading.reason);
+      const { frame } = reading;
       const att = attachmentOf(ws);
-      const size = typeof message === "string" ? new TextEncoder().encode(message).byteLength : message.byteLength;
-      // A status (the agent's observed NodeSpec) may be as large as a spec; every other frame is small.
-      const limit = typeof message === "string" && message.startsWith('{"t":"status"') ? MAX_SPEC_FRAME_BYTES : MAX_FRAME_BYTES;
-      if (size > limit) return ws.close(CloseCode.FRAME_TOO_LARGE, `frames are limited to ${limit} bytes`);
-      if (typeof message !== "string") return ws.close(CloseCode.MALFORMED_FRAME, "frames are JSON text");
-      let json: unknown;
-      try {
-        json = JSON.parse(message);
-      } catch {
-        return ws.close(CloseCode.MALFORMED_FRAME, "the frame is not JSON");
-      }
-      const parsed = agentFrame.safeParse(json);
-      if (!parsed.success) {
-        const t = (json as { t?: unknown } | null)?.t;
-        return ws.close(
-          CloseCode.MALFORMED_FRAME,
-          typeof t === "string" ? `unknown or malformed frame ${t.slice(0, 40)}` : "the frame has no type",
-        );
-      }
-      const frame = parsed.data;
       if (frame.t === "hello") return this.hello(ws, att, frame);
       if (!att.ready) return ws.close(CloseCode.HELLO_REQUIRED, "say hello first");
-      if (frame.t === "result") return this.result(ws, att, frame);
+      // Over its budget a frame is dropped before any work is done for it.
+      if (!budget.admit(frame.t)) return this.overBudget(ws, att, budget, frame);
+      if (frame.t === "result") return this.result(ws, att, budget, frame);
       if (frame.t === "status") return this.#statuses.add({ ws, att, frame });
       // ack: the agent journaled the command; the result is what changes the record.
+    }
+
+    private budgetOf(ws: WebSocket): SocketBudget {
+      let budget = this.#budgets.get(ws);
+      if (!budget) this.#budgets.set(ws, (budget = new SocketBudget(compute.frameBudgets)));
+      return budget;
+    }
+
+    /** A frame over its budget: dropped (a result is answered RATE_LIMITED, so its agent sends it again later), and a strike. */
+    private async overBudget(ws: WebSocket, att: Attachment, budget: SocketBudget, frame: { t: BudgetedKind; id?: string }) {
+      if (frame.t === "result") {
+        send(ws, { t: "error", code: FrameError.RATE_LIMITED, message: "too many results: send it again after a backoff", ref: frame.id });
+      }
+      await this.strike(ws, att, budget, { frame: frame.t, refused: "OVER_BUDGET" });
+    }
+
+    /**
+     * A dropped frame or a refused result: logged once a period (with how many were not), and
+     * when the socket's strikes run out it is closed with POLICY_VIOLATION and node.rate-limited.
+     */
+    private async strike(
+      ws: WebSocket,
+      att: Attachment,
+      budget: SocketBudget,
+      what: { refused: string; frame?: string; commandId?: string },
+    ) {
+      const strike = budget.strike(what.refused === "OVER_BUDGET" ? undefined : what.refused);
+      if (strike.log) this.log(att).warn("refused a frame", { ...what, unloggedSinceLast: strike.log.suppressed });
+      if (!strike.close) return;
+      const summary = budget.summary();
+      this.log(att).warn("closed the socket: it kept exceeding its frame budget", { ...summary });
+      ws.close(CloseCode.POLICY_VIOLATION, "the socket kept exceeding its frame budget");
+      await this.ctx.storage.put(COOLDOWN_KEY, Date.now() + POLICY_COOLDOWN_MS);
+      try {
+        await recordRateLimited(this.store, att, summary);
+      } catch (err) {
+        this.log(att).warn("could not record node.rate-limited", { error: errorText(err) });
+      }
     }
 
     private async hello(ws: WebSocket, att: Attachment, frame: HelloFrame): Promise<void> {
@@ -238,6 +294,12 @@ export function nodeObject(compute: Compute) {
         return ws.close(1011, "the control plane's database is unavailable; retry");
       }
       if (!outcome.connected) return ws.close(CloseCode.REVOKED, "the node was revoked");
+      // Proven: this socket is the node's connection now. The old one's close records nothing
+      // (the node's session is this one's already).
+      for (const old of this.ctx.getWebSockets()) {
+        if (old !== ws && old.readyState === WebSocket.OPEN && attachmentOf(old).ready)
+          old.close(CloseCode.REPLACED, "replaced by a newer connection");
+      }
       if (outcome.waking.length) await wakeObjects(this.env, "workflow", outcome.waking, this.log(att));
       updateAttachment(ws, { nonce: null, ready: true, bootId: frame.bootId });
       // Remembered outside the socket: if the runtime restarts, the socket (and its close event)
@@ -248,13 +310,13 @@ export function nodeObject(compute: Compute) {
       await this.deliver();
     }
 
-    private async result(ws: WebSocket, att: Attachment, frame: ResultFrame): Promise<void> {
+    private async result(ws: WebSocket, att: Attachment, budget: SocketBudget, frame: ResultFrame): Promise<void> {
       const refuse = (code: string, message: string) => void send(ws, { t: "error", code, message, ref: frame.id });
       try {
         const outcome = await this.#results.add({ node: att, frame });
         if ("refused" in outcome) {
-          this.log(att).warn("refused a result", { commandId: frame.id, code: outcome.refused });
-          return refuse(outcome.refused, outcome.message);
+          refuse(outcome.refused, outcome.message);
+          return this.strike(ws, att, budget, { refused: outcome.refused, commandId: frame.id });
         }
         send(ws, { t: "result-ack", id: frame.id });
         // Whoever waits for this result (a workflow) hears of it now rather than at its next poll.
@@ -318,6 +380,7 @@ export function nodeObject(compute: Compute) {
         if (frames.length === 0) return;
         for (const frame of frames) {
           if (!send(ws, frame)) return;
+          this.budgetOf(ws).sent(1);
           att.sentSeq = Math.max(att.sentSeq, frame.seq);
         }
         updateAttachment(ws, { sentSeq: att.sentSeq });

@@ -132,7 +132,7 @@ describe("the tpm attestor in the Worker", () => {
       attestor: "tpm",
       publicKey: key.publicKey,
       role: "node",
-      signature: await signMessage(key.privateKey, joinMessage(key.publicKey, "tpm")),
+      signature: await signMessage(key.privateKey, await joinMessage(key.publicKey, "tpm", evidence)),
     };
     const joined = await post(JOIN_PATH, { ...join, evidence });
     expect(joined.status, JSON.stringify(joined.body)).toBe(200);

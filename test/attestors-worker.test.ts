@@ -36,15 +36,16 @@ afterAll(() => client?.close());
 
 async function join(attestor: string, evidence: (publicKey: string) => Promise<Record<string, unknown>>) {
   const key = await generateNodeKey();
+  const presented = await evidence(key.publicKey);
   const res = await client.request(JOIN_PATH, {
     method: "POST",
     headers: { "content-type": "application/json" },
     body: JSON.stringify({
       attestor,
-      evidence: await evidence(key.publicKey),
+      evidence: presented,
       publicKey: key.publicKey,
       role: "node",
-      signature: await signMessage(key.privateKey, joinMessage(key.publicKey, attestor)),
+      signature: await signMessage(key.privateKey, await joinMessage(key.publicKey, attestor, presented)),
     }),
   });
   return { status: res.status, body: (await res.json()) as Record<string, unknown> };

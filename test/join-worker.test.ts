@@ -35,7 +35,7 @@ describe("the join Worker", () => {
       evidence: { token },
       publicKey: key.publicKey,
       role: "site",
-      signature: await signMessage(key.privateKey, joinMessage(key.publicKey, "join-token")),
+      signature: await signMessage(key.privateKey, await joinMessage(key.publicKey, "join-token", { token })),
     });
     expect(joined.status).toBe(200);
     const identity = (await joined.json()) as { nodeId: string; role: string; credential: string };
@@ -59,7 +59,7 @@ describe("the join Worker", () => {
     expect(await health.json()).toMatchObject({ status: "ok", database: "reachable" });
 
     const key = await generateNodeKey();
-    const signature = await signMessage(key.privateKey, joinMessage(key.publicKey, "join-token"));
+    const signature = await signMessage(key.privateKey, await joinMessage(key.publicKey, "join-token", { token: "bcj_unused" }));
     const refused = await post(JOIN_PATH, {
       attestor: "join-token",
       evidence: { token: "bcj_unused" },

@@ -15,7 +15,16 @@ import { verifyCredential } from "../../core/agents/credentials.ts";
 import { nextDelivery, recordConnected, recordDisconnected, recordResult, waitingWorkflow } from "../../core/agents/sessions.ts";
 import { databaseSecrets } from "../../core/context.ts";
 import { base64url } from "../../core/encoding.ts";
-import { agentFrame, CloseCode, helloMessage, PING, PONG, PROTOCOL_VERSION, verifyMessage, type ServerFrame } from "../../core/protocol.ts";
+import {
+  CloseCode,
+  helloMessage,
+  PING,
+  PONG,
+  PROTOCOL_VERSION,
+  readAgentFrame,
+  verifyMessage,
+  type ServerFrame,
+} from "../../core/protocol.ts";
 import type { RoundTripHook } from "../../core/store/database.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
 import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
@@ -420,7 +429,9 @@ interface Session {
  * Every write goes through core/agents/sessions.ts, as the NodeDO's do.
  */
 export class Gateway {
+  /** Each node's proven session (its hello verified); sockets waiting for their hello are apart, and displace nothing. */
   readonly #sessions = new Map<string, Session>();
+  readonly #unproven = new Set<Session>();
   readonly #secrets;
 
   constructor(
@@ -439,7 +450,6 @@ export class Gateway {
     } catch (err) {
       throw new AgentError((err as { code?: string }).code ?? "UNAUTHENTICATED", (err as Error).message, 401);
     }
-    this.#sessions.get(node.nodeId)?.socket.end(CloseCode.REPLACED, "replaced by a newer connection");
     const nonce = base64url(crypto.getRandomValues(new Uint8Array(32)));
     const session: Session = {
       nodeId: node.nodeId,
@@ -458,7 +468,7 @@ export class Gateway {
         terminate: () => queueMicrotask(() => void this.#closed(session, 1006, "terminated")),
       }),
     };
-    this.#sessions.set(node.nodeId, session);
+    this.#unproven.add(session);
     this.#send(session, { t: "challenge", protocol: PROTOCOL_VERSION, nonce });
     return session.socket;
   }
@@ -471,9 +481,9 @@ export class Gateway {
   async #onFrame(session: Session, text: string): Promise<void> {
     if (session.closed) return;
     if (text === PING) return this.#send(session, PONG);
-    const parsed = agentFrame.safeParse(JSON.parse(text));
-    if (!parsed.success) return this.#end(session, CloseCode.MALFORMED_FRAME, "malformed frame");
-    const frame = parsed.data;
+    const reading = readAgentFrame(text);
+    if ("close" in reading) return this.#end(session, reading.close, reading.reason);
+    const { frame } = reading;
     if (frame.t === "hello") {
       if (
         frame.nonce !== session.nonce ||
@@ -484,6 +494,10 @@ export class Gateway {
       session.nonce = null;
       const outcome = await recordConnected(this.store, session, frame);
       if (!outcome.connected) return this.#end(session, CloseCode.REVOKED, "the node was revoked");
+      const replaced = this.#sessions.get(session.nodeId);
+      this.#unproven.delete(session);
+      this.#sessions.set(session.nodeId, session);
+      if (replaced) this.#end(replaced, CloseCode.REPLACED, "replaced by a newer connection");
       for (const id of outcome.waking) this.workflows().wake(id);
       session.ready = true;
       this.#send(session, { t: "welcome", nodeId: session.nodeId, sessionId: session.sessionId });
@@ -548,11 +562,12 @@ export class Gateway {
     if (session.closed) return;
     session.closed = true;
     session.socket.end(code, _reason);
+    this.#unproven.delete(session);
     if (this.#sessions.get(session.nodeId) === session) this.#sessions.delete(session.nodeId);
     if (session.ready) await recordDisconnected(this.store, session, code).catch(() => {});
   }
 
   async closeAll(): Promise<void> {
-    for (const session of [...this.#sessions.values()]) await this.#closed(session, 1001, "the simulation stopped");
+    for (const session of [...this.#sessions.values(), ...this.#unproven]) await this.#closed(session, 1001, "the simulation stopped");
   }
 }

@@ -55,7 +55,9 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
 
   app.post(JOIN_PATH, limit, async (c) => {
     const request = await readInput(c, joinRequest);
-    if (!(await verifyMessage(request.publicKey, joinMessage(request.publicKey, request.attestor), request.signature))) {
+    if (
+      !(await verifyMessage(request.publicKey, await joinMessage(request.publicKey, request.attestor, request.evidence), request.signature))
+    ) {
       throw new ComputeError("UNAUTHENTICATED", "the join request's signature does not verify with its public key");
     }
     const attestor = findAttestor(deps.registry, request.attestor);
@@ -128,6 +130,13 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
     if (!(await verifyMessage(node.publicKey, renewMessage(node.nodeId, request.timestamp), request.signature))) {
       throw new ComputeError("UNAUTHENTICATED", "the renewal is not signed by the node's key");
     }
+    // Single use: a renewal's timestamp must be later than the last one accepted for the node, so
+    // a captured request replayed within the clock skew is refused (the agent signs a new one).
+    const spent = await c.get("store").write(sql`
+      UPDATE bc_nodes SET renewed_through = ${request.timestamp}::timestamptz
+      WHERE id = ${node.nodeId} AND (renewed_through IS NULL OR renewed_through < ${request.timestamp}::timestamptz)
+      RETURNING id`);
+    if (spent.rows.length === 0) throw new ComputeError("UNAUTHENTICATED", "this renewal was already used: sign a new timestamp");
     const ctx = deps.agentsContext(c.env ?? {}, c.get("store"));
     const issued = await issueCredential(c.get("store"), ctx.secrets, node);
     return c.json({ nodeId: node.nodeId, role: node.role, ...issued } satisfies JoinResponse);

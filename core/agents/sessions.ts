@@ -4,8 +4,9 @@
 // command path's (results, delivery) are one statement each, not a transaction of several.
 import { sql } from "drizzle-orm";
 import { databaseEvents, pgArray, type NodeSpecView, type SecretRef, type SecretStore } from "../context.ts";
-import { FrameError, resultMessage, verifyMessage, type CommandFrame, type HelloFrame, type ResultFrame } from "../protocol.ts";
+import { CloseCode, FrameError, resultMessage, verifyMessage, type CommandFrame, type HelloFrame, type ResultFrame } from "../protocol.ts";
 import type { Store } from "../store/database.ts";
+import type { BudgetSummary } from "./frame-budget.ts";
 
 export const RESERVED_LABEL_PREFIX = "bc.dev/";
 
@@ -68,6 +69,22 @@ export async function recordDisconnected(store: Store, session: SessionRef, code
     ${events(session.nodeId).insertSql([
       { type: "node.disconnected", subject: `nodes/${session.nodeId}`, data: { sessionId: session.sessionId, code }, from: "node" },
     ])}`);
+}
+
+/**
+ * The node's socket was closed for exceeding its frame budget (core/agents/frame-budget.ts): the
+ * event says what it sent. Written whether or not the session is still the node's current one.
+ */
+export async function recordRateLimited(store: Store, session: SessionRef, summary: BudgetSummary): Promise<void> {
+  await store.write(
+    sql`${events(session.nodeId).insertSql([
+      {
+        type: "node.rate-limited",
+        subject: `nodes/${session.nodeId}`,
+        data: { sessionId: session.sessionId, code: CloseCode.POLICY_VIOLATION, ...summary },
+      },
+    ])}`,
+  );
 }
 
 export type ResultOutcome =

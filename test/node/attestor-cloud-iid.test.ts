@@ -178,9 +178,11 @@ describe("cloud-iid (GCP instance identity)", () => {
     const stolen = issued.at(-1)!.token;
     const thief = await generateNodeKey();
     const post = (evidence: Record<string, unknown>) =>
-      signMessage(thief.privateKey, joinMessage(thief.publicKey, "cloud-iid")).then((signature) =>
-        plane.post(JOIN_PATH, { attestor: "cloud-iid", evidence, publicKey: thief.publicKey, role: "node", signature }),
-      );
+      joinMessage(thief.publicKey, "cloud-iid", evidence)
+        .then((message) => signMessage(thief.privateKey, message))
+        .then((signature) =>
+          plane.post(JOIN_PATH, { attestor: "cloud-iid", evidence, publicKey: thief.publicKey, role: "node", signature }),
+        );
     expect(await post({ provider: "gcp", token: stolen })).toMatchObject({
       status: 403,
       body: { code: "PERMISSION_DENIED", message: "the instance identity token was issued for another join key" },

@@ -119,7 +119,7 @@ describe.skipIf(missing.length > 0)("tpm attestor (swtpm)", () => {
         evidence,
         publicKey: key.publicKey,
         role: "node",
-        signature: await signMessage(key.privateKey, joinMessage(key.publicKey, "tpm")),
+        signature: await signMessage(key.privateKey, await joinMessage(key.publicKey, "tpm", evidence)),
       }),
     });
     return { status: res.status, body: (await res.json()) as { nodeId?: string; code?: string; message?: string } };

@@ -165,7 +165,7 @@ describe("x509pop", () => {
         evidence,
         publicKey: key.publicKey,
         role: "node",
-        signature: await signMessage(key.privateKey, joinMessage(key.publicKey, attestor)),
+        signature: await signMessage(key.privateKey, await joinMessage(key.publicKey, attestor, evidence)),
       });
 
     // A captured proof is bound to the key that made it.

@@ -55,7 +55,7 @@ export async function joinWith(
       evidence: request.evidence,
       publicKey: key.publicKey,
       role: request.role,
-      signature: await signMessage(key.privateKey, joinMessage(key.publicKey, request.attestor)),
+      signature: await signMessage(key.privateKey, await joinMessage(key.publicKey, request.attestor, request.evidence)),
     }),
   });
   return { res, key, body: (await res.json()) as any };

@@ -14,9 +14,14 @@ const registrations = { modules: [provisionModule()], plugins: [acmeProvision, c
 export const testCompute = betterCompute({ database: chaosDatabase(postgres()), ...registrations });
 const entry = deploymentEntry(testCompute);
 
+/** The NodeDOs' round trips to the database so far (a test reads it: the objects run in the tests' isolate). */
+export const nodeRoundTrips = { count: 0 };
+
 // The chaos switch stops the Worker's request and the WorkflowDO, never an agent's session: the
 // NodeDO is the same deployment's, without the fault-injecting port (its transactions are not counted).
-export const NodeDO = deploymentEntry(betterCompute(registrations)).NodeDO;
+export const NodeDO = deploymentEntry(
+  betterCompute({ ...registrations, database: postgres({ onRoundTrip: () => void nodeRoundTrips.count++ }) }),
+).NodeDO;
 export const SinkDO = entry.SinkDO;
 
 /** The deployment's WorkflowDO, telling the chaos switch which object is running. */

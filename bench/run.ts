@@ -6,6 +6,8 @@
 //   BENCH_SECONDS       API section: measured window per target, seconds (default 10)
 //   BENCH_WARMUP        API section: unrecorded warm-up per target, seconds (default 2)
 //   BENCH_COMMANDS      commands section: measured round trips per path (default 1000)
+//   BENCH_FLOOD_SECONDS flood section: each window's length, without and with the flood, seconds (default 10)
+//   BENCH_FLOOD_RATE    flood section: frames a second the flooding socket sends (default 10000)
 //   BENCH_AGENTS_MAX    agents section: the last step's number of agents (default 200)
 //   BENCH_AGENTS_HOLD   agents section: seconds each step is held before it is checked (default 6)
 //   BENCH_AGENTS_LAST_HOLD  agents section: seconds the last step (BENCH_AGENTS_MAX) is held (default BENCH_AGENTS_HOLD)
@@ -27,6 +29,7 @@ import pg from "pg";
 import { agentsSection } from "./agents.ts";
 import { apiSection } from "./api.ts";
 import { commandsSection } from "./commands.ts";
+import { floodSection } from "./flood.ts";
 import { workflowsSection } from "./workflows.ts";
 import { fleetSection } from "./fleet.ts";
 import { vpsSection } from "./vps.ts";
@@ -38,6 +41,8 @@ export interface BenchContext {
   warmupSeconds: number;
   /** Measured round trips per path in the commands section. */
   commands: number;
+  /** The flood section: each window's length, and the frames a second the flooding socket sends. */
+  flood: { seconds: number; rate: number };
   workflows: {
     /** Sizes of the batches started at once (BENCH_WORKFLOW_BATCHES, comma-separated). */
     batches: number[];
@@ -74,7 +79,16 @@ export interface BenchSection {
 }
 
 /** Sections in the order they run; later issues append theirs. */
-const allSections: BenchSection[] = [apiSection, commandsSection, agentsSection, workflowsSection, fleetSection, vpsSection, vmsSection];
+const allSections: BenchSection[] = [
+  apiSection,
+  commandsSection,
+  floodSection,
+  agentsSection,
+  workflowsSection,
+  fleetSection,
+  vpsSection,
+  vmsSection,
+];
 const only = (process.env.BENCH_ONLY ?? "")
   .split(",")
   .map((s) => s.trim())
@@ -90,6 +104,7 @@ const ctx: BenchContext = {
   seconds: positiveNumber("BENCH_SECONDS", 10),
   warmupSeconds: positiveNumber("BENCH_WARMUP", 2, true),
   commands: positiveInt("BENCH_COMMANDS", 1000),
+  flood: { seconds: positiveNumber("BENCH_FLOOD_SECONDS", 10), rate: positiveInt("BENCH_FLOOD_RATE", 10_000) },
   profile: process.env.BENCH_PROFILE === "1",
   workflows: { batches: intList("BENCH_WORKFLOW_BATCHES", "1,10,100") },
   fleet: {
@@ -132,6 +147,9 @@ console.log(
 );
 console.log(`  commands: ${ctx.commands} sequential round trips per path (BENCH_COMMANDS)`);
 console.log(
+  `  flood: two windows of ${ctx.flood.seconds} s (BENCH_FLOOD_SECONDS), the second with one socket sending ${ctx.flood.rate} frames/s (BENCH_FLOOD_RATE)`,
+);
+console.log(
   `  agents: up to ${ctx.agents.max} (BENCH_AGENTS_MAX), each step held ${ctx.agents.holdSeconds} s (BENCH_AGENTS_HOLD), the last ${ctx.agents.lastHoldSeconds} s (BENCH_AGENTS_LAST_HOLD), a ping every ${ctx.agents.heartbeatSeconds} s (BENCH_AGENTS_HEARTBEAT)`,
 );
 console.log(
@@ -141,7 +159,7 @@ console.log(
 );
 
 /** Sections that run the Worker's stack on DATABASE_URL's public schema (the others make a schema of their own, or use none). */
-const onPublicSchema = new Set(["api", "commands", "agents", "workflows", "vms"]);
+const onPublicSchema = new Set(["api", "commands", "flood", "agents", "workflows", "vms"]);
 if (ctx.databaseUrl && sections.some((s) => onPublicSchema.has(s.id))) await claimDatabase(ctx.databaseUrl);
 
 let failures = 0;

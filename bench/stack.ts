@@ -73,7 +73,12 @@ export function benchDataDir(name: string): string {
   return dataDir;
 }
 
-export async function withStack<T>(ctx: BenchContext, name: string, fn: (stack: BenchStack) => Promise<T>): Promise<T> {
+export async function withStack<T>(
+  ctx: BenchContext,
+  name: string,
+  fn: (stack: BenchStack) => Promise<T>,
+  options: { onOutput?: (line: string) => void } = {},
+): Promise<T> {
   const dataDir = benchDataDir(name);
   const lines: string[] = [];
   let stack: Stack | undefined;
@@ -95,6 +100,7 @@ export async function withStack<T>(ctx: BenchContext, name: string, fn: (stack: 
       databaseUrl: ctx.databaseUrl,
       wranglerConfig,
       onOutput: (line) => {
+        options.onOutput?.(line);
         lines.push(line);
         if (lines.length > 20) lines.shift();
       },

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
 // bcd, the agent: see agent/bcd.ts.
-import { runTs } from "../scripts/run-ts.mjs";
+import { runTs } from "./run-ts.mjs";
 
 runTs("agent/bcd.ts", process.argv.slice(2));

@@ -177,7 +177,7 @@ export interface NodeRuntimeOptions {
 /**
  * The runtime drivers of this host, advertised in the hello (labels bc.dev/driver.<id>) and used
  * by the node role: qemu-microvm when QEMU is installed, firecracker when --firecracker-bin names
- * its binary (or agent/testing/firecracker-fake). Its guest image (docs/guest-image.md) is
+ * its binary (or testing/firecracker-fake). Its guest image (docs/guest-image.md) is
  * built or found in the cache on first use, once per process; the runtime probes KVM then, and
  * falls back to TCG (docs/runtimes.md).
  */

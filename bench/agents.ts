@@ -13,7 +13,7 @@
 // Δagents.
 import { nodeTransport } from "../agent/node-transport.ts";
 import type { AgentTransport } from "../agent/client.ts";
-import { FakeDaemon } from "../agent/testing.ts";
+import { FakeDaemon } from "../testing/index.ts";
 import { PONG } from "../core/protocol.ts";
 import { cpuLine, cpuShares, cpuSnapshot } from "./load.ts";
 import { collectGarbage, descendantsFds, descendantsRss, mib, type FdCount } from "./proc.ts";

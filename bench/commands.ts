@@ -14,8 +14,8 @@
 import { sql } from "drizzle-orm";
 import { WebSocket } from "ws";
 import { nodeTransport } from "../agent/node-transport.ts";
-import { FakeDaemon } from "../agent/testing.ts";
-import { openNodeStore } from "../scripts/local/node-store.ts";
+import { FakeDaemon } from "../testing/index.ts";
+import { openNodeStore } from "../local/node-store.ts";
 import { cpuLine, cpuShares, cpuSnapshot, percentile, type CpuShare } from "./load.ts";
 import { printQueryStats, readQueryStats } from "./query-stats.ts";
 import type { BenchContext, BenchSection } from "./run.ts";

@@ -8,7 +8,7 @@
 // LaneAnswer carrying the request's id.
 import v8 from "node:v8";
 import vm from "node:vm";
-import { createMetalSim, type MetalSim } from "../agent/testing/metal-sim.ts";
+import { createMetalSim, type MetalSim } from "../testing/metal-sim.ts";
 import { mergeProfiles, selfProfiler, type CpuProfile } from "./profile.ts";
 import { QueryStats, type QueryKindStats } from "./query-stats.ts";
 import { mapLimit } from "./stack.ts";

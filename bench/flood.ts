@@ -8,11 +8,11 @@
 // and counts the database round trips of the Worker and its Durable Objects (the bench Worker's
 // hook), how often the flooder's socket was closed for its frame budget (1008), how many of its
 // reconnects were refused while its node cooled down (429), and how many lines the stack logged
-// (its warnings and errors: scripts/local/stack.ts workerOutput).
+// (its warnings and errors: local/stack.ts workerOutput).
 import { nodeTransport } from "../agent/node-transport.ts";
 import type { AgentTransport } from "../agent/client.ts";
 import type { SocketLike } from "../agent/socket.ts";
-import { FakeDaemon } from "../agent/testing.ts";
+import { FakeDaemon } from "../testing/index.ts";
 import { CloseCode } from "../core/protocol.ts";
 import { percentile } from "./load.ts";
 import { readQueryStats } from "./query-stats.ts";

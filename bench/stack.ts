@@ -14,9 +14,9 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
-import { callApi as callAsAdmin } from "../agent/testing/metal-sim-control-plane.ts";
-import { repoRoot } from "../scripts/local/node-store.ts";
-import { startStack, type Stack } from "../scripts/local/stack.ts";
+import { callApi as callAsAdmin } from "../testing/metal-sim-control-plane.ts";
+import { repoRoot } from "../local/node-store.ts";
+import { startStack, type Stack } from "../local/stack.ts";
 import type { BenchContext } from "./run.ts";
 
 const here = path.dirname(fileURLToPath(import.meta.url));

@@ -16,10 +16,10 @@ import { processesNaming } from "../agent/runtimes/microvm/helpers.ts";
 import { ensureGuestImage } from "../agent/runtimes/microvm/image.ts";
 import { deleteNetns, netnsName } from "../agent/runtimes/microvm/network.ts";
 import { capacity } from "../plugins/capacity/index.ts";
-import { repoRoot } from "../scripts/local/node-store.ts";
-import { startStack, type Stack } from "../scripts/local/stack.ts";
+import { repoRoot } from "../local/node-store.ts";
+import { startStack, type Stack } from "../local/stack.ts";
 import type { PlacementRequest, PlacementResult } from "better-compute/core";
-import { inProcessControlPlane, type SimControlPlane } from "../agent/testing/metal-sim-control-plane.ts";
+import { inProcessControlPlane, type SimControlPlane } from "../testing/metal-sim-control-plane.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
 import { benchDataDir, callApi, mapLimit } from "./stack.ts";
 

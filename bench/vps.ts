@@ -15,7 +15,7 @@ import { startHetznerCloudEmulator } from "better-compute/testing/hetzner-cloud"
 import { EMULATED_PRODUCTS, ROBOT_LIMITS, startHetznerRobotEmulator } from "better-compute/testing/hetzner-robot";
 import { startProxmoxEmulator } from "better-compute/testing/proxmox";
 import { vps, type Fetch } from "better-compute/vps";
-import { inProcessControlPlane, type SimControlPlane } from "../agent/testing/metal-sim-control-plane.ts";
+import { inProcessControlPlane, type SimControlPlane } from "../testing/metal-sim-control-plane.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
 import { mapLimit } from "./stack.ts";
 

@@ -2,7 +2,7 @@
 // at once, timed until the whole batch has finished; and Postgres round trips per step, counted
 // at the driver by the bench Worker's round-trip hook (GET /bench/query-stats), on either database.
 import { sql } from "drizzle-orm";
-import { openNodeStore } from "../scripts/local/node-store.ts";
+import { openNodeStore } from "../local/node-store.ts";
 import { mergeQueries, printQueryStats, readQueryStats, type QueryKindStats } from "./query-stats.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
 import { callApi, mapLimit, ms, target, withStack } from "./stack.ts";

@@ -1,9 +1,9 @@
 #!/usr/bin/env node
 // better-compute: `start` and `dev` run the local stack (as npm start and npm run dev: with the
 // simulated site), `bmc-emulator` a simulated BMC; `doctor` and every API command are the CLI in
-// scripts/cli (see docs/cli.md).
+// cli (see docs/cli.md).
 import { nodeVersionProblem } from "./preflight.mjs";
-import { runTs } from "./run-ts.mjs";
+import { runTs } from "../agent/run-ts.mjs";
 
 const problem = nodeVersionProblem(process.versions.node);
 if (problem) {
@@ -14,4 +14,4 @@ const [command, ...args] = process.argv.slice(2);
 if (command === "start") runTs("scripts/start.ts", args);
 else if (command === "dev") runTs("scripts/start.ts", ["--site", ...args]);
 else if (command === "bmc-emulator") runTs("scripts/bmc-emulator.ts", args);
-else runTs("scripts/cli/main.ts", process.argv.slice(2));
+else runTs("cli/main.ts", process.argv.slice(2));

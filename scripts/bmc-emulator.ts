@@ -12,8 +12,8 @@ import { isIP } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { startRedfishEmulator, type BmcQuirks } from "../agent/testing/redfish-emulator.ts";
-import { selfSignedCertificate } from "../agent/testing/tls.ts";
+import { startRedfishEmulator, type BmcQuirks } from "../testing/redfish-emulator.ts";
+import { selfSignedCertificate } from "../testing/tls.ts";
 
 const USAGE = `usage: better-compute bmc-emulator [--machines N] [--port P] [--host H] [--tls] [--user U] [--password P]
          [--drives N] [--reset-delay-ms MS] [--no-bios] [--no-volume-creation] [--continuous-boot-only]

@@ -1,7 +1,12 @@
 #!/usr/bin/env node
-// Import direction check: core stays independent of everything built on it, and
-// modules (plugins, third-party extensions) reach the platform only through the
-// public entry points listed in package.json "exports". Plain Node, no deps.
+// Import direction check: core stays independent of everything built on it, modules (plugins,
+// third-party extensions) reach the platform only through the public entry points listed in
+// package.json "exports", no product room imports the test doubles (testing/), and nothing imports
+// scripts/ (its files are entry points). Plain Node, no deps.
+//
+// The floors, lowest first: core; the product rooms built on it (plugins, agent, workers,
+// durable-objects, local: the embedded stack, cli: the CLI); testing/ (stand-ins for what is not
+// ours, over the product rooms); then what only runs things: test/, bench/, examples/, scripts/.
 //
 //   node scripts/check-deps.mjs [root]     exit 1 and one line per violation
 import { readFileSync, readdirSync, realpathSync, statSync } from "node:fs";
@@ -11,9 +16,11 @@ import { fileURLToPath } from "node:url";
 const SKIP_DIRS = new Set(["node_modules", ".data", ".wrangler", ".git"]);
 export const CODE_EXT = /\.(ts|mts|cts|tsx|js|mjs|cjs)$/;
 // Everything core must never depend on.
-const NOT_FOR_CORE = ["plugins", "workers", "durable-objects", "agent", "test", "examples", "bench", "scripts"];
-// Directories whose subdirectories are modules in their own right.
-const NESTED_MODULE_DIRS = new Set(["providers", "attestors"]);
+const NOT_FOR_CORE = ["plugins", "workers", "durable-objects", "agent", "local", "cli", "testing", "test", "examples", "bench", "scripts"];
+// Rooms that ship: none of them imports the test doubles.
+const PRODUCT_ROOMS = ["core", "plugins", "agent", "workers", "durable-objects", "local", "cli"];
+/** The test doubles' room, and its package entry points (better-compute/testing, better-compute/testing/...). */
+const TESTING = "testing";
 
 /** All files under dir (relative to root, '/'-separated) matching ext. */
 export function walk(root, dir, ext) {
@@ -95,13 +102,32 @@ function isExported(exportsField, sub) {
   });
 }
 
-/** The module a root-relative file belongs to, if it is under plugins/. */
-function pluginModule(file) {
+/**
+ * The module a root-relative file belongs to, if it is under plugins/: the shallowest directory
+ * under plugins/ with an index file (plugins/<m>/, or plugins/<group>/<m>/ when the group has
+ * none), else plugins/<first>.
+ */
+function pluginModule(root, file) {
   const dirs = file.split("/").slice(0, -1); // directories above the file
-  if (dirs[0] !== "plugins") return null;
-  // plugins/<m>/…, or plugins/providers/<p>/… and plugins/attestors/<a>/…
-  const depth = NESTED_MODULE_DIRS.has(dirs[1]) && dirs.length > 2 ? 3 : 2;
-  return dirs.slice(0, depth).join("/");
+  if (dirs[0] !== "plugins" || dirs.length < 2) return null;
+  for (let depth = 2; depth <= dirs.length; depth++) {
+    const dir = dirs.slice(0, depth).join("/");
+    if (hasIndex(root, dir)) return dir;
+  }
+  return dirs.slice(0, 2).join("/");
+}
+
+const indexCache = new Map();
+function hasIndex(root, dir) {
+  const key = path.join(root, dir);
+  if (!indexCache.has(key)) {
+    let found = false;
+    try {
+      found = readdirSync(key).some((name) => /^index\.(ts|mts|cts|tsx|js|mjs|cjs)$/.test(name));
+    } catch {}
+    indexCache.set(key, found);
+  }
+  return indexCache.get(key);
 }
 
 const under = (rel, dir) => rel === dir || rel.startsWith(`${dir}/`);
@@ -127,7 +153,9 @@ export function checkDeps(root) {
   const violations = [];
 
   for (const file of files) {
-    const mod = pluginModule(file);
+    const mod = pluginModule(root, file);
+    const room = file.split("/")[0];
+    const product = PRODUCT_ROOMS.includes(room);
     const importer = under(file, "core")
       ? "core"
       : mod
@@ -149,25 +177,39 @@ export function checkDeps(root) {
       if (!relative) {
         // Self-reference by package name: Node resolves it through "exports" only. Checked
         // where the rules send imports through the public entry points.
-        const publicOnly = mod || importer === "test/extensions" || importer === "agent";
-        if (publicOnly && (specifier === name || specifier.startsWith(`${name}/`))) {
-          const sub = specifier === name ? "." : `.${specifier.slice(name.length)}`;
-          if (!isExported(pkg.exports, sub)) fail(`"${sub}" is not a public entry point in package.json exports`);
+        const self = specifier === name || specifier.startsWith(`${name}/`);
+        const sub = specifier === name ? "." : `.${specifier.slice(name.length)}`;
+        if (self && product && (sub === `./${TESTING}` || sub.startsWith(`./${TESTING}/`))) {
+          fail(`${room}/ ships: it must not import the test doubles (${specifier})`);
+          continue;
         }
+        const publicOnly = mod || importer === "test/extensions" || importer === "agent";
+        if (publicOnly && self && !isExported(pkg.exports, sub)) fail(`"${sub}" is not a public entry point in package.json exports`);
         continue; // anything else is an npm package or a node: builtin
+      }
+      if (under(target, "scripts") && room !== "scripts") {
+        fail("scripts/ holds entry points: nothing imports them (move what is shared to the room it belongs to)");
+        continue;
+      }
+      if (product && room !== "core" && under(target, TESTING)) {
+        fail(`${room}/ ships: it must not import the test doubles in ${TESTING}/`);
+        continue;
       }
       if (importer === "core") {
         const bad = NOT_FOR_CORE.find((d) => under(target, d));
         if (bad) fail(`core must not import from ${bad}/`);
       } else if (mod) {
-        if (pluginModule(target) !== mod)
+        if (pluginModule(root, target) !== mod)
           fail(`a module may import relatively only within ${mod}/; use the public entry points (${name}, ${name}/<subpath>)`);
       } else if (importer === "test/extensions") {
         if (!under(target, "test/extensions"))
           fail(`third-party extensions may import only public entry points (${name}...), npm packages and files inside test/extensions/`);
       } else if (importer === "agent") {
-        const bad = ["workers", "durable-objects", "plugins"].find((d) => under(target, d));
+        const bad = ["workers", "durable-objects", "plugins", "local", "cli"].find((d) => under(target, d));
         if (bad) fail(`agent must not import ${bad}/ internals; use the public entry points`);
+      } else if (room === "local") {
+        const bad = ["workers", "durable-objects", "plugins", "agent", "cli"].find((d) => under(target, d));
+        if (bad) fail(`local/ (the embedded stack) stands on core alone: it must not import ${bad}/`);
       }
       // workers/ and durable-objects/ are the composition root: no rule.
     }

@@ -1,7 +1,7 @@
 // npm run migrate: applies core and module migrations of the deployment to DATABASE_URL.
 // Idempotent: run it on every deploy.
 import { applyMigrations } from "../core/store/migrate.ts";
-import { coreMigrations, openNodeStore } from "./local/node-store.ts";
+import { coreMigrations, openNodeStore } from "../local/node-store.ts";
 
 const url = process.env.DATABASE_URL;
 if (!url) {

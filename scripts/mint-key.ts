@@ -1,7 +1,7 @@
 // npm run mint-key -- --role admin [--name "ops laptop"]: mints an API key directly in the
 // database at DATABASE_URL (the first admin key of a deployment). Prints the key once.
 import { parseArgs } from "node:util";
-import { openNodeStore } from "./local/node-store.ts";
+import { openNodeStore } from "../local/node-store.ts";
 
 const { values } = parseArgs({ options: { role: { type: "string", multiple: true }, name: { type: "string" } } });
 const url = process.env.DATABASE_URL;

@@ -2,7 +2,7 @@
 //
 //   npm start [-- options]     the stack: PGlite keeps its data under .data/ (or $BC_DATA_DIR);
 //                              DATABASE_URL points it at any real Postgres instead
-//   npm run dev [-- options]   the stack plus a whole simulated site (scripts/local/dev-site.ts),
+//   npm run dev [-- options]   the stack plus a whole simulated site (scripts/dev/site.ts),
 //                              on its own data dir, <data dir>/dev, started afresh each run
 //
 //   --port P           the API's port (default $PORT, else 8787)
@@ -10,18 +10,18 @@
 //   --sim N            join N simulated ping-only agents (FakeDaemon, role node)
 //   --site             the simulated site (what npm run dev passes); --machines N of them (default 3)
 //   --providers        with --site: the Hetzner Cloud, Hetzner Robot and Proxmox emulators, registered
-//                      as accounts and pools with a tenant (scripts/local/dev-providers.ts)
+//                      as accounts and pools with a tenant (scripts/dev/providers.ts)
 //   --vms              with --site: this machine as the host of a host pool (a real bcd node booting
-//                      QEMU microVMs) with a tenant (scripts/local/dev-vms.ts)
+//                      QEMU microVMs) with a tenant (scripts/dev/vms.ts)
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { nodeTransport } from "../agent/node-transport.ts";
-import { FakeDaemon } from "../agent/testing.ts";
-import { startDevProviders, type DevTenant } from "./local/dev-providers.ts";
-import { startDevSite, type DevSite } from "./local/dev-site.ts";
-import { devGuestImage, devVmsProblem, registerDevVms, type DevVms } from "./local/dev-vms.ts";
-import { repoRoot } from "./local/node-store.ts";
-import { shownPath, StackRefusedError, startStack, type Stack } from "./local/stack.ts";
+import { FakeDaemon } from "../testing/index.ts";
+import { startDevProviders, type DevTenant } from "./dev/providers.ts";
+import { startDevSite, type DevSite } from "./dev/site.ts";
+import { devGuestImage, devVmsProblem, registerDevVms, type DevVms } from "./dev/vms.ts";
+import { repoRoot } from "../local/node-store.ts";
+import { shownPath, StackRefusedError, startStack, type Stack } from "../local/stack.ts";
 
 const USAGE =
   "usage: npm start -- [--port P] [--new-admin-key] [--sim N]    npm run dev -- [--machines N] [--providers] [--vms] [--port P] [--sim N]";

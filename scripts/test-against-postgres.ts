@@ -11,7 +11,7 @@ import { spawn } from "node:child_process";
 import { createRequire } from "node:module";
 import net from "node:net";
 import path from "node:path";
-import { isLoopbackHost } from "./local/ws-bridge.ts";
+import { isLoopbackHost } from "../local/ws-bridge.ts";
 
 const USAGE = "usage: BC_TEST_DATABASE_URL=postgres://user:password@127.0.0.1:5432/db npm run test:pg [-- vitest args]";
 
@@ -32,7 +32,7 @@ try {
 if (url.protocol !== "postgres:" && url.protocol !== "postgresql:")
   refuse(`BC_TEST_DATABASE_URL must be a postgres:// URL, not ${url.protocol}//`);
 const host = url.hostname.replace(/^\[(.*)\]$/, "$1");
-// The Worker reaches the database through scripts/local/ws-bridge.ts, which only relays to loopback.
+// The Worker reaches the database through local/ws-bridge.ts, which only relays to loopback.
 if (!isLoopbackHost(host)) refuse(`the test bridge only reaches this machine (127.0.0.1, ::1, localhost), not ${url.hostname}`);
 if (!url.pathname.replace(/^\//, "")) refuse("BC_TEST_DATABASE_URL names no database");
 const port = Number(url.port || 5432);

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { z } from "zod";
 import { betterCompute, definePlugin } from "../core/index.ts";
 import type { CommandFrame } from "../core/protocol.ts";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 import { connectRaw, joinRaw, type RawAgent } from "./support/raw-agent.ts";
 
 const compute = betterCompute({

@@ -6,9 +6,9 @@ import { abortAllDurableObjects } from "cloudflare:test";
 import { sql } from "drizzle-orm";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { z } from "zod";
-import type { FakeDaemon } from "../agent/testing.ts";
+import type { FakeDaemon } from "../testing/index.ts";
 import { betterCompute, definePlugin } from "../core/index.ts";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 import { joinedDaemon } from "./support/fake-daemon.ts";
 
 const compute = betterCompute({

@@ -17,7 +17,7 @@ import {
   resultMessage,
   signMessage,
 } from "../core/protocol.ts";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 import { connectRaw, fetcher, joinRaw, type RawAgent } from "./support/raw-agent.ts";
 import { nodeRoundTrips } from "./support/worker.ts";
 

@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { z } from "zod";
 import { betterCompute, definePlugin } from "../core/index.ts";
 import { CloseCode, generateNodeKey, MAX_FRAME_BYTES } from "../core/protocol.ts";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 import { connectRaw, joinRaw, joinWith, type RawAgent } from "./support/raw-agent.ts";
 
 const testKinds = definePlugin({

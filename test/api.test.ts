@@ -7,7 +7,7 @@ import { z } from "zod";
 import { compute } from "../better-compute.config.ts";
 import { betterCompute, definePlugin } from "../core/index.ts";
 import { ComputeError, defineMethod } from "../core/public.ts";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 
 let client: TestClient;
 beforeAll(async () => {

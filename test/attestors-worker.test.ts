@@ -6,7 +6,7 @@ import { exportJWK, generateKeyPair, SignJWT } from "jose";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { betterCompute, cloudIidAttestor, x509popAttestor } from "better-compute";
 import { cloudIidAudience } from "../core/agents/cloud-iid.ts";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 import { generateNodeKey, JOIN_PATH, joinMessage, signMessage } from "../core/protocol.ts";
 import { certificate, crl, x509popEvidence, type Issued } from "./support/x509.ts";
 

@@ -7,7 +7,7 @@ import { env, exports } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { compute } from "../better-compute.config.ts";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 import { EventCursor } from "../core/events/watch.ts";
 import type { Store } from "../core/store/database.ts";
 

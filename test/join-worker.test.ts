@@ -5,7 +5,7 @@ import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test"
 import { env } from "cloudflare:workers";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { compute } from "../better-compute.config.ts";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 import { CONNECT_PATH, generateNodeKey, JOIN_PATH, joinMessage, RENEW_PATH, renewMessage, signMessage } from "../core/protocol.ts";
 import joinWorker from "../workers/join/index.ts";
 

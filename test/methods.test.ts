@@ -6,7 +6,7 @@ import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { compute } from "../better-compute.config.ts";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 import { joinRaw } from "./support/raw-agent.ts";
 
 let client: TestClient;

@@ -1,18 +1,18 @@
 // NodeSpecs end to end in workerd: a module writes its section through ctx.nodeSpecs (Postgres),
 // the real NodeDO delivers the generation to a FakeDaemon running the node role's converger on a
-// SIMULATED runtime (agent/testing/simulated-runtime.ts: no guest boots), and the status the
+// SIMULATED runtime (testing/simulated-runtime.ts: no guest boots), and the status the
 // agent reports is recorded and shown by nodes.spec.get.
 import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { z } from "zod";
-import type { FakeDaemon } from "../agent/testing.ts";
-import { simulatedRuntime, type SimulatedRuntime } from "../agent/testing/simulated-runtime.ts";
+import type { FakeDaemon } from "../testing/index.ts";
+import { simulatedRuntime, type SimulatedRuntime } from "../testing/simulated-runtime.ts";
 import { MemoryState } from "../agent/state.ts";
 import { betterCompute, definePlugin } from "../core/index.ts";
 import { isComputeError } from "../core/errors.ts";
 import { sha256Hex } from "../core/encoding.ts";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 import { joinedDaemon } from "./support/fake-daemon.ts";
 
 const instanceEntry = z.strictObject({

@@ -6,10 +6,10 @@
 import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import type { FakeDaemon } from "../agent/testing.ts";
+import type { FakeDaemon } from "../testing/index.ts";
 import { postgres } from "../core/index.ts";
 import type { Store } from "../core/store/database.ts";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 import { wakeStalledWorkflows } from "../plugins/provision/module.ts";
 import { chaos, type Boundary } from "./support/chaos.ts";
 import { testCompute } from "./support/worker.ts";

@@ -5,7 +5,7 @@
 import { env } from "cloudflare:workers";
 import { runInDurableObject } from "cloudflare:test";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { createTestClient, type TestClient } from "../core/testing.ts";
+import { createTestClient, type TestClient } from "../testing/test-client.ts";
 import { testCompute } from "./support/worker.ts";
 
 let client: TestClient;

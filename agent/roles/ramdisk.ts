@@ -1,6 +1,6 @@
 // The provisioning ramdisk's command handlers: the machine booted into a small OS that lists
 // its disks, wipes them and writes an image onto one. The disks are an interface so the same
-// handlers run against real block devices and simulated ones (agent/testing/sim-disks.ts).
+// handlers run against real block devices and simulated ones (testing/sim-disks.ts).
 // Node-only (node:crypto's incremental sha256).
 import { createHash } from "node:crypto";
 import { z } from "zod";

@@ -7,10 +7,10 @@
 import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import type { FakeDaemon } from "../../agent/testing.ts";
+import type { FakeDaemon } from "../../testing/index.ts";
 import { betterCompute, defineModule, defineSchedulerPlugin } from "../../core/index.ts";
 import type { HostView, PlacementRequest, PlacementResult } from "../../core/public.ts";
-import { createTestClient, type TestClient } from "../../core/testing.ts";
+import { createTestClient, type TestClient } from "../../testing/test-client.ts";
 import { capacity } from "../../plugins/capacity/index.ts";
 import { joinedDaemon } from "../support/fake-daemon.ts";
 

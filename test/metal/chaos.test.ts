@@ -2,7 +2,7 @@
 // boundary of a deploy (metal.deploy.image-stream) and of a release (metal.release), once before
 // the commit and once after it. The boundaries are the transactions of the workflow runner and
 // the reconcilers (what the WorkflowDO and the cron run); a crash kills that process where it
-// stood (ChaosPlan, agent/testing/metal-sim-control-plane.ts) and the next one starts from
+// stood (ChaosPlan, testing/metal-sim-control-plane.ts) and the next one starts from
 // Postgres. Every run must end in the right state, with each destructive command enqueued once
 // per (workflow, step position, attempt) and run once, the BMC powered exactly as the profile
 // asks, and each lifecycle event recorded once.

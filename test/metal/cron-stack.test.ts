@@ -6,8 +6,8 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { createMetalSim, type MetalSim } from "../../agent/testing/metal-sim.ts";
-import { startStack, type Stack } from "../../scripts/local/stack.ts";
+import { createMetalSim, type MetalSim } from "../../testing/metal-sim.ts";
+import { startStack, type Stack } from "../../local/stack.ts";
 
 const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-cron-stack-"));
 let stack: Stack;

@@ -8,8 +8,8 @@ import path from "node:path";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createImageCache } from "../../agent/roles/image-cache.ts";
-import { createMetalSim, SIM_BMC_PASSWORD, type MetalSim } from "../../agent/testing/metal-sim.ts";
-import { startStack, type Stack } from "../../scripts/local/stack.ts";
+import { createMetalSim, SIM_BMC_PASSWORD, type MetalSim } from "../../testing/metal-sim.ts";
+import { startStack, type Stack } from "../../local/stack.ts";
 
 let stack: Stack;
 let sim: MetalSim;

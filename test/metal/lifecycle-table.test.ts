@@ -8,7 +8,7 @@ import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { metalModule } from "better-compute/metal";
 import { provisionModule } from "better-compute/provision";
-import { inProcessControlPlane, type SimControlPlane } from "../../agent/testing/metal-sim-control-plane.ts";
+import { inProcessControlPlane, type SimControlPlane } from "../../testing/metal-sim-control-plane.ts";
 import {
   FLAG_CHANGES,
   METAL_STATES,

@@ -20,7 +20,7 @@ import { betterCompute, definePlugin } from "better-compute";
 import { createMetalSim, type MetalSim } from "better-compute/testing/metal";
 import { metalModule } from "better-compute/metal";
 import { defineProfile, defineStep, provisionModule } from "better-compute/provision";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { repoRoot } from "../../local/node-store.ts";
 import { acmeAutoinstall, tokenInIso } from "../extensions/acme-autoinstall/plugin.ts";
 
 const PROFILE = "ubuntu-24.04-autoinstall";

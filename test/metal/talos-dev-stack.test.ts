@@ -8,8 +8,8 @@ import os from "node:os";
 import path from "node:path";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createMetalSim, selfSignedCertificate, type MetalSim } from "../../agent/testing/metal-sim.ts";
-import { startStack, type Stack } from "../../scripts/local/stack.ts";
+import { createMetalSim, selfSignedCertificate, type MetalSim } from "../../testing/metal-sim.ts";
+import { startStack, type Stack } from "../../local/stack.ts";
 import { talosEmulator } from "../extensions/acme-talos/emulator.ts";
 import { TALOS_API_PORT } from "../extensions/acme-talos/plugin.ts";
 

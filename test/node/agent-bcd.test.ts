@@ -9,7 +9,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { main } from "../../agent/bcd.ts";
-import { FakeNodeServer } from "../../agent/fake-server.ts";
+import { FakeNodeServer } from "../../testing/fake-server.ts";
 
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 let server: FakeNodeServer;

@@ -1,13 +1,13 @@
-// AgentClient against a protocol-faithful fake of the control plane (agent/fake-server.ts):
+// AgentClient against a protocol-faithful fake of the control plane (testing/fake-server.ts):
 // the hello proof, commands in order and at most once per key, the journal answering
 // redeliveries, INTERRUPTED after a restart, reconnects with backoff after cuts, REVOKED,
 // heartbeats, renewal, result signatures and size, and that no secret reaches the logs.
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { AgentClient, AgentError, inLane, localExpiry, type AgentClientOptions, type CommandHandler } from "../../agent/client.ts";
-import { FakeNodeServer } from "../../agent/fake-server.ts";
+import { FakeNodeServer } from "../../testing/fake-server.ts";
 import { nodeTransport } from "../../agent/node-transport.ts";
 import { MemoryState, type AgentStateStore } from "../../agent/state.ts";
-import { FakeDaemon } from "../../agent/testing.ts";
+import { FakeDaemon } from "../../testing/index.ts";
 import { CloseCode, MAX_FRAME_BYTES, PROTOCOL_VERSION, generateNodeKey, resultMessage, verifyMessage } from "../../core/protocol.ts";
 
 let server: FakeNodeServer;

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AgentClient } from "../../agent/client.ts";
-import { FakeNodeServer } from "../../agent/fake-server.ts";
+import { FakeNodeServer } from "../../testing/fake-server.ts";
 import { FileState } from "../../agent/file-state.ts";
 import { nodeTransport } from "../../agent/node-transport.ts";
 import type { CommandHandler } from "../../agent/client.ts";

@@ -1,6 +1,6 @@
 // The site agent's site.httpProxy command (agent/roles/http-proxy.ts, plugins/metal/http-proxy.ts)
 // against real local servers: HTTPS with a self-signed certificate made by openssl at the start
-// (agent/testing/tls.ts; pinned by its SPKI, as the control plane pins a machine's), and plain HTTP. The pin is checked
+// (testing/tls.ts; pinned by its SPKI, as the control plane pins a machine's), and plain HTTP. The pin is checked
 // before anything is sent, redirects are refused, answers are capped, refusals reach no server,
 // and a secret header's value is sent but never appears in a result or an error.
 import { X509Certificate } from "node:crypto";
@@ -12,7 +12,7 @@ import { AgentError, type CommandContext } from "../../agent/client.ts";
 import { headerProblem, httpProxyBody } from "better-compute/metal/http-proxy";
 import { httpProxyHandlers } from "../../agent/roles/http-proxy.ts";
 import { spkiSha256 } from "../../agent/roles/tls-pin.ts";
-import { selfSignedCertificate } from "../../agent/testing/tls.ts";
+import { selfSignedCertificate } from "../../testing/tls.ts";
 import { agentFailure } from "../support/agent-error.ts";
 import { commandContext } from "../support/command-context.ts";
 

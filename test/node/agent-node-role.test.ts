@@ -2,7 +2,7 @@
 // saved (FileState) before it is converged, so a converger stopped mid-pass converges it again
 // after a restart with no control plane at all; the access file; sections and runtimes the node
 // does not have; the runtime's watch; and the AgentClient's spec and status frames. Guests are
-// SIMULATED (agent/testing/simulated-runtime.ts): no VMM runs here.
+// SIMULATED (testing/simulated-runtime.ts): no VMM runs here.
 import { spawn } from "node:child_process";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -10,12 +10,12 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { AgentClient } from "../../agent/client.ts";
-import { FakeNodeServer } from "../../agent/fake-server.ts";
+import { FakeNodeServer } from "../../testing/fake-server.ts";
 import { FileState, writeAtomic } from "../../agent/file-state.ts";
 import { nodeTransport } from "../../agent/node-transport.ts";
 import { nodeRole, type NodeRole, type NodeRoleOptions } from "../../agent/roles/node.ts";
 import { MemoryState } from "../../agent/state.ts";
-import { simulatedRuntime } from "../../agent/testing/simulated-runtime.ts";
+import { simulatedRuntime } from "../../testing/simulated-runtime.ts";
 import { sha256Hex } from "../../core/encoding.ts";
 import type { NodeSpec, NodeStatus } from "../../core/protocol.ts";
 

@@ -1,12 +1,12 @@
 // The provisioning ramdisk's role (agent/roles/ramdisk.ts) on simulated disks
-// (agent/testing/sim-disks.ts): inventory, wipes of every disk, an image streamed from the
+// (testing/sim-disks.ts): inventory, wipes of every disk, an image streamed from the
 // site's image cache over HTTP and checked against its sha256.
 import { createHash } from "node:crypto";
 import { afterEach, describe, expect, it } from "vitest";
 import type { CommandContext } from "../../agent/client.ts";
 import { createImageCache } from "../../agent/roles/image-cache.ts";
 import { ramdiskHandlers } from "../../agent/roles/ramdisk.ts";
-import { simulatedDisks } from "../../agent/testing/sim-disks.ts";
+import { simulatedDisks } from "../../testing/sim-disks.ts";
 import { agentFailure } from "../support/agent-error.ts";
 
 const UUID = "4c4c4544-0042-3510-8051-b7c04f443232";

@@ -10,7 +10,7 @@ import { ipxeScript } from "../../agent/roles/boot.ts";
 import { createImageCache } from "../../agent/roles/image-cache.ts";
 import { RedfishClient } from "../../agent/roles/redfish.ts";
 import { siteHandlers } from "../../agent/roles/site.ts";
-import { startRedfishEmulator, type MachineOptions, type RedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
+import { startRedfishEmulator, type MachineOptions, type RedfishEmulator } from "../../testing/redfish-emulator.ts";
 import { agentFailure } from "../support/agent-error.ts";
 import { commandContext } from "../support/command-context.ts";
 

@@ -9,7 +9,7 @@ import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { x509popAttestor } from "better-compute";
 import { generateNodeKey, JOIN_PATH, joinMessage, signMessage } from "../../core/protocol.ts";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { repoRoot } from "../../local/node-store.ts";
 import { attestorPlane, bcd, type AttestorPlane } from "../support/attestor-plane.ts";
 import { certificate, crl, pkcs8Pem, x509popEvidence, type Issued, type KeyKind } from "../support/x509.ts";
 

@@ -11,7 +11,7 @@ import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, wr
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { FakeNodeServer } from "../../agent/fake-server.ts";
+import { FakeNodeServer } from "../../testing/fake-server.ts";
 import type { CrashStep, InstanceObserved } from "../../agent/runtimes/index.ts";
 import { processesNaming } from "../../agent/runtimes/microvm/helpers.ts";
 import { ensureGuestImage } from "../../agent/runtimes/microvm/image.ts";

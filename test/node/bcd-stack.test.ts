@@ -5,10 +5,10 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { repoRoot } from "../../scripts/local/node-store.ts";
-import { startStack, type Stack } from "../../scripts/local/stack.ts";
-import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
-import { startRedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
+import { repoRoot } from "../../local/node-store.ts";
+import { startStack, type Stack } from "../../local/stack.ts";
+import { callApi } from "../../testing/metal-sim-control-plane.ts";
+import { startRedfishEmulator } from "../../testing/redfish-emulator.ts";
 import { eventually as poll } from "../support/eventually.ts";
 
 const BMC_PASSWORD = "bmc-password-never-logged";

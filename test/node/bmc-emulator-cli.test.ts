@@ -9,7 +9,7 @@ import { request } from "node:https";
 import path from "node:path";
 import { afterAll, expect, it } from "vitest";
 import { siteHandlers } from "../../agent/roles/site.ts";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { repoRoot } from "../../local/node-store.ts";
 import { commandContext } from "../support/command-context.ts";
 
 const children: ChildProcess[] = [];

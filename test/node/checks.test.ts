@@ -76,6 +76,16 @@ const cleanDeps = {
     "import { schema } from 'better-compute';\nimport { Hono } from 'hono';\nimport { util } from '../shared/util.ts';\n",
   "test/extensions/shared/util.ts": "export const util = 1;\n",
   "test/node/some.test.ts": "import { table } from '../../core/db/internal.ts';\nimport metal from '../../plugins/metal/index.ts';\n",
+  // The test doubles stand on the product rooms; tests, bench and scripts use them.
+  "testing/index.ts":
+    "import { table } from '../core/db/internal.ts';\nimport metal from '../plugins/metal/index.ts';\nexport { table, metal };\n",
+  "testing/sim.ts": "import { table } from '../core/db/internal.ts';\nexport const sim = table;\n",
+  "local/stack.ts": "import { table } from '../core/db/internal.ts';\nexport const start = table;\n",
+  "cli/main.ts": "import { start } from '../local/stack.ts';\nimport { schema } from 'better-compute/core';\nexport { start, schema };\n",
+  "bench/run.ts": "import { sim } from '../testing/sim.ts';\nimport { start } from '../local/stack.ts';\nexport { sim, start };\n",
+  "scripts/start.ts":
+    "import { sim } from '../testing/sim.ts';\nimport { start } from '../local/stack.ts';\nimport { main } from '../cli/main.ts';\nimport { helper } from './helper.ts';\n",
+  "scripts/helper.ts": "export const helper = 1;\n",
   // Commented-out imports and imports in strings-of-docs don't count.
   "plugins/vps/index.ts":
     "// import x from '../../core/db/internal.ts';\n/*\n import y from '../metal/index.ts';\n*/\nexport const url = 'https://example.com/x';\n",
@@ -106,6 +116,20 @@ describe("check-deps", () => {
     ["agent/bad.ts", "import { app } from '../workers/api/index.ts';", "../workers/api/index.ts"],
     ["agent/do.ts", "export * from '../durable-objects/host.ts';", "../durable-objects/host.ts"],
     ["agent/plugin.ts", "import metal from '../plugins/metal/index.ts';", "../plugins/metal/index.ts"],
+    // No product room imports the test doubles; nothing imports scripts/.
+    ["core/doubles.ts", "import { x } from '../testing/index.ts';", "../testing/index.ts"],
+    ["agent/doubles.ts", "import { FakeDaemon } from '../testing/index.ts';", "../testing/index.ts"],
+    ["agent/doubles-by-name.ts", "import { FakeDaemon } from 'better-compute/testing';", "better-compute/testing"],
+    ["plugins/metal/emulator.ts", "import { sim } from 'better-compute/testing/metal';", "better-compute/testing/metal"],
+    ["workers/api/doubles.ts", "import { x } from '../../testing/sim.ts';", "../../testing/sim.ts"],
+    ["durable-objects/doubles.ts", "import '../testing/sim.ts';", "../testing/sim.ts"],
+    ["local/doubles.ts", "import { x } from '../testing/index.ts';", "../testing/index.ts"],
+    ["cli/doubles.ts", "export * from '../testing/index.ts';", "../testing/index.ts"],
+    ["local/agent.ts", "import '../agent/main.ts';", "../agent/main.ts"],
+    ["testing/scripts.ts", "import { start } from '../scripts/start.ts';", "../scripts/start.ts"],
+    ["test/metal/deep/scripts.test.ts", "import { start } from '../../../scripts/start.ts';", "../../../scripts/start.ts"],
+    ["bench/scripts.ts", "const s = await import('../scripts/start.ts');", "../scripts/start.ts"],
+    ["agent/scripts.ts", "import { runTs } from '../scripts/run-ts.mjs';", "../scripts/run-ts.mjs"],
   ];
 
   it.each(planted)("reports %s", (file, source, specifier) => {

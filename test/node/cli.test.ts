@@ -15,14 +15,14 @@ import { betterCompute, definePlugin } from "better-compute";
 import { defineMethod } from "better-compute/core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createImageCache } from "../../agent/roles/image-cache.ts";
-import { createMetalSim, SIM_BMC_PASSWORD, SIM_BMC_USER, type MetalSim } from "../../agent/testing/metal-sim.ts";
+import { createMetalSim, SIM_BMC_PASSWORD, SIM_BMC_USER, type MetalSim } from "../../testing/metal-sim.ts";
 import { metalModule } from "../../plugins/metal/index.ts";
 import { provisionModule } from "../../plugins/provision/index.ts";
-import type { JsonSchema } from "../../scripts/cli/api.ts";
-import { buildBody, flagTakesValue, splitArgs } from "../../scripts/cli/args.ts";
-import { workflowLines, type WorkflowView } from "../../scripts/cli/progress.ts";
-import { openNodeStore, repoRoot, type NodeStore } from "../../scripts/local/node-store.ts";
-import { startStack, type Stack } from "../../scripts/local/stack.ts";
+import type { JsonSchema } from "../../cli/api.ts";
+import { buildBody, flagTakesValue, splitArgs } from "../../cli/args.ts";
+import { workflowLines, type WorkflowView } from "../../cli/progress.ts";
+import { openNodeStore, repoRoot, type NodeStore } from "../../local/node-store.ts";
+import { startStack, type Stack } from "../../local/stack.ts";
 
 interface Run {
   code: number;

@@ -11,8 +11,8 @@ import path from "node:path";
 import { afterAll, expect, it } from "vitest";
 import { pinnedFetch } from "better-compute/proxmox/pinned-fetch";
 import { FREE_NAME } from "better-compute/hetzner-robot";
-import { freePort } from "../../scripts/local/stack.ts";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { freePort } from "../../local/stack.ts";
+import { repoRoot } from "../../local/node-store.ts";
 import { NpmRunDev } from "../support/npm-run-dev.ts";
 
 const baseDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-dev-providers-"));

@@ -7,9 +7,9 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, expect, it } from "vitest";
-import { SIM_BMC_PASSWORD } from "../../agent/testing/metal-sim.ts";
-import { freePort } from "../../scripts/local/stack.ts";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { SIM_BMC_PASSWORD } from "../../testing/metal-sim.ts";
+import { freePort } from "../../local/stack.ts";
+import { repoRoot } from "../../local/node-store.ts";
 import { NpmRunDev } from "../support/npm-run-dev.ts";
 
 const baseDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-dev-site-"));

@@ -13,8 +13,8 @@ import path from "node:path";
 import { afterAll, expect, it } from "vitest";
 import { processesNaming } from "../../agent/runtimes/microvm/helpers.ts";
 import { netnsExists, netnsName } from "../../agent/runtimes/microvm/network.ts";
-import { freePort } from "../../scripts/local/stack.ts";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { freePort } from "../../local/stack.ts";
+import { repoRoot } from "../../local/node-store.ts";
 import { NpmRunDev } from "../support/npm-run-dev.ts";
 
 const baseDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-dev-vms-"));

@@ -8,8 +8,8 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { repoRoot } from "../../scripts/local/node-store.ts";
-import { freePort, startStack, type Stack } from "../../scripts/local/stack.ts";
+import { repoRoot } from "../../local/node-store.ts";
+import { freePort, startStack, type Stack } from "../../local/stack.ts";
 
 const DOCUMENTED_URL = "http://127.0.0.1:8787";
 /** Reasons accepted without a test: what needs a Cloudflare account or a machine this is not. */

@@ -11,9 +11,9 @@ import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { compute } from "../../better-compute.config.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
-import { coreMigrations, openNodeStore, repoRoot, type NodeStore } from "../../scripts/local/node-store.ts";
-import { startPglite, type PgliteServer } from "../../scripts/local/pglite-server.ts";
-import { freePort } from "../../scripts/local/stack.ts";
+import { coreMigrations, openNodeStore, repoRoot, type NodeStore } from "../../local/node-store.ts";
+import { startPglite, type PgliteServer } from "../../local/pglite-server.ts";
+import { freePort } from "../../local/stack.ts";
 
 const SECRET = "Zq8v-3LkP_x7Tn0wR5yB2mC9aD4eF6gH";
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "bc-doctor-"));

@@ -6,8 +6,8 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { repoRoot } from "../../scripts/local/node-store.ts";
-import { freePort, startStack, type Stack } from "../../scripts/local/stack.ts";
+import { repoRoot } from "../../local/node-store.ts";
+import { freePort, startStack, type Stack } from "../../local/stack.ts";
 
 const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-watch-cli-"));
 let stack: Stack;

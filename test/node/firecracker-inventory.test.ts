@@ -6,7 +6,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { repoRoot } from "../../local/node-store.ts";
 
 const DOC = "docs/firecracker-inventory.md";
 const INVENTORY = path.resolve(repoRoot, "../shared/seeds/firecracker-provider-inventory.yaml.txt");

@@ -4,9 +4,9 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { cronMatches, cronsOfConfig, parseCron, scheduleCrons } from "../../scripts/local/cron.ts";
-import { repoRoot } from "../../scripts/local/node-store.ts";
-import { StackRefusedError, startStack } from "../../scripts/local/stack.ts";
+import { cronMatches, cronsOfConfig, parseCron, scheduleCrons } from "../../local/cron.ts";
+import { repoRoot } from "../../local/node-store.ts";
+import { StackRefusedError, startStack } from "../../local/stack.ts";
 
 const at = (iso: string) => new Date(iso);
 

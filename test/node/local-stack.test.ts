@@ -1,6 +1,6 @@
 // The local Postgres stack as the Worker sees it: @neondatabase/serverless over
-// a WebSocket, through scripts/local/ws-bridge.ts, to PGlite served by
-// scripts/local/pglite-server.ts. Runs in Node.
+// a WebSocket, through local/ws-bridge.ts, to PGlite served by
+// local/pglite-server.ts. Runs in Node.
 
 import fs from "node:fs";
 import net from "node:net";
@@ -10,8 +10,8 @@ import { once } from "node:events";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { Pool, neonConfig, type PoolClient } from "@neondatabase/serverless";
 import WebSocket from "ws";
-import { startBridge, isLoopbackHost, type Bridge } from "../../scripts/local/ws-bridge.ts";
-import { startPglite, type PgliteServer } from "../../scripts/local/pglite-server.ts";
+import { startBridge, isLoopbackHost, type Bridge } from "../../local/ws-bridge.ts";
+import { startPglite, type PgliteServer } from "../../local/pglite-server.ts";
 
 let bridge: Bridge;
 let pg: PgliteServer;

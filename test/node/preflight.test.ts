@@ -4,7 +4,7 @@ import { spawnSync } from "node:child_process";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 import { describe, expect, it } from "vitest";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { repoRoot } from "../../local/node-store.ts";
 
 const preflight = path.join(repoRoot, "scripts", "preflight.mjs");
 // Loaded by URL: the script is plain .mjs without type declarations.

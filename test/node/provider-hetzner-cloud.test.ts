@@ -24,7 +24,7 @@ import {
   type ProviderClient,
   type ProviderSubject,
 } from "better-compute/vps";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { repoRoot } from "../../local/node-store.ts";
 
 const TOKEN = "hcloud-test-token-Zx81Qm0Lp3Vb7Nc2";
 const WRONG_TOKEN = "hcloud-wrong-token-4Kd9Tr6Ys1Wq8Ee5";
@@ -88,7 +88,7 @@ describe("conformance", () => {
     try {
       const recorder = recordingFetch(globalThis.fetch, {
         secrets: [TOKEN, WRONG_TOKEN],
-        about: "hetzner-cloud@1: providerConformanceCases() against plugins/hetzner-cloud/emulator.ts",
+        about: "hetzner-cloud@1: providerConformanceCases() against testing/providers/hetzner-cloud.ts",
       });
       const report = await runConformance(cases, subjectOver(emu.url, recorder.fetch));
       expect(report.failed).toEqual([]);

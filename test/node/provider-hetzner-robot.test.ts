@@ -1,5 +1,5 @@
 // The Hetzner Robot provider (plugins/hetzner-robot/provider.ts) against its emulator
-// (plugins/hetzner-robot/emulator.ts, SIMULATED dedicated servers) over real HTTP: the emulator's
+// (testing/providers/hetzner-robot.ts, SIMULATED dedicated servers) over real HTTP: the emulator's
 // answers have the shapes of hrobot-go's fixture bodies (Robot's official reference client is not
 // in Debian: syself/hrobot-go test/response/*.json is the stand-in, PROVIDERS.md §5); the adapter
 // passes providerConformanceCases() live through the recording transport and offline from
@@ -324,7 +324,7 @@ describe("conformance", () => {
     const emu = await start();
     const recorder = recordingFetch(globalThis.fetch, {
       secrets: [PASSWORD, WRONG_PASSWORD, RESCUE_PASSWORD],
-      about: "hetzner-robot@1: providerConformanceCases() against plugins/hetzner-robot/emulator.ts",
+      about: "hetzner-robot@1: providerConformanceCases() against testing/providers/hetzner-robot.ts",
     });
     const report = await runConformance(cases, subjectOver(emu.url, recorder.fetch));
     expect(report.failed).toEqual([]);

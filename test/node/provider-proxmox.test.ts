@@ -1,5 +1,5 @@
 // The Proxmox VE provider (plugins/proxmox) against its emulator (SIMULATED: PVE's HTTP API
-// served over real HTTPS by plugins/proxmox/emulator.ts; no VM runs anywhere): conformance live
+// served over real HTTPS by testing/providers/proxmox.ts; no VM runs anywhere): conformance live
 // through the recording transport and offline from test/recordings/proxmox.json, proxmoxer (the
 // reference Python client, Debian's python3-proxmoxer) driving the emulator unmodified, a create
 // cut short at every step and continued, the nextid race, faults (429, 502, 596, lock timeouts,
@@ -99,7 +99,7 @@ describe("conformance", () => {
     const secrets = [emu.tokenSecret, WRONG_SECRET];
     const recorder = recordingFetch(pinnedFetch({ spkiSha256: emu.spkiSha256 }), {
       secrets,
-      about: "proxmox@1: providerConformanceCases() against plugins/proxmox/emulator.ts (test/node/provider-proxmox.test.ts)",
+      about: "proxmox@1: providerConformanceCases() against testing/providers/proxmox.ts (test/node/provider-proxmox.test.ts)",
     });
     const report = await runConformance(
       cases,

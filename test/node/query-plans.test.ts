@@ -20,9 +20,9 @@ import { nextDelivery, recordConnected, recordDisconnected, recordResult } from 
 import { recordStatus } from "../../core/agents/node-specs.ts";
 import { useBridge } from "../../core/store/database.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
-import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
-import { startPglite, type PgliteServer } from "../../scripts/local/pglite-server.ts";
-import { startBridge, type Bridge } from "../../scripts/local/ws-bridge.ts";
+import { coreMigrations, openNodeStore, type NodeStore } from "../../local/node-store.ts";
+import { startPglite, type PgliteServer } from "../../local/pglite-server.ts";
+import { startBridge, type Bridge } from "../../local/ws-bridge.ts";
 
 /** The tables that grow with the fleet and its history: no hot query may scan them whole. */
 const WATCHED = ["bc_commands", "bc_nodes", "workflows", "workflow_steps", "metal_nodes", "vps_instances", "capacity_reservations"];

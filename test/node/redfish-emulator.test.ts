@@ -1,4 +1,4 @@
-// The Redfish BMC emulator (agent/testing/redfish-emulator.ts), simulated hardware served
+// The Redfish BMC emulator (testing/redfish-emulator.ts), simulated hardware served
 // over real HTTP: the resource tree, power actions and the power hook, boot override,
 // virtual media, BIOS settings staged for the next power-on, RAID volumes on the Storage
 // controller, a NIC's addresses under EthernetInterfaces, Basic auth that never echoes the
@@ -13,7 +13,7 @@ import {
   type PowerState,
   type RedfishEmulator,
   type RedfishFaults,
-} from "../../agent/testing/redfish-emulator.ts";
+} from "../../testing/redfish-emulator.ts";
 
 const USER = "root";
 const PASS = "s3cret-Pa55word-xyz";

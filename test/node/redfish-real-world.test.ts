@@ -9,7 +9,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import type { FetchLike } from "../../agent/client.ts";
 import { RedfishClient, type RedfishClientOptions } from "../../agent/roles/redfish.ts";
 import { siteHandlers } from "../../agent/roles/site.ts";
-import { startRedfishEmulator, type BmcQuirks, type MachineOptions, type RedfishEmulator } from "../../agent/testing/redfish-emulator.ts";
+import { startRedfishEmulator, type BmcQuirks, type MachineOptions, type RedfishEmulator } from "../../testing/redfish-emulator.ts";
 import { createMetalSim, type MetalSim } from "better-compute/testing/metal";
 import { agentFailure } from "../support/agent-error.ts";
 import { commandContext } from "../support/command-context.ts";

@@ -15,9 +15,9 @@ import { nextDelivery, recordResults } from "../../core/agents/sessions.ts";
 import type { ResultFrame } from "../../core/protocol.ts";
 import { literal, sendWithCommit } from "../../core/store/database.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
-import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
-import { startPglite, type PgliteServer } from "../../scripts/local/pglite-server.ts";
-import { startBridge, type Bridge } from "../../scripts/local/ws-bridge.ts";
+import { coreMigrations, openNodeStore, type NodeStore } from "../../local/node-store.ts";
+import { startPglite, type PgliteServer } from "../../local/pglite-server.ts";
+import { startBridge, type Bridge } from "../../local/ws-bridge.ts";
 
 /**
  * Most round trips a control-plane step may cost (issue 14's target: 4): 1, its success with the

@@ -1,5 +1,5 @@
 // The firecracker runtime: the microvm core over the FirecrackerBackend, driving the firecracker
-// API fake (agent/testing/firecracker-fake.ts) that validates every request as firecracker's spec
+// API fake (testing/firecracker-fake.ts) that validates every request as firecracker's spec
 // does and boots the real guest image with QEMU (TCG) behind the API. No firecracker binary is
 // available here: everything but the VMM binary itself is exercised (docs/firecracker.md).
 // Guests boot one at a time; each boot costs a few seconds of CPU.
@@ -22,7 +22,7 @@ import { netnsExists, netnsName } from "../../agent/runtimes/microvm/network.ts"
 import { writeSeedOnce } from "../../agent/runtimes/microvm/seed.ts";
 
 const repo = path.resolve(import.meta.dirname, "../..");
-const FAKE = [process.execPath, "--import", "tsx", path.join(repo, "agent/testing/firecracker-fake.ts")];
+const FAKE = [process.execPath, "--import", "tsx", path.join(repo, "testing/firecracker-fake.ts")];
 const POST_BOOT = "The requested operation is not supported after starting the microVM.";
 
 let image: GuestImage;

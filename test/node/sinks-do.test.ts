@@ -8,9 +8,9 @@ import os from "node:os";
 import path from "node:path";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
-import { openNodeStore, repoRoot, type NodeStore } from "../../scripts/local/node-store.ts";
-import { startStack, type Stack } from "../../scripts/local/stack.ts";
+import { callApi } from "../../testing/metal-sim-control-plane.ts";
+import { openNodeStore, repoRoot, type NodeStore } from "../../local/node-store.ts";
+import { startStack, type Stack } from "../../local/stack.ts";
 
 const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-sinks-do-"));
 const shown: string[] = [];

@@ -9,11 +9,11 @@ import { betterCompute, defineSink, postgres, tableSink, type Compute, type Sink
 import { dispatchOnce, drainSinks, type DispatchContext, type PassOutcome } from "../../core/events/dispatch.ts";
 import type { ComputeError } from "../../core/errors.ts";
 import type { Store } from "../../core/store/database.ts";
-import { createTestClient, type TestClient } from "../../core/testing.ts";
+import { createTestClient, type TestClient } from "../../testing/test-client.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
-import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
-import { startPglite, type PgliteServer } from "../../scripts/local/pglite-server.ts";
-import { startBridge, type Bridge } from "../../scripts/local/ws-bridge.ts";
+import { coreMigrations, openNodeStore, type NodeStore } from "../../local/node-store.ts";
+import { startPglite, type PgliteServer } from "../../local/pglite-server.ts";
+import { startBridge, type Bridge } from "../../local/ws-bridge.ts";
 import { chaos, chaosDatabase, type Boundary } from "../support/chaos.ts";
 
 const SECRET = "sinks-test-deployment-secret-0123456789abcdef";

@@ -4,7 +4,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { startStack, type Stack } from "../../scripts/local/stack.ts";
+import { startStack, type Stack } from "../../local/stack.ts";
 
 const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-stack-logs-"));
 const shown: string[] = [];

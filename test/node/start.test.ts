@@ -7,8 +7,8 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { freePort } from "../../scripts/local/stack.ts";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { freePort } from "../../local/stack.ts";
+import { repoRoot } from "../../local/node-store.ts";
 
 const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-start-"));
 const otherDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-start-other-"));

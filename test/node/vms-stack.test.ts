@@ -2,7 +2,7 @@
 // wrangler dev): an operator makes a host pool, a flavor and a tenant; two hosts join it; the tenant
 // creates three instances. One host is a REAL `bcd start --role node` process booting REAL guests
 // with the qemu-microvm runtime (TCG here); the other is a FakeDaemon in this process.
-// SIMULATED: the FakeDaemon host's runtime (agent/testing/simulated-runtime.ts: no guest boots) and
+// SIMULATED: the FakeDaemon host's runtime (testing/simulated-runtime.ts: no guest boots) and
 // the resources it reports. Two real guests boot in all (one after the other): keep it so, the
 // machine's 2 cores are shared.
 import { spawn, type ChildProcess } from "node:child_process";
@@ -15,11 +15,11 @@ import { nodeTransport } from "../../agent/node-transport.ts";
 import { processesNaming } from "../../agent/runtimes/microvm/helpers.ts";
 import { ensureGuestImage } from "../../agent/runtimes/microvm/image.ts";
 import { netnsExists, netnsName } from "../../agent/runtimes/microvm/network.ts";
-import { FakeDaemon } from "../../agent/testing.ts";
-import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
-import { simulatedRuntime } from "../../agent/testing/simulated-runtime.ts";
-import { repoRoot } from "../../scripts/local/node-store.ts";
-import { startStack, type Stack } from "../../scripts/local/stack.ts";
+import { FakeDaemon } from "../../testing/index.ts";
+import { callApi } from "../../testing/metal-sim-control-plane.ts";
+import { simulatedRuntime } from "../../testing/simulated-runtime.ts";
+import { repoRoot } from "../../local/node-store.ts";
+import { startStack, type Stack } from "../../local/stack.ts";
 import { eventually as poll } from "../support/eventually.ts";
 
 const POOL_LABELS = { "bc.dev/pool": "vms" };

@@ -5,7 +5,7 @@
 // The token is used up by that join and appears nowhere but the create's user_data.
 // SIMULATED: the provider (the emulator) and the instance's cloud-init (this test, paths under a
 // temporary root). The control plane is the real betterCompute (vps module, JoinService) on PGlite,
-// in process (agent/testing/metal-sim-control-plane.ts), served over node:http for bcd.
+// in process (testing/metal-sim-control-plane.ts), served over node:http for bcd.
 import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
 import { createServer, type Server } from "node:http";
@@ -18,8 +18,8 @@ import { hetznerCloudProvider } from "better-compute/hetzner-cloud";
 import { startHetznerCloudEmulator, type HetznerCloudEmulator } from "better-compute/testing/hetzner-cloud";
 import { vps } from "better-compute/vps";
 import { recordingFetch } from "better-compute/vps/record-replay";
-import { inProcessControlPlane, type SimControlPlane } from "../../agent/testing/metal-sim-control-plane.ts";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { inProcessControlPlane, type SimControlPlane } from "../../testing/metal-sim-control-plane.ts";
+import { repoRoot } from "../../local/node-store.ts";
 import { eventually } from "../support/eventually.ts";
 
 const HCLOUD_TOKEN = "hcloud-bcd-join-token-Qw7Er4Ty1Ui8";

@@ -5,7 +5,7 @@
 // state, with exactly one server made at the provider for the instance (a create of the Cloud
 // emulator, a box claimed at the Robot emulator) and nothing of it left there after the delete.
 //
-// The crash model is ChaosPlan's (agent/testing/metal-sim-control-plane.ts), with the provider's
+// The crash model is ChaosPlan's (testing/metal-sim-control-plane.ts), with the provider's
 // HTTP added: one reconciler pass (compute.reconcile, what a cron run does) is one process, with a
 // store and a fetch that die together at the armed boundary. Before a commit: thrown inside the
 // transaction (rolled back), or the statement is never sent; after a commit: thrown right after
@@ -30,11 +30,11 @@ import { FREE_NAME, hetznerRobotProvider, RESCUE_IMAGE, stampOf } from "better-c
 import { startHetznerCloudEmulator } from "better-compute/testing/hetzner-cloud";
 import { EMULATED_PRODUCTS, ROBOT_LIMITS, startHetznerRobotEmulator } from "better-compute/testing/hetzner-robot";
 import { LEASE_SECONDS, vps, type Fetch } from "better-compute/vps";
-import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
+import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
-import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
-import { startPglite } from "../../scripts/local/pglite-server.ts";
-import { startBridge } from "../../scripts/local/ws-bridge.ts";
+import { coreMigrations, openNodeStore, type NodeStore } from "../../local/node-store.ts";
+import { startPglite } from "../../local/pglite-server.ts";
+import { startBridge } from "../../local/ws-bridge.ts";
 import { quietCrashReports } from "../support/quiet-crash-reports.ts";
 
 const SECRET = "vps-chaos-deployment-secret-0123456789abcdef";

@@ -28,7 +28,7 @@ import {
 } from "better-compute/testing/hetzner-robot";
 import { startProxmoxEmulator, type ProxmoxEmulator } from "better-compute/testing/proxmox";
 import { vps, type Fetch } from "better-compute/vps";
-import { callApi, inProcessControlPlane, type SimControlPlane } from "../../agent/testing/metal-sim-control-plane.ts";
+import { callApi, inProcessControlPlane, type SimControlPlane } from "../../testing/metal-sim-control-plane.ts";
 
 const AGENT_URL = "https://compute.faults.example";
 const HCLOUD_TOKEN = "hcloud-faults-token-Qm81Zx0Lp3Vb7Nc2";

@@ -20,9 +20,9 @@ import { ComputeError } from "better-compute/core";
 import { drainSinks } from "../../core/events/dispatch.ts";
 import { createLogger } from "../../core/log.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
-import { selfSignedCertificate } from "../../agent/testing/tls.ts";
-import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
-import { startPglite, type PgliteServer } from "../../scripts/local/pglite-server.ts";
+import { selfSignedCertificate } from "../../testing/tls.ts";
+import { coreMigrations, openNodeStore, type NodeStore } from "../../local/node-store.ts";
+import { startPglite, type PgliteServer } from "../../local/pglite-server.ts";
 
 const SECRET = "whsec-Qm81Zx0Lp3Vb7Nc2-never-shown";
 const env = { HOOK_SECRET: SECRET };

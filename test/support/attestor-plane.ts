@@ -6,10 +6,10 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { sql } from "drizzle-orm";
 import { betterCompute, type Extension } from "better-compute";
-import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
+import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
-import { coreMigrations, openNodeStore, repoRoot, type NodeStore } from "../../scripts/local/node-store.ts";
-import { startPglite } from "../../scripts/local/pglite-server.ts";
+import { coreMigrations, openNodeStore, repoRoot, type NodeStore } from "../../local/node-store.ts";
+import { startPglite } from "../../local/pglite-server.ts";
 
 export interface AttestorPlane {
   /** The control plane's URL (http://127.0.0.1:PORT). */

@@ -1,8 +1,8 @@
 // A FakeDaemon on the workers tests' in-process control plane: the well-behaved agent most tests
 // need, joined with a fresh node token as an operator would hand one out.
-import { FakeDaemon, type FakeDaemonOptions } from "../../agent/testing.ts";
+import { FakeDaemon, type FakeDaemonOptions } from "../../testing/index.ts";
 import type { Compute } from "../../core/compute.ts";
-import type { TestClient } from "../../core/testing.ts";
+import type { TestClient } from "../../testing/test-client.ts";
 import { fetcher } from "./raw-agent.ts";
 
 export interface JoinedDaemonOptions extends Omit<FakeDaemonOptions, "baseUrl" | "fetch" | "role"> {

@@ -3,9 +3,9 @@
 // applies the core migrations. Tests read the addresses through inject().
 import type { TestProject } from "vitest/node";
 import { applyMigrations } from "../../core/store/migrate.ts";
-import { coreMigrations, openNodeStore } from "../../scripts/local/node-store.ts";
-import { startPglite } from "../../scripts/local/pglite-server.ts";
-import { startBridge, type Bridge } from "../../scripts/local/ws-bridge.ts";
+import { coreMigrations, openNodeStore } from "../../local/node-store.ts";
+import { startPglite } from "../../local/pglite-server.ts";
+import { startBridge, type Bridge } from "../../local/ws-bridge.ts";
 
 declare module "vitest" {
   interface ProvidedContext {

@@ -1,7 +1,7 @@
 // `npm run dev` as a user runs it, for the tests that read its terminal: its output collected,
 // waited on by pattern, and Ctrl-C.
 import { spawn, type ChildProcess } from "node:child_process";
-import { repoRoot } from "../../scripts/local/node-store.ts";
+import { repoRoot } from "../../local/node-store.ts";
 
 export class NpmRunDev {
   /** Everything it printed so far, stdout and stderr interleaved. */

@@ -3,16 +3,16 @@
 // followed by the vps.hostInstances reconciler from what the hosts report. The hosts are
 // FakeDaemons (the real AgentClient, JoinService and NodeDO) running the node role's converger.
 // SIMULATED: the machines' resources (what a FakeDaemon reports) and the runtime
-// (agent/testing/simulated-runtime.ts: no guest boots; its report is computed from the spec it was
+// (testing/simulated-runtime.ts: no guest boots; its report is computed from the spec it was
 // given, so the user data's sha256 is the one of the bytes the host received).
 import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import type { FakeDaemon } from "../../agent/testing.ts";
-import { simulatedRuntime, type SimulatedRuntime } from "../../agent/testing/simulated-runtime.ts";
+import type { FakeDaemon } from "../../testing/index.ts";
+import { simulatedRuntime, type SimulatedRuntime } from "../../testing/simulated-runtime.ts";
 import { betterCompute } from "../../core/index.ts";
 import { sha256Hex } from "../../core/encoding.ts";
-import { createTestClient, type TestClient } from "../../core/testing.ts";
+import { createTestClient, type TestClient } from "../../testing/test-client.ts";
 import { capacity } from "better-compute/capacity";
 import { vps } from "../../plugins/vps/index.ts";
 import { joinedDaemon } from "../support/fake-daemon.ts";

@@ -5,7 +5,7 @@
 // serial console is its stdout (appended to console.log), its log is vmm.log. Firecracker exits
 // when the guest resets (reboot=k on x86) and logs "Firecracker exiting successfully": that line
 // is how a guest's own ending is told from a VMM that died. Tested against the API fake in
-// agent/testing/firecracker-fake.ts (docs/firecracker.md).
+// testing/firecracker-fake.ts (docs/firecracker.md).
 import { spawn } from "node:child_process";
 import { constants } from "node:fs";
 import { access, open, readFile, rename, rm, writeFile } from "node:fs/promises";

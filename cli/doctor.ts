@@ -8,8 +8,8 @@ import path from "node:path";
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 import { sql } from "drizzle-orm";
-import type { Compute } from "../../core/compute.ts";
-import { sha256Hex } from "../../core/encoding.ts";
+import type { Compute } from "../core/compute.ts";
+import { sha256Hex } from "../core/encoding.ts";
 import { coreMigrations, openNodeStore, repoRoot, type NodeStore } from "../local/node-store.ts";
 import { dataDirCandidates, findRunningStack, relative, UsageError } from "./connection.ts";
 
@@ -108,7 +108,7 @@ function deploymentEnv(env: NodeJS.ProcessEnv): { vars: Record<string, string | 
   return { vars, sources };
 }
 
-/** dev.env of the running local stack (scripts/local/stack.ts writes it), else of the first data dir that has one. */
+/** dev.env of the running local stack (local/stack.ts writes it), else of the first data dir that has one. */
 function localStackEnv(env: NodeJS.ProcessEnv): { file: string; vars: Record<string, string>; note: string } | undefined {
   const candidates = dataDirCandidates(env);
   const running = findRunningStack(candidates);

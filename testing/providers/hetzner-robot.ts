@@ -24,7 +24,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { seededRandom } from "better-compute/testing";
+import { seededRandom } from "../seeded-random.ts";
 
 export type ResetType = "sw" | "hw" | "man" | "power" | "power_long";
 /** A resetter with the power button (newer boxes): it can switch the box off and on, and reports its power. */

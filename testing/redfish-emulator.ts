@@ -29,7 +29,7 @@ import { createHash, randomUUID, timingSafeEqual } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { createServer as createHttpsServer } from "node:https";
 import { isIP, type AddressInfo } from "node:net";
-import { RAID_LEVELS as RAID_TYPES, raidCapacityBytes, raidDriveCountProblem, type RaidLevel as RaidType } from "../roles/redfish.ts";
+import { RAID_LEVELS as RAID_TYPES, raidCapacityBytes, raidDriveCountProblem, type RaidLevel as RaidType } from "../agent/roles/redfish.ts";
 import { seededRandom } from "./seeded-random.ts";
 
 export type PowerState = "On" | "Off";
@@ -156,7 +156,7 @@ export interface RedfishEmulatorOptions {
   faults?: RedfishFaults;
   /** Every machine's BMC quirks unless the machine says otherwise. */
   quirks?: BmcQuirks;
-  /** Serve HTTPS with this identity (e.g. agent/testing/tls.ts's selfSignedCertificate) instead of HTTP. */
+  /** Serve HTTPS with this identity (e.g. testing/tls.ts's selfSignedCertificate) instead of HTTP. */
   tls?: { key: string; cert: string };
   /** Where to listen; default 127.0.0.1. */
   host?: string;

@@ -7,10 +7,10 @@ import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { createImageCache } from "../../agent/roles/image-cache.ts";
-import { createMetalSim, siteAgentFromStateDir, type ExternalSiteAgent, type MetalSim } from "../../agent/testing/metal-sim.ts";
-import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
-import { startBcd } from "./bcd-process.ts";
-import type { Stack } from "./stack.ts";
+import { createMetalSim, siteAgentFromStateDir, type ExternalSiteAgent, type MetalSim } from "../../testing/metal-sim.ts";
+import { callApi } from "../../testing/metal-sim-control-plane.ts";
+import { startBcd } from "../../local/bcd-process.ts";
+import type { Stack } from "../../local/stack.ts";
 
 export interface DevSiteOptions {
   /** Simulated machines to enroll. */

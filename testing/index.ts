@@ -14,13 +14,13 @@ import {
   type AgentTransport,
   type BackoffOptions,
   type CommandHandler,
-} from "./client.ts";
-import { fetchTransport, webSocketTransport, type FetchSource, type PortableTransport } from "./fetch-transport.ts";
-import { MemoryState, type AgentIdentity, type AgentStateStore, type Role } from "./state.ts";
+} from "../agent/client.ts";
+import { fetchTransport, webSocketTransport, type FetchSource, type PortableTransport } from "../agent/fetch-transport.ts";
+import { MemoryState, type AgentIdentity, type AgentStateStore, type Role } from "../agent/state.ts";
 import type { HelloFrame, NodeStatus, ResultFrame } from "../core/protocol.ts";
-import { nodeCommandHandlers, nodeRole, type NodeRole } from "./roles/node.ts";
-import type { RuntimeDriver } from "./runtimes/contract.ts";
-import { silentLogger } from "./events.ts";
+import { nodeCommandHandlers, nodeRole, type NodeRole } from "../agent/roles/node.ts";
+import type { RuntimeDriver } from "../agent/runtimes/contract.ts";
+import { silentLogger } from "../agent/events.ts";
 
 export interface FakeDaemonOptions {
   baseUrl: string;
@@ -46,7 +46,7 @@ export interface FakeDaemonOptions {
   /**
    * Run the node role's converger (agent/roles/node.ts) with this daemon's state: the host
    * converges the NodeSpecs it is sent. Its runtimes (e.g. simulatedRuntime() from
-   * agent/testing/simulated-runtime.ts) are advertised as drivers in the hello.
+   * testing/simulated-runtime.ts) are advertised as drivers in the hello.
    */
   node?: { runtimes?: RuntimeDriver[]; resyncMs?: number };
 }
@@ -203,5 +203,5 @@ export class FakeDaemon {
 }
 
 // better-compute/testing is this file: the API test client rides along with FakeDaemon.
-export { createTestClient, type CallResult, type TestClient } from "../core/testing.ts";
-export { seededRandom } from "./testing/seeded-random.ts";
+export { createTestClient, type CallResult, type TestClient } from "./test-client.ts";
+export { seededRandom } from "./seeded-random.ts";

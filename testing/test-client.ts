@@ -1,7 +1,7 @@
 // better-compute/testing: drive a deployment's API in tests the way a client would,
 // through compute.fetch, with a real store and real API keys.
-import type { Compute } from "./compute.ts";
-import type { Store } from "./store/database.ts";
+import type { Compute } from "../core/compute.ts";
+import type { Store } from "../core/store/database.ts";
 
 export interface CallResult<T = any> {
   status: number;

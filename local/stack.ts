@@ -8,10 +8,10 @@ import fs from "node:fs";
 import net from "node:net";
 import path from "node:path";
 import { createInterface } from "node:readline";
-import type { Compute } from "../../core/compute.ts";
-import { redact } from "../../core/log.ts";
-import type { Store } from "../../core/store/database.ts";
-import { applyMigrations } from "../../core/store/migrate.ts";
+import type { Compute } from "../core/compute.ts";
+import { redact } from "../core/log.ts";
+import type { Store } from "../core/store/database.ts";
+import { applyMigrations } from "../core/store/migrate.ts";
 import { cronsOfConfig, parseCron, scheduleCrons, type Cron } from "./cron.ts";
 import { coreMigrations, openNodeStore, repoRoot } from "./node-store.ts";
 import { hyperdriveCanReach, localHyperdrive } from "./hyperdrive.ts";
@@ -35,7 +35,7 @@ export interface StackOptions {
   databasePath?: DatabasePath;
   /**
    * pgbouncer in transaction mode between the HYPERDRIVE binding and DATABASE_URL, pooling as Hyperdrive
-   * does (scripts/local/pooler.ts). Default: on for DATABASE_URL when pgbouncer is installed, unless env
+   * does (local/pooler.ts). Default: on for DATABASE_URL when pgbouncer is installed, unless env
    * BC_LOCAL_POOLER=off. Not for PGlite (one session, nothing to pool).
    */
   pooler?: boolean;
@@ -115,7 +115,7 @@ export async function startStack(options: StackOptions): Promise<Stack> {
     const bridge = await startBridge();
     cleanup.push(() => bridge.stop());
 
-    const { compute } = await import("../../better-compute.config.ts");
+    const { compute } = await import("../better-compute.config.ts");
     const store = await openNodeStore(databaseUrl, { bridge: bridge.url });
     let admin: { key: string; reused: boolean };
     try {

@@ -6,14 +6,14 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { createRequire } from "node:module";
 import { neonConfig } from "@neondatabase/serverless";
-import type { Migration } from "../../core/contracts.ts";
-import { postgres, type Store } from "../../core/store/database.ts";
+import type { Migration } from "../core/contracts.ts";
+import { postgres, type Store } from "../core/store/database.ts";
 import { startBridge } from "./ws-bridge.ts";
 
 // Loaded through require: under vitest the workers project resolves "ws" to its browser stub.
 neonConfig.webSocketConstructor = createRequire(import.meta.url)("ws");
 
-export const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+export const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
 export interface NodeStore extends Store {
   /** host:port of the bridge in use, for a Worker that must reach the same database. */

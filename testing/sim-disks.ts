@@ -2,7 +2,7 @@
 // RamdiskDisks in memory and keeps what a test asserts on: how many times each disk was
 // wiped, and the bytes last written to it with their sha256.
 import { createHash } from "node:crypto";
-import type { RamdiskDisk, RamdiskDisks, WipeMethod } from "../roles/ramdisk.ts";
+import type { RamdiskDisk, RamdiskDisks, WipeMethod } from "../agent/roles/ramdisk.ts";
 
 export interface SimulatedDisk {
   device: string;

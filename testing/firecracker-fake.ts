@@ -6,7 +6,7 @@
 // microvm machine under TCG (qemuCommand, the qemu-microvm backend's builder) so the firecracker
 // path runs end to end except for the VMM binary itself.
 //
-//   node --import tsx agent/testing/firecracker-fake.ts --api-sock PATH [--id NAME] [--log-path FILE] [--level L]
+//   node --import tsx testing/firecracker-fake.ts --api-sock PATH [--id NAME] [--log-path FILE] [--level L]
 //
 // As firecracker: the guest's serial console is this process's stdout; the VMM's log goes to
 // --log-path (or stdout); SendCtrlAltDel types Ctrl+Alt+Del into an emulated i8042 (QMP send-key)
@@ -20,11 +20,11 @@ import { createServer, type IncomingMessage, type ServerResponse } from "node:ht
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import type { VmmLaunch } from "../runtimes/microvm/backend.ts";
-import { FIRECRACKER_FAKE_MARKER } from "../runtimes/microvm/firecracker.ts";
-import { sleep } from "../runtimes/microvm/helpers.ts";
-import { QmpConnection, type QmpEvent } from "../runtimes/microvm/qmp.ts";
-import { qemuCommand } from "../runtimes/microvm/qemu.ts";
+import type { VmmLaunch } from "../agent/runtimes/microvm/backend.ts";
+import { FIRECRACKER_FAKE_MARKER } from "../agent/runtimes/microvm/firecracker.ts";
+import { sleep } from "../agent/runtimes/microvm/helpers.ts";
+import { QmpConnection, type QmpEvent } from "../agent/runtimes/microvm/qmp.ts";
+import { qemuCommand } from "../agent/runtimes/microvm/qemu.ts";
 import {
   BootSource,
   Drive,

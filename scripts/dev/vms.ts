@@ -14,11 +14,11 @@ import type { ChildProcess } from "node:child_process";
 import { constants } from "node:fs";
 import fs from "node:fs/promises";
 import path from "node:path";
-import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
+import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { ensureGuestImage, type GuestImage } from "../../agent/runtimes/microvm/image.ts";
 import { QemuBackend, qemuMicroVmRuntime } from "better-compute/runtimes";
-import { startBcd } from "./bcd-process.ts";
-import { shownPath, type Stack } from "./stack.ts";
+import { startBcd } from "../../local/bcd-process.ts";
+import { shownPath, type Stack } from "../../local/stack.ts";
 
 const POOL = "dev-vms";
 const POOL_LABELS = { "bc.dev/dev": "vms" };

@@ -21,7 +21,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { seededRandom } from "better-compute/testing";
+import { seededRandom } from "../seeded-random.ts";
 
 export interface HetznerCloudFaults {
   /** Share (0..1) of authenticated calls answered 429 rate_limit_exceeded, with reset headers. */

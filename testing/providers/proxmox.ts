@@ -25,8 +25,8 @@ import { createHash, randomUUID, timingSafeEqual } from "node:crypto";
 import { createServer, type Server } from "node:https";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { selfSignedCertificate } from "better-compute/testing/metal";
-import { seededRandom } from "better-compute/testing";
+import { selfSignedCertificate } from "../tls.ts";
+import { seededRandom } from "../seeded-random.ts";
 
 export interface ProxmoxTemplate {
   vmid: number;

@@ -17,11 +17,11 @@ import { randomBytes, randomUUID } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { callApi } from "../../agent/testing/metal-sim-control-plane.ts";
-import { startHetznerCloudEmulator, type HetznerCloudEmulator } from "better-compute/testing/hetzner-cloud";
-import { EMULATED_PRODUCTS, startHetznerRobotEmulator, type HetznerRobotEmulator } from "better-compute/testing/hetzner-robot";
-import { startProxmoxEmulator, type ProxmoxEmulator } from "better-compute/testing/proxmox";
-import { shownPath, type Stack } from "./stack.ts";
+import { callApi } from "../../testing/metal-sim-control-plane.ts";
+import { startHetznerCloudEmulator, type HetznerCloudEmulator } from "../../testing/providers/hetzner-cloud.ts";
+import { EMULATED_PRODUCTS, startHetznerRobotEmulator, type HetznerRobotEmulator } from "../../testing/providers/hetzner-robot.ts";
+import { startProxmoxEmulator, type ProxmoxEmulator } from "../../testing/providers/proxmox.ts";
+import { shownPath, type Stack } from "../../local/stack.ts";
 
 const TENANT = "demo";
 /** The tenant's SSH key (a demo key: nothing in dev can be logged into). */
@@ -294,7 +294,7 @@ function instanceLine(event: { type: string; subject: string | null; data: Recor
   const id = event.subject?.replace(/^vps\/instances\//, "");
   if (!id) return undefined;
   const what = event.type.slice("vps.instance.".length);
-  // A host pool's instance changes (placed, state, moved) are --vms's to print (scripts/local/dev-vms.ts).
+  // A host pool's instance changes (placed, state, moved) are --vms's to print (scripts/dev/vms.ts).
   if (HOST_POOL_EVENTS.has(what)) return undefined;
   const d = event.data;
   if (what === "created") return `  instance ${id}  created for tenant ${String(d.tenant)} in pool ${String(d.pool)} (pending)`;

@@ -5,8 +5,8 @@
 // host must converge NodeSpecs without a VMM; the real runtimes boot real guests (docs/nodespec.md).
 // Its state lives as long as the object: pass the same one to a restarted agent to model guests
 // that outlive the agent.
-import { AgentError } from "../contracts.ts";
-import type { GuestReport, InstanceObserved, InstanceSpec, RuntimeDriver, RuntimeProbe } from "../runtimes/contract.ts";
+import { AgentError } from "../agent/contracts.ts";
+import type { GuestReport, InstanceObserved, InstanceSpec, RuntimeDriver, RuntimeProbe } from "../agent/runtimes/contract.ts";
 
 export interface SimulatedRuntimeOptions {
   /** The driver id (hello driver, bc.dev/driver.<id>). Default "simulated". */

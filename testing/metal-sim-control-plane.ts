@@ -9,12 +9,12 @@ import { betterCompute, postgres, type Compute, type Module, type PkiOptions } f
 import type { DatabasePort, Store, Tx } from "better-compute/core";
 import { metalModule, type HardwareProfile } from "better-compute/metal";
 import { advance, provisionModule, wakeStalledWorkflows } from "better-compute/provision";
-import { AgentError, type AgentTransport } from "../client.ts";
-import { BufferedSocket } from "../socket.ts";
-import { verifyCredential } from "../../core/agents/credentials.ts";
-import { nextDelivery, recordConnected, recordDisconnected, recordResult, waitingWorkflow } from "../../core/agents/sessions.ts";
-import { databaseSecrets } from "../../core/context.ts";
-import { base64url } from "../../core/encoding.ts";
+import { AgentError, type AgentTransport } from "../agent/client.ts";
+import { BufferedSocket } from "../agent/socket.ts";
+import { verifyCredential } from "../core/agents/credentials.ts";
+import { nextDelivery, recordConnected, recordDisconnected, recordResult, waitingWorkflow } from "../core/agents/sessions.ts";
+import { databaseSecrets } from "../core/context.ts";
+import { base64url } from "../core/encoding.ts";
 import {
   CloseCode,
   helloMessage,
@@ -24,12 +24,12 @@ import {
   readAgentFrame,
   verifyMessage,
   type ServerFrame,
-} from "../../core/protocol.ts";
-import type { RoundTripHook } from "../../core/store/database.ts";
-import { applyMigrations } from "../../core/store/migrate.ts";
-import { coreMigrations, openNodeStore, type NodeStore } from "../../scripts/local/node-store.ts";
-import { startPglite } from "../../scripts/local/pglite-server.ts";
-import { startBridge } from "../../scripts/local/ws-bridge.ts";
+} from "../core/protocol.ts";
+import type { RoundTripHook } from "../core/store/database.ts";
+import { applyMigrations } from "../core/store/migrate.ts";
+import { coreMigrations, openNodeStore, type NodeStore } from "../local/node-store.ts";
+import { startPglite } from "../local/pglite-server.ts";
+import { startBridge } from "../local/ws-bridge.ts";
 
 /** What the simulated site needs of a control plane: in process here, or a running stack. */
 export interface SimControlPlane {

@@ -16,6 +16,7 @@ import {
   databaseNodes,
   databaseSecrets,
   databaseWork,
+  type ApprovalsPort,
   type Approvers,
   type CapacityPort,
   type Clock,
@@ -116,13 +117,20 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     });
   }
   const capacityProvider = capacityProviders[0];
+  const approvalsProviders = registry.modules.filter((m) => m.ports?.approvals);
+  if (approvalsProviders.length > 1) {
+    throw invalidConfig(`approvals are provided by more than one module: ${approvalsProviders.map((m) => m.id).join(", ")}`, {
+      modules: approvalsProviders.map((m) => m.id),
+    });
+  }
+  const approvalsProvider = approvalsProviders[0];
   iam = (options.iam ?? builtinIam())(registry.catalog);
   const database = options.database ?? postgres();
   const maxBodyBytes = options.limits?.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
   if (!Number.isInteger(maxBodyBytes) || maxBodyBytes <= 0) throw invalidConfig("limits.maxBodyBytes must be a positive integer");
   const budgets = frameBudgets(options.limits?.agentFrames);
 
-  const approvers = checkApprovers(options.pki?.approvers, registry);
+  const approvers = checkApprovers(options.pki?.approvers, approvalsProvider !== undefined);
   const reg = registry;
   const registered: RegisteredView = {
     extensions: <T extends { contract: string }>(contract: string) => reg.byContract(contract as never) as unknown as T[],
@@ -132,6 +140,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     const log = createLogger({ module: mod.id, ...(requestId ? { requestId } : {}) });
     let secrets: SecretStore | undefined;
     let capacity: CapacityPort | undefined;
+    let approvals: ApprovalsPort | undefined;
     const touchedNodes = new Set<string>();
     const touchedWorkflows = new Set<string>();
     let wroteOutbox = false;
@@ -151,7 +160,18 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
       store,
       events,
       work: databaseWork(mod.id),
-      commands: databaseCommands(mod.id, reg.commandKinds, (nodeId) => touchedNodes.add(nodeId), approvers),
+      commands: databaseCommands(
+        mod.id,
+        reg.commandKinds,
+        (nodeId) => touchedNodes.add(nodeId),
+        // The provider's port over its own context, as capacity's.
+        approvers && approvalsProvider
+          ? () =>
+              (approvals ??= approvalsProvider.ports!.approvals!(
+                mod === approvalsProvider ? ctx : contextFor(approvalsProvider, env, store, principal, requestId),
+              ))
+          : undefined,
+      ),
       wake,
       nodes: databaseNodes(events, wake),
       nodeSpecs: databaseNodeSpecs(mod.id, store, reg.nodeSpecSections, events, wake),
@@ -282,7 +302,7 @@ async function missingCapacity(): Promise<never> {
 }
 
 /** pki.approvers as given, checked: distinct raw Ed25519 keys, a threshold they can reach, workflows to carry the batches. */
-function checkApprovers(approvers: PkiOptions["approvers"], registry: Registry): Approvers | undefined {
+function checkApprovers(approvers: PkiOptions["approvers"], approvalsProvided: boolean): Approvers | undefined {
   if (approvers === undefined) return undefined;
   const keys = approvers.keys ?? [];
   const malformed = keys.findIndex((key) => typeof key !== "string" || !ED25519_PUBLIC_KEY.test(key));
@@ -295,8 +315,10 @@ function checkApprovers(approvers: PkiOptions["approvers"], registry: Registry):
     throw invalidConfig(
       `pki.approvers.threshold must be an integer from 1 to the number of keys (${keys.length}), not ${String(threshold)}`,
     );
-  if (!registry.modules.some((m) => m.id === "provision"))
-    throw invalidConfig("pki.approvers needs the provision module: destructive commands are approved as a workflow's batch");
+  if (!approvalsProvided)
+    throw invalidConfig(
+      "pki.approvers needs the provision module, or another module that provides ports.approvals: destructive commands are approved as a workflow's batch",
+    );
   return { keys: [...keys], threshold };
 }
 const ED25519_PUBLIC_KEY = /^[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$/;

@@ -31,15 +31,20 @@ export interface WorkInput {
 
 /** An event written by the statement of the state change it records (EventsPort.insertSql). */
 export interface StatementEvent {
-  type: string;
-  subject?: string;
+  /** Or text computed in the statement from `from`'s columns (with `each`). */
+  type: string | SQL;
+  subject?: string | SQL;
   /** Facts only, as EventInput's; or jsonb computed in the statement (from its CTEs' columns). */
   data?: Record<string, unknown> | SQL;
+  /** Who did it, when not the port's actor: text computed from `from`'s columns (with `each`). */
+  actor?: SQL;
   /**
    * A CTE of the statement: the event is written only if it returned a row (it returns at most
    * one). Unset: always written.
    */
   from?: string;
+  /** With `from`: one event for each row it returned (any number), written in this order of its columns. */
+  each?: { orderBy: SQL };
 }
 
 export interface EventsPort {
@@ -88,7 +93,10 @@ export interface CommandInput {
   secretRefs?: SecretRef[];
   /** The command expires if no result arrives within this many seconds. */
   deadlineSeconds?: number;
-  /** Who waits for the result: "workflow:<id>" is woken when it is recorded. */
+  /**
+   * Who waits for the result: "<object kind>:<name>" (objectOrigin: "workflow:<id>") names the
+   * Durable Object woken when it is recorded.
+   */
   origin?: string;
 }
 
@@ -129,6 +137,17 @@ export interface ProvisionedTokenInput {
 export interface Approvers {
   readonly keys: readonly string[];
   readonly threshold: number;
+}
+
+/**
+ * Under pki.approvers, who approves destructive commands: a module provides it (the provision
+ * module approves a workflow's signed batch: docs/quorum.md). Asked in the enqueueing transaction.
+ */
+export interface ApprovalsPort {
+  check(
+    tx: Tx,
+    command: { kind: string; origin?: string },
+  ): Promise<{ approved: true } | { approved: false; message: string; details?: Record<string, unknown> }>;
 }
 
 /** The platform's certificate authority, as modules see it. */
@@ -328,16 +347,21 @@ export interface PlatformContext extends ModuleContext {
 
 export function databaseEvents(moduleId: string, actor: string | undefined, requestId: string | undefined): EventsPort {
   // The one place an event row's shape lives: publish and every statement that writes events use it.
+  const text = (value: string | SQL | null | undefined) => (is(value, SQL) ? value : sql`${value ?? null}::text`);
   const insertSql = (events: StatementEvent[], ids?: string[]): SQL => {
     const rows = events.map((e, i) => {
       const data = is(e.data, SQL) ? e.data : sql`${JSON.stringify(e.data ?? {})}::jsonb`;
-      return sql`SELECT ${i}::int AS ord, ${ids?.[i] ?? crypto.randomUUID()}::uuid AS event_id, ${e.type}::text AS type,
-          ${e.subject ?? null}::text AS subject, ${data} AS data ${e.from ? sql`FROM ${sql.identifier(e.from)}` : sql``}`;
+      // One event per row of `from` (each) gets its id from the database; otherwise the id is made here.
+      const each = e.each && e.from ? e.each : undefined;
+      const id = each ? sql`gen_random_uuid()` : sql`${ids?.[i] ?? crypto.randomUUID()}::uuid`;
+      return sql`SELECT ${i}::int AS bc_ord, ${each ? sql`row_number() OVER (ORDER BY ${each.orderBy})` : sql`0::bigint`} AS bc_row,
+          ${id} AS event_id, ${text(e.type)} AS type, ${text(e.subject)} AS subject, ${data} AS data,
+          ${e.actor ?? sql`${actor ?? null}::text`} AS actor ${e.from ? sql`FROM ${sql.identifier(e.from)}` : sql``}`;
     });
     return sql`
       INSERT INTO bc_events (event_id, type, module, subject, data, actor, request_id)
-      SELECT event_id, type, ${moduleId}::text, subject, data, ${actor ?? null}::text, ${requestId ?? null}::text
-      FROM (${sql.join(rows, sql` UNION ALL `)}) AS e ORDER BY ord`;
+      SELECT event_id, type, ${moduleId}::text, subject, data, actor, ${requestId ?? null}::text
+      FROM (${sql.join(rows, sql` UNION ALL `)}) AS e ORDER BY bc_ord, bc_row`;
   };
   return {
     async publish(tx, event) {
@@ -373,13 +397,18 @@ export function databaseCommands(
   moduleId: string,
   kinds: ReadonlyMap<string, { command: CommandKind }>,
   onEnqueued: (nodeId: string) => void,
-  approvers?: Approvers,
+  /** Set under pki.approvers: destructive kinds are enqueued only when it approves them. */
+  approvals?: () => ApprovalsPort,
 ): CommandsPort {
   return {
     async enqueue(tx, input) {
       const declared = kinds.get(input.kind)?.command;
       if (!declared) throw invalidArgument(`unknown command kind ${input.kind}: no registered module declares it`, { kind: input.kind });
-      if (approvers && declared.destructive) await requireApprovedBatch(tx, input);
+      if (approvals && declared.destructive) {
+        // Refused before a command row exists: an operator's commands.create, another module's enqueue.
+        const verdict = await approvals().check(tx, { kind: input.kind, ...(input.origin ? { origin: input.origin } : {}) });
+        if (!verdict.approved) throw new ComputeError("PERMISSION_DENIED", verdict.message, { kind: input.kind, ...verdict.details });
+      }
       let body = input.body ?? {};
       if (declared.input) {
         const parsed = declared.input.safeParse(body);
@@ -441,28 +470,6 @@ export function databaseCommands(
       return { id: row.id, seq: Number(row.seq), created: true };
     },
   };
-}
-
-/**
- * Under pki.approvers a destructive kind is enqueued only by a workflow whose approved quorum
- * batch holds it (the provision module's workflow_quorum; betterCompute refuses approvers
- * without that module). Anything else, an operator's commands.create or another module's
- * enqueue, is refused before a command row exists.
- */
-async function requireApprovedBatch(tx: Tx, input: CommandInput): Promise<void> {
-  const workflowId = input.origin?.startsWith("workflow:") ? input.origin.slice("workflow:".length) : undefined;
-  const approved =
-    workflowId !== undefined &&
-    (
-      await tx.execute(sql`
-        SELECT 1 FROM workflow_quorum WHERE workflow_id = ${workflowId} AND approved_at IS NOT NULL AND ${input.kind} = ANY(kinds)`)
-    ).rows.length > 0;
-  if (!approved)
-    throw new ComputeError(
-      "PERMISSION_DENIED",
-      `${input.kind} is destructive: with pki.approvers set it is sent only by a workflow whose approved batch holds it`,
-      { kind: input.kind, ...(workflowId ? { workflow: workflowId } : {}) },
-    );
 }
 
 export function databaseNodes(events: EventsPort, wake: WakePort): NodesPort {

@@ -1,7 +1,7 @@
 // The typed contracts a module, plugin or extension is declared with. define* helpers check
 // what can be checked alone (ids, names); the registry checks what needs the whole picture.
 import type { z } from "zod";
-import type { CapacityPort, HostView, MethodContext, ModuleContext, PlacementRequest, PlatformContext } from "./context.ts";
+import type { ApprovalsPort, CapacityPort, HostView, MethodContext, ModuleContext, PlacementRequest, PlatformContext } from "./context.ts";
 import type { Bindings } from "./bindings.ts";
 import { invalidConfig } from "./errors.ts";
 import type { Logger } from "./log.ts";
@@ -106,7 +106,11 @@ export interface ModuleDefinition {
   /** Called once per request context; a module keeps no state of its own between requests. */
   setup?: (ctx: ModuleContext) => void;
   /** Ports the module provides to every module's context (one provider each per deployment). */
-  ports?: { capacity?: (ctx: ModuleContext) => CapacityPort };
+  ports?: {
+    capacity?: (ctx: ModuleContext) => CapacityPort;
+    /** Who approves destructive commands under pki.approvers (the provision module: a workflow's signed batch). */
+    approvals?: (ctx: ModuleContext) => ApprovalsPort;
+  };
 }
 
 /** A NodeSpec section: a map of entries keyed by name (instances by id, access keys by name...), delivered to node agents. */

@@ -1,6 +1,7 @@
 // better-compute/core: methods, ports and errors, for module and plugin authors.
 export { defineMethod, type MethodDefinition } from "./contracts.ts";
 export type {
+  ApprovalsPort,
   CapacityPort,
   Clock,
   CommandInput,
@@ -50,3 +51,4 @@ export { literal, sendWithCommit } from "./store/database.ts";
 export { isSecretRef, MAX_ID_LENGTH, resourceId, SECRET_REF } from "./schemas.ts";
 export { sha256Hex } from "./encoding.ts";
 export { canonicalJson } from "./protocol.ts";
+export { objectOrigin, originObject } from "./agents/notify.ts";

@@ -37,7 +37,7 @@ import {
   recordDisconnected,
   recordRateLimited,
   recordResults,
-  waitingWorkflow,
+  waitingObject,
   type ArrivedResult,
   type SessionRef,
 } from "../core/agents/sessions.ts";
@@ -320,8 +320,8 @@ export function nodeObject(compute: Compute) {
         }
         send(ws, { t: "result-ack", id: frame.id });
         // Whoever waits for this result (a workflow) hears of it now rather than at its next poll.
-        const waiting = waitingWorkflow(outcome);
-        if (waiting) await wakeObjects(this.env, "workflow", [waiting], this.log(att));
+        const waiting = waitingObject(outcome);
+        if (waiting) await wakeObjects(this.env, waiting.kind, [waiting.name], this.log(att));
       } catch (err) {
         this.log(att).warn("could not record a result; the agent keeps it and resends", { commandId: frame.id, error: errorText(err) });
         refuse(FrameError.UNAVAILABLE, "the result could not be recorded now; send it again after reconnecting");

@@ -12,6 +12,7 @@ import { SINKS_MODULE } from "../core/events/module.ts";
 import { createLogger } from "../core/log.ts";
 import type { Store } from "../core/store/database.ts";
 import { setAlarm } from "./alarm.ts";
+import { SerialBatches } from "./serial.ts";
 
 /** After a failed drain (the database unreachable), try again this soon. */
 const RETRY_MS = 5_000;
@@ -19,7 +20,8 @@ const RETRY_MS = 5_000;
 export function sinkObject(compute: Compute) {
   return class SinkDO extends DurableObject<Bindings> implements WakeableObject {
     #store: Store | undefined;
-    #running: Promise<void> = Promise.resolve();
+    /** One drain at a time; alarms that arrive meanwhile share the next one. */
+    readonly #drains = new SerialBatches(() => this.drain());
     readonly #log = createLogger({ component: "sink-do" });
 
     private get store(): Store {
@@ -32,8 +34,7 @@ export function sinkObject(compute: Compute) {
     }
 
     override async alarm(): Promise<void> {
-      this.#running = this.#running.then(() => this.drain());
-      await this.#running;
+      await this.#drains.add();
     }
 
     private async drain(): Promise<void> {

@@ -9,6 +9,7 @@ import { createLogger } from "../core/log.ts";
 import type { Store } from "../core/store/database.ts";
 import { advance } from "../plugins/provision/engine.ts";
 import { setAlarm } from "./alarm.ts";
+import { SerialBatches } from "./serial.ts";
 
 /** After a failed pass (the database unreachable), try again this soon. */
 const RETRY_MS = 5_000;
@@ -16,7 +17,8 @@ const RETRY_MS = 5_000;
 export function workflowObject(compute: Compute) {
   return class WorkflowDO extends DurableObject<Bindings> implements WakeableObject {
     #store: Store | undefined;
-    #running: Promise<void> = Promise.resolve();
+    /** One advance at a time; wake-ups that arrive meanwhile share the next one (it reads the record afresh). */
+    readonly #passes = new SerialBatches(() => this.advanceOnce());
     readonly #log = createLogger({ component: "workflow-do" });
 
     private get store(): Store {
@@ -32,10 +34,8 @@ export function workflowObject(compute: Compute) {
       await this.run();
     }
 
-    /** One advance at a time; the next one goes on the alarm. */
     private run(): Promise<void> {
-      this.#running = this.#running.then(() => this.advanceOnce());
-      return this.#running;
+      return this.#passes.add();
     }
 
     private async advanceOnce(): Promise<void> {

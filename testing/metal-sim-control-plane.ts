@@ -12,7 +12,7 @@ import { advance, provisionModule, wakeStalledWorkflows } from "better-compute/p
 import { AgentError, type AgentTransport } from "../agent/client.ts";
 import { BufferedSocket } from "../agent/socket.ts";
 import { verifyCredential } from "../core/agents/credentials.ts";
-import { nextDelivery, recordConnected, recordDisconnected, recordResult, waitingWorkflow } from "../core/agents/sessions.ts";
+import { nextDelivery, recordConnected, recordDisconnected, recordResult, waitingObject } from "../core/agents/sessions.ts";
 import { databaseSecrets } from "../core/context.ts";
 import { base64url } from "../core/encoding.ts";
 import {
@@ -508,8 +508,9 @@ export class Gateway {
     const outcome = await recordResult(this.store, session, frame);
     if ("refused" in outcome) return this.#send(session, { t: "error", code: outcome.refused, message: outcome.message, ref: frame.id });
     this.#send(session, { t: "result-ack", id: frame.id });
-    const waiting = waitingWorkflow(outcome);
-    if (waiting) this.workflows().wake(waiting);
+    // The sim's only objects that wait on results are its workflows.
+    const waiting = waitingObject(outcome);
+    if (waiting?.kind === "workflow") this.workflows().wake(waiting.name);
   }
 
   /** The NodeDO's sweep: delivery to every connected agent that has commands still pending. */

@@ -17,6 +17,20 @@ export function objectNamespace(env: Bindings, kind: ObjectKind): DurableObjectN
 
 export const nodeNamespace = (env: Bindings) => objectNamespace(env, "node");
 
+/**
+ * A command's origin (CommandInput.origin): the Durable Object that waits for its result,
+ * "<kind>:<name>", woken when the result is recorded.
+ */
+export const objectOrigin = (kind: ObjectKind, name: string) => `${kind}:${name}`;
+
+/** The object an origin names, if it names one of the deployment's kinds. */
+export function originObject(origin: string | null | undefined): { kind: ObjectKind; name: string } | undefined {
+  const colon = origin?.indexOf(":") ?? -1;
+  if (!origin || colon <= 0) return undefined;
+  const kind = origin.slice(0, colon);
+  return kind in BINDINGS ? { kind: kind as ObjectKind, name: origin.slice(colon + 1) } : undefined;
+}
+
 /** Calls wake() on each named object (an RPC: the object knows its name, ctx.id.name). */
 export async function wakeObjects(env: Bindings, kind: ObjectKind, names: Iterable<string>, log: Logger): Promise<void> {
   const ns = objectNamespace(env, kind);

@@ -7,6 +7,7 @@ import { databaseEvents, pgArray, type NodeSpecView, type SecretRef, type Secret
 import { CloseCode, FrameError, resultMessage, verifyMessage, type CommandFrame, type HelloFrame, type ResultFrame } from "../protocol.ts";
 import type { Store } from "../store/database.ts";
 import type { BudgetSummary } from "./frame-budget.ts";
+import { originObject } from "./notify.ts";
 
 export const RESERVED_LABEL_PREFIX = "bc.dev/";
 
@@ -16,6 +17,8 @@ export interface SessionRef {
 }
 
 const events = (nodeId: string) => databaseEvents("agents", `node:${nodeId}`, undefined);
+/** The agents module's events whose actor each statement computes (a batch's results may come from several nodes). */
+const agentEvents = databaseEvents("agents", undefined, undefined);
 
 /**
  * Records the verified hello: the node is connected on this session. Answers whether it may
@@ -151,13 +154,17 @@ export async function recordResults(store: Store, results: ArrivedResult[]): Pro
         WHERE c.id = i.id AND c.node_id = i.node_id AND c.idempotency_key = i.key AND c.state IN ('pending', 'delivered')
           AND (NOT c.attested OR i.signature IS NOT NULL)
         RETURNING c.id, c.kind, c.origin, i.ord, i.ok, i.node_id, i.error),
-      recorded_events AS (
-        INSERT INTO bc_events (event_id, type, module, subject, data, actor)
-        SELECT gen_random_uuid(), CASE WHEN ok THEN 'command.succeeded' ELSE 'command.failed' END, 'agents', 'nodes/' || node_id,
-               jsonb_build_object('commandId', id::text, 'kind', kind)
-                 || CASE WHEN ok THEN '{}'::jsonb ELSE jsonb_build_object('error', coalesce(error->>'code', 'UNKNOWN')) END,
-               'node:' || node_id
-        FROM recorded ORDER BY ord)
+      recorded_events AS (${agentEvents.insertSql([
+        {
+          type: sql`CASE WHEN ok THEN 'command.succeeded' ELSE 'command.failed' END`,
+          subject: sql`'nodes/' || node_id`,
+          data: sql`jsonb_build_object('commandId', id::text, 'kind', kind)
+                 || CASE WHEN ok THEN '{}'::jsonb ELSE jsonb_build_object('error', coalesce(error->>'code', 'UNKNOWN')) END`,
+          actor: sql`'node:' || node_id`,
+          from: "recorded",
+          each: { orderBy: sql`ord` },
+        },
+      ])})
       SELECT i.ord, c.node_id, c.idempotency_key, c.kind, c.attested, r.id IS NOT NULL AS recorded, r.origin
       FROM input i LEFT JOIN bc_commands c ON c.id = i.id LEFT JOIN recorded r ON r.ord = i.ord`);
     for (const row of answered.rows as (AnsweredResult & { ord: number })[])
@@ -186,9 +193,9 @@ function outcomeOf(command: AnsweredResult, { node, frame }: ArrivedResult, sign
   return command.recorded ? { recorded: true, origin: command.origin } : { duplicate: true };
 }
 
-/** The workflow waiting on a recorded result, if any (origin "workflow:<id>"). */
-export const waitingWorkflow = (outcome: ResultOutcome): string | undefined =>
-  "recorded" in outcome && outcome.origin?.startsWith("workflow:") ? outcome.origin.slice("workflow:".length) : undefined;
+/** The object waiting on a recorded result (its command's origin: objectOrigin), if any. */
+export const waitingObject = (outcome: ResultOutcome): ReturnType<typeof originObject> =>
+  "recorded" in outcome ? originObject(outcome.origin) : undefined;
 
 /** What a delivery pass sends: whether the node may still connect, its NodeSpec if newer than the one sent, its open commands. */
 export interface Delivery {
@@ -223,11 +230,15 @@ export async function nextDelivery(
              error = '{"code":"DEADLINE_EXCEEDED","message":"no result before the command\\u0027s deadline"}'::jsonb
       WHERE node_id = ${nodeId} AND state IN ('pending', 'delivered') AND deadline < compute_now()
       RETURNING id, kind),
-    expired_events AS (
-      INSERT INTO bc_events (event_id, type, module, subject, data, actor)
-      SELECT gen_random_uuid(), 'command.expired', 'agents', ${`nodes/${nodeId}`}, jsonb_build_object('commandId', id::text, 'kind', kind),
-             ${`node:${nodeId}`}
-      FROM expired ORDER BY id),
+    expired_events AS (${events(nodeId).insertSql([
+      {
+        type: "command.expired",
+        subject: `nodes/${nodeId}`,
+        data: sql`jsonb_build_object('commandId', id::text, 'kind', kind)`,
+        from: "expired",
+        each: { orderBy: sql`id` },
+      },
+    ])}),
     sending AS (
       UPDATE bc_commands SET state = 'delivered', attempts = attempts + 1, delivered_at = compute_now()
       WHERE id IN (SELECT id FROM bc_commands

@@ -14,6 +14,7 @@ import {
   ComputeError,
   isComputeError,
   schemaIssues,
+  objectOrigin,
   sendWithCommit,
   sha256Hex,
   type ModuleContext,
@@ -349,7 +350,7 @@ async function sendCommand(
         key: commandKey(wf.id, wf.position, attempt.attempt),
         body,
         secretRefs,
-        origin: `workflow:${wf.id}`,
+        origin: objectOrigin("workflow", wf.id),
         ...(step.deadlineSeconds ? { deadlineSeconds: step.deadlineSeconds } : {}),
       });
       // Sent with the COMMIT: its answer is not waited for. Guarded as every transition is, so if
@@ -559,7 +560,7 @@ async function stepContext(
           });
         throw new ComputeError("FAILED_PRECONDITION", message);
       }
-      return ctx.commands.enqueue(tx, { origin: `workflow:${wf.id}`, ...command }).catch((err: unknown) => {
+      return ctx.commands.enqueue(tx, { origin: objectOrigin("workflow", wf.id), ...command }).catch((err: unknown) => {
         throw finalIfDenied(err);
       });
     },

@@ -15,7 +15,7 @@ import {
   type PlatformContext,
   type Tx,
 } from "better-compute/core";
-import { approveMethod, QUORUM_SQL, quorumBatch, quorumView, recordBatch } from "./quorum.ts";
+import { approveMethod, QUORUM_SQL, quorumBatch, quorumView, recordBatch, workflowApprovals } from "./quorum.ts";
 import { findProfile, stepsById, validateProfile } from "./validate.ts";
 
 const WORKFLOWS_SQL = `
@@ -298,6 +298,7 @@ export function provisionModule(): Module {
     ],
     api: [validate, start, get, list, cancel, approveMethod],
     sweeps: [{ id: "wake-stalled-workflows", run: (ctx) => wakeStalledWorkflows(ctx) }],
+    ports: { approvals: () => workflowApprovals() },
   });
 }
 

@@ -2,8 +2,9 @@
 // profile sends any destructive kind starts in awaiting-approval with its batch (those kinds,
 // known from the profile before anything runs) and a digest of it; approvers sign the digest with
 // their Ed25519 keys (workflows.approve), and the threshold-th distinct approval releases it.
-// Core's enqueue refuses a destructive kind unless the batch of the workflow sending it holds it
-// and was approved (core/context.ts), so nothing here is the only guard.
+// Core's enqueue asks this module's approvals port (workflowApprovals) before it writes a
+// destructive command: refused unless the batch of the workflow sending it holds the kind and was
+// approved, so the engine is not the only guard.
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import {
@@ -13,6 +14,8 @@ import {
   notFound,
   resourceId,
   sha256Hex,
+  originObject,
+  type ApprovalsPort,
   type MethodContext,
   type ModuleContext,
   type Tx,
@@ -213,6 +216,32 @@ async function approve(ctx: MethodContext, tx: Tx, input: { workflowId: string; 
       data: { approver: input.key, digest: row.digest, approvals, threshold: row.threshold, released: releases },
     });
   return { workflowId: input.workflowId, state, digest: row.digest, counted, approvals, threshold: row.threshold };
+}
+
+/**
+ * The module's approvals port: a destructive kind is approved only when it is enqueued by a
+ * workflow (its origin) whose approved batch holds that kind. Anything else, an operator's
+ * commands.create or another module's enqueue, is refused.
+ */
+export function workflowApprovals(): ApprovalsPort {
+  return {
+    async check(tx, command) {
+      const origin = originObject(command.origin);
+      const workflowId = origin?.kind === "workflow" ? origin.name : undefined;
+      const approved =
+        workflowId !== undefined &&
+        (
+          await tx.execute(sql`
+            SELECT 1 FROM workflow_quorum WHERE workflow_id = ${workflowId} AND approved_at IS NOT NULL AND ${command.kind} = ANY(kinds)`)
+        ).rows.length > 0;
+      if (approved) return { approved: true };
+      return {
+        approved: false,
+        message: `${command.kind} is destructive: with pki.approvers set it is sent only by a workflow whose approved batch holds it`,
+        ...(workflowId ? { details: { workflow: workflowId } } : {}),
+      };
+    },
+  };
 }
 
 /** Ed25519 (WebCrypto, in the Worker) over approvalMessage(digest); anything malformed is simply false. */

@@ -10,20 +10,17 @@
 // creation, virtual media) is UNSUPPORTED naming it, and an optional resource that fails (Storage,
 // EthernetInterfaces, VirtualMedia) does not fail an inspection.
 //
-// https BMCs are reached with node:https, trusting what the binding's tls block names (a CA
-// bundle, a pinned public key) or else the system's CAs; the certificate is checked on the
-// established connection before a byte of the request (the Authorization header) is written.
-// Plain http goes through fetch. No retries here: the workflow engine retries steps and shows each
-// attempt; operations are idempotent by desired state, so a retried step does no harm. A failure
-// another attempt cannot mend (an untrusted certificate) is marked permanent and is not retried.
-import { request as httpsRequest } from "node:https";
-import { isIP } from "node:net";
-import { connect as tlsConnect, type TLSSocket } from "node:tls";
+// Requests go through https-transport.ts: an https BMC is trusted as the binding's tls block says
+// (a CA bundle, a pinned public key) or else by the system's CAs, and its certificate is checked
+// before a byte of the request (the Authorization header) is written. No retries here: the
+// workflow engine retries steps and shows each attempt; operations are idempotent by desired
+// state, so a retried step does no harm. A failure another attempt cannot mend (an untrusted
+// certificate) is marked permanent and is not retried.
 import { z } from "zod";
 import { bmcAddressMessage, bmcTlsProblem, parseBmcAddress, type BmcTls } from "better-compute/metal/bmc-address";
 import { base64, utf8 } from "../../core/encoding.ts";
 import { AgentError, type FetchLike } from "../contracts.ts";
-import { spkiSha256 } from "./tls-pin.ts";
+import { CertificateRefused, httpTransport, type HttpAnswer, type HttpTransport } from "./https-transport.ts";
 
 /** A BMC and its credential; the password is the resolved value, not a secret:// reference. */
 export interface BmcCredential {
@@ -125,8 +122,6 @@ export interface BmcInspection {
 const DEFAULT_TIMEOUT_MS = 10_000;
 const DEFAULT_POWER_TIMEOUT_MS = 60_000;
 const DEFAULT_POWER_INTERVAL_MS = 1_000;
-/** A larger answer from a BMC is refused (the https path reads it into memory). */
-const MAX_ANSWER_BYTES = 4 * 1024 * 1024;
 const POWER_ACTIONS: readonly PowerAction[] = ["on", "off", "cycle"];
 const BOOT_TARGETS: Record<BootDevice, string> = { pxe: "Pxe", cd: "Cd", disk: "Hdd" };
 
@@ -188,14 +183,6 @@ type Volume = { path: string; id: string; level: string | null; drives: number }
 
 const invalid = (message: string) => new AgentError("INVALID_ARGUMENT", message);
 
-/** An HTTP answer from the BMC, whichever way it was reached. */
-interface Answer {
-  status: number;
-  statusText: string;
-  header(name: string): string | undefined;
-  body: string;
-}
-
 /** Wait `ms`, or until the signal aborts (rejecting with its reason). */
 function pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
   return new Promise((resolve, reject) => {
@@ -238,9 +225,7 @@ export class RedfishClient {
   readonly #systemPath: string;
   readonly #credential: BmcCredential;
   readonly #authorization: string;
-  readonly #fetch: FetchLike | undefined;
-  readonly #https: boolean;
-  readonly #tls: BmcTls | undefined;
+  readonly #transport: HttpTransport;
   readonly #timeoutMs: number;
   readonly #signal: AbortSignal | undefined;
   readonly #powerWait: { timeoutMs: number; intervalMs: number };
@@ -250,16 +235,14 @@ export class RedfishClient {
     if (!parsed.ok) throw invalid(bmcAddressMessage(parsed.problem));
     const tlsProblem = bmcTlsProblem(bmc.address, bmc.tls);
     if (tlsProblem) throw invalid(`BMC ${parsed.address.origin}${parsed.address.systemPath}: ${tlsProblem}`);
-    const { origin, systemPath, systemId, https } = parsed.address;
+    const { origin, systemPath, systemId } = parsed.address;
     this.#origin = origin;
     this.#systemPath = systemPath;
     this.systemId = systemId;
     this.address = origin + systemPath;
     this.#credential = bmc;
     this.#authorization = `Basic ${base64(utf8(`${bmc.username}:${bmc.password}`))}`;
-    this.#fetch = options.fetch;
-    this.#https = https;
-    this.#tls = bmc.tls;
+    this.#transport = httpTransport({ tls: bmc.tls, fetch: options.fetch });
     this.#timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this.#signal = options.signal;
     this.#powerWait = {
@@ -645,14 +628,14 @@ export class RedfishClient {
     const headers: Record<string, string> = { authorization: this.#authorization, accept: "application/json" };
     if (body !== undefined) headers["content-type"] = "application/json";
     const request = { method, headers, body: body === undefined ? undefined : JSON.stringify(body), signal };
-    let res: Answer;
+    let res: HttpAnswer;
     try {
-      if (this.#fetch || !this.#https) res = await this.#viaFetch(url, request);
-      else res = await this.#viaHttps(url, request);
+      res = await this.#transport(url, request);
     } catch (e) {
       // The command's deadline or the agent stopping: report that, not a BMC failure.
       if (this.#signal?.aborted) throw this.#signal.reason;
-      if (e instanceof AgentError) throw e; // the certificate refused
+      if (e instanceof CertificateRefused) throw this.#certificateRefused(e);
+      if (e instanceof AgentError) throw e; // from a fetch given as the test seam: as it is
       throw this.#fail(
         `did not answer ${method} ${path}: ${timeout.aborted ? `no answer within ${this.#timeoutMs} ms` : this.#scrub(fetchFailureReason(e))}`,
       );
@@ -671,104 +654,19 @@ export class RedfishClient {
     }
   }
 
-  async #viaFetch(
-    url: string,
-    request: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal },
-  ): Promise<Answer> {
-    const res = await (this.#fetch ?? fetch)(url, request);
-    return { status: res.status, statusText: res.statusText, header: (name) => res.headers.get(name) ?? undefined, body: await res.text() };
-  }
-
-  /**
-   * One request over https, on a connection of its own whose certificate is checked first: the
-   * binding's pin and/or CA bundle, else the system's CAs. Only then is the request (with its
-   * Authorization header) written, so a BMC that is not trusted never sees the credential.
-   */
-  #viaHttps(
-    url: string,
-    request: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal },
-  ): Promise<Answer> {
-    const target = new URL(url);
-    const host = target.hostname.replace(/^\[(.*)\]$/, "$1"); // sockets take IPv6 without brackets
-    const port = Number(target.port || 443);
-    return new Promise<Answer>((resolve, reject) => {
-      let settled = false;
-      const finish = (outcome: () => void) => {
-        if (settled) return;
-        settled = true;
-        request.signal.removeEventListener("abort", onAbort);
-        socket.destroy();
-        outcome();
-      };
-      const fail = (e: Error) => finish(() => reject(e));
-      const onAbort = () => fail(new Error("aborted"));
-      // With rejectUnauthorized off the connection completes either way; authorized says whether it verified (chain and name).
-      const socket: TLSSocket = tlsConnect({
-        host,
-        port,
-        servername: isIP(host) ? undefined : host,
-        ca: this.#tls?.caBundle,
-        rejectUnauthorized: false,
-      });
-      if (request.signal.aborted) return onAbort();
-      request.signal.addEventListener("abort", onAbort, { once: true });
-      socket.once("secureConnect", () => {
-        const refused = this.#certificateRefusal(socket);
-        if (refused) return fail(refused);
-        const req = httpsRequest(target, { method: request.method, headers: request.headers, createConnection: () => socket });
-        req.on("error", fail);
-        req.on("response", (res) => {
-          const chunks: Buffer[] = [];
-          let size = 0;
-          res.on("data", (chunk: Buffer) => {
-            size += chunk.byteLength;
-            if (size > MAX_ANSWER_BYTES) fail(new Error(`the answer is larger than ${MAX_ANSWER_BYTES} bytes`));
-            else chunks.push(chunk);
-          });
-          res.on("error", fail);
-          res.on("aborted", () => fail(new Error("the answer broke off")));
-          res.on("end", () => {
-            const body = Buffer.concat(chunks).toString("utf8");
-            const header = (name: string) => {
-              const v = res.headers[name.toLowerCase()];
-              return Array.isArray(v) ? v.join(", ") : v;
-            };
-            finish(() => resolve({ status: res.statusCode ?? 0, statusText: res.statusMessage ?? "", header, body }));
-          });
-        });
-        req.end(request.body);
-      });
-      socket.on("error", fail);
-      // After a complete answer this is a no-op; before one, the BMC hung up.
-      socket.on("close", () => fail(new Error("the connection closed before a complete answer")));
-    });
-  }
-
-  /** Why the BMC's certificate is not trusted under the binding's tls block, or undefined. Permanent: another attempt meets the same certificate. */
-  #certificateRefusal(socket: TLSSocket): AgentError | undefined {
-    const pin = this.#tls?.spkiSha256;
-    if (pin !== undefined) {
-      let presented: string | undefined;
-      try {
-        const peer = socket.getPeerCertificate();
-        presented = peer?.raw ? spkiSha256(peer.raw) : undefined;
-      } catch {
-        // an unreadable certificate: no pin matches it
-      }
-      if (presented !== pin) {
-        return this.#fail(
-          `presented a certificate whose public key does not match the pin bmc.tls.spkiSha256 ${pin}${presented ? ` (its pin is ${presented})` : ""}; nothing was sent`,
-          undefined,
-          true,
-        );
-      }
-      // The pin names the key: no CA vouches for a self-signed certificate, nor for the name in it.
-      if (this.#tls?.caBundle === undefined) return undefined;
+  /** The BMC's certificate, refused under the binding's tls block. Permanent: another attempt meets the same certificate. */
+  #certificateRefused({ refusal }: CertificateRefused): AgentError {
+    if (refusal.kind === "pin") {
+      const { pin, presented } = refusal;
+      return this.#fail(
+        `presented a certificate whose public key does not match the pin bmc.tls.spkiSha256 ${pin}${presented ? ` (its pin is ${presented})` : ""}; nothing was sent`,
+        undefined,
+        true,
+      );
     }
-    if (socket.authorized) return undefined;
-    const by = this.#tls?.caBundle === undefined ? "by the system's CAs" : "by bmc.tls.caBundle";
+    const by = refusal.by === "system" ? "by the system's CAs" : "by bmc.tls.caBundle";
     return this.#fail(
-      `presented a certificate that is not trusted ${by} (${String(socket.authorizationError)}); nothing was sent. Name the CA that signed it in bmc.tls.caBundle, or pin its public key with bmc.tls.spkiSha256 (docs/bmc.md)`,
+      `presented a certificate that is not trusted ${by} (${refusal.reason}); nothing was sent. Name the CA that signed it in bmc.tls.caBundle, or pin its public key with bmc.tls.spkiSha256 (docs/bmc.md)`,
       undefined,
       true,
     );

@@ -14,7 +14,7 @@ import { AgentError, type AgentLogger } from "../../contracts.ts";
 import { writeAtomic } from "../../file-state.ts";
 import type { GuestReport, InstanceObserved, InstanceSpec, InstanceState, RuntimeDriver, RuntimeProbe, StopReason } from "../contract.ts";
 import type { Accel, VmmBackend, VmmLaunch } from "./backend.ts";
-import { hostTscKhz, isVmmOf, lastLines, mibToBytes, parseSize, parseVcpus, processesNaming, sleep } from "./helpers.ts";
+import { hostTscKhz, isVmmOf, lastLines, mibToBytes, parseSize, parseVcpus, processesNaming, readPart, sleep } from "./helpers.ts";
 import { DEFAULT_NETWORK, deleteNetns, ensureNetns, guestMac, netnsName, TAP, validateNetworkPlan, type NetworkPlan } from "./network.ts";
 import { writeSeedOnce } from "./seed.ts";
 
@@ -186,8 +186,8 @@ export class MicroVmRuntime implements RuntimeDriver {
     if (!Number.isSafeInteger(maxBytes) || maxBytes <= 0) throw new AgentError("INVALID_ARGUMENT", "maxBytes must be a positive integer");
     const limit = Math.min(maxBytes, 2 * this.#o.consoleMaxBytes);
     const dir = this.#dir(name);
-    const current = await tail(path.join(dir, "console.log"), limit);
-    const older = current.length < limit ? await tail(path.join(dir, "console.log.1"), limit - current.length) : Buffer.alloc(0);
+    const current = await readPart(path.join(dir, "console.log"), limit, "end");
+    const older = current.length < limit ? await readPart(path.join(dir, "console.log.1"), limit - current.length, "end") : Buffer.alloc(0);
     return Buffer.concat([older, current]).toString("utf8");
   }
 
@@ -426,8 +426,8 @@ export class MicroVmRuntime implements RuntimeDriver {
   /** A failed boot: kill the VMM, remove the netns and the work dir, keep the VMM's and console's last lines. */
   async #failBoot(name: string, st: GuestState, reason: StopReason, message: string): Promise<GuestState> {
     const dir = this.#dir(name);
-    const vmmLog = await tail(path.join(dir, "vmm.log"), 4096);
-    const consoleLog = await tail(path.join(dir, "console.log"), 4096);
+    const vmmLog = await readPart(path.join(dir, "vmm.log"), 4096, "end");
+    const consoleLog = await readPart(path.join(dir, "console.log"), 4096, "end");
     const lastOutput = [
       vmmLog.length ? `vmm: ${lastLines(vmmLog.toString("utf8").trimEnd(), 20, 2000)}` : "",
       consoleLog.length ? `console: ${lastLines(consoleLog.toString("utf8").trimEnd(), 20, 2000)}` : "",
@@ -447,7 +447,7 @@ export class MicroVmRuntime implements RuntimeDriver {
 
   /** The first `bc-report` line of this boot's console (read from its start: printed early); an Error for a malformed one. */
   async #readReport(name: string): Promise<GuestReport | Error | undefined> {
-    const text = (await head(path.join(this.#dir(name), "console.log"), REPORT_SEARCH_BYTES)).toString("utf8");
+    const text = (await readPart(path.join(this.#dir(name), "console.log"), REPORT_SEARCH_BYTES, "start")).toString("utf8");
     const m = /(?:^|\n)bc-report (.*)/.exec(text);
     if (!m) return undefined;
     const line = m[1]!.replace(/\r$/, "");
@@ -587,7 +587,7 @@ export class MicroVmRuntime implements RuntimeDriver {
     const file = path.join(dir, "console.log");
     const size = (await stat(file).catch(() => undefined))?.size ?? 0;
     if (size <= this.#o.consoleMaxBytes) return;
-    const kept = await tail(file, this.#o.consoleMaxBytes);
+    const kept = await readPart(file, this.#o.consoleMaxBytes, "end");
     const tmp = path.join(dir, "console.log.1.tmp");
     const fh = await open(tmp, "w", 0o600);
     try {
@@ -719,42 +719,6 @@ function observed(st: GuestState): InstanceObserved {
     ...(st.message ? { message: st.message } : {}),
     since: st.since,
   };
-}
-
-/** The first maxBytes of a file (empty when it does not exist). */
-async function head(file: string, maxBytes: number): Promise<Buffer> {
-  let fh;
-  try {
-    fh = await open(file, "r");
-  } catch {
-    return Buffer.alloc(0);
-  }
-  try {
-    const buf = Buffer.alloc(Math.min((await fh.stat()).size, maxBytes));
-    const { bytesRead } = await fh.read(buf, 0, buf.length, 0);
-    return buf.subarray(0, bytesRead);
-  } finally {
-    await fh.close();
-  }
-}
-
-/** The last maxBytes of a file (empty when it does not exist). */
-async function tail(file: string, maxBytes: number): Promise<Buffer> {
-  let fh;
-  try {
-    fh = await open(file, "r");
-  } catch {
-    return Buffer.alloc(0);
-  }
-  try {
-    const size = (await fh.stat()).size;
-    const length = Math.min(size, maxBytes);
-    const buf = Buffer.alloc(length);
-    await fh.read(buf, 0, length, size - length);
-    return buf;
-  } finally {
-    await fh.close();
-  }
 }
 
 async function exists(file: string): Promise<boolean> {

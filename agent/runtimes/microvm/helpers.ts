@@ -1,8 +1,9 @@
 // Small helpers of the microvm core: the one strict size parser (FC-MEM-AND-VCPU,
-// FC-DISK-FROM-CONTRACT), running host tools with argument arrays (never a shell), and finding a
-// VMM by the work dir its command line names (adoption, and the pid-reuse guard before a kill).
+// FC-DISK-FROM-CONTRACT), running host tools with argument arrays (never a shell), finding a
+// VMM by the work dir its command line names (adoption, and the pid-reuse guard before a kill),
+// and reading the start or the end of a log.
 import { execFile } from "node:child_process";
-import { readdir, readFile } from "node:fs/promises";
+import { open, readdir, readFile } from "node:fs/promises";
 import { AgentError } from "../../contracts.ts";
 
 const MiB = 1024 * 1024;
@@ -100,4 +101,25 @@ export async function hostTscKhz(): Promise<number | undefined> {
 /** The last maxLines lines of text, at most maxChars characters. */
 export function lastLines(text: string, maxLines: number, maxChars: number): string {
   return text.split("\n").slice(-maxLines).join("\n").slice(-maxChars);
+}
+
+/**
+ * The first (`from` "start") or last ("end") maxBytes of a file; empty when it does not exist.
+ * The start is cut to what was read; the end is the length the file had when looked at.
+ */
+export async function readPart(file: string, maxBytes: number, from: "start" | "end"): Promise<Buffer> {
+  let fh;
+  try {
+    fh = await open(file, "r");
+  } catch {
+    return Buffer.alloc(0);
+  }
+  try {
+    const size = (await fh.stat()).size;
+    const buf = Buffer.alloc(Math.min(size, maxBytes));
+    const { bytesRead } = await fh.read(buf, 0, buf.length, from === "start" ? 0 : size - buf.length);
+    return from === "start" ? buf.subarray(0, bytesRead) : buf;
+  } finally {
+    await fh.close();
+  }
 }

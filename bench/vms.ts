@@ -6,17 +6,15 @@
 // each placement's latency (p50/p99) and Postgres round trips per placement (the embedded
 // PGlite's counter). The control plane runs in this process (inProcessControlPlane: the real
 // betterCompute with capacity() on PGlite).
-import { spawn, type ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { createInterface } from "node:readline";
 import { sql } from "drizzle-orm";
 import { processesNaming } from "../agent/runtimes/microvm/helpers.ts";
 import { ensureGuestImage } from "../agent/runtimes/microvm/image.ts";
 import { deleteNetns, netnsName } from "../agent/runtimes/microvm/network.ts";
 import { capacity } from "../plugins/capacity/index.ts";
-import { repoRoot } from "../local/node-store.ts";
+import { startBcd, type BcdProcess } from "../local/bcd-process.ts";
 import { startStack, type Stack } from "../local/stack.ts";
 import type { PlacementRequest, PlacementResult } from "better-compute/core";
 import { inProcessControlPlane, type SimControlPlane } from "../testing/metal-sim-control-plane.ts";
@@ -155,8 +153,8 @@ interface GuestWorld {
   tenant: Stack;
   /** Where the qemu-microvm runtime keeps each guest's work dir (<dir>/<instance id>). */
   guestsDir: string;
-  /** Lines bcd printed (its JSON log). */
-  bcdLog: string[];
+  /** The lines bcd has written to stderr so far (its JSON log). */
+  bcdLog: () => string[];
 }
 
 async function guestsBench(ctx: BenchContext): Promise<void> {
@@ -164,7 +162,8 @@ async function guestsBench(ctx: BenchContext): Promise<void> {
   await withRealNode(ctx, guests, async (world) => {
     const rows: string[][] = [];
     const sequential = await createToRunning(world, "one after another", guests, 1, rows);
-    const vmm = world.bcdLog.map((l) => /"message":"microvm running".*"vmm":"([^"]+)"/.exec(l)?.[1]).find(Boolean);
+    const bcdLog = world.bcdLog();
+    const vmm = bcdLog.map((l) => /"message":"microvm running".*"vmm":"([^"]+)"/.exec(l)?.[1]).find(Boolean);
     ctx.log(`guests run as ${vmm ?? "(bcd did not say)"}`);
     await memoryPerGuest(ctx, world, sequential);
     await deleteGuests(world, sequential);
@@ -194,7 +193,8 @@ async function createToRunning(world: GuestWorld, name: string, count: number, a
       }),
     );
   }
-  const boots = ids.map((id) => bootMs(world.bcdLog, id)).filter((v) => v !== undefined);
+  const bcdLog = world.bcdLog();
+  const boots = ids.map((id) => bootMs(bcdLog, id)).filter((v) => v !== undefined);
   rows.push([
     name,
     String(count),
@@ -253,7 +253,7 @@ async function untilState(world: GuestWorld, id: string, state: string): Promise
     });
     if (got.state === state) return;
     if (got.state === "failed")
-      throw new Error(`instance ${id} failed: ${JSON.stringify(got.lastError)}\nbcd said:\n${world.bcdLog.slice(-10).join("\n")}`);
+      throw new Error(`instance ${id} failed: ${JSON.stringify(got.lastError)}\nbcd said:\n${world.bcdLog().slice(-10).join("\n")}`);
     if (Date.now() > deadline) throw new Error(`instance ${id} not ${state} after ${GUEST_TIMEOUT_MS / 1000} s (${got.state})`);
     await new Promise((r) => setTimeout(r, 100));
   }
@@ -269,9 +269,8 @@ async function withRealNode(ctx: BenchContext, guests: number, fn: (world: Guest
   const dataDir = benchDataDir("vms");
   const runtimeDir = path.join(dataDir, "runtime");
   const guestsDir = path.join(runtimeDir, "qemu-microvm");
-  const bcdLog: string[] = [];
   let stack: Stack | undefined;
-  let bcd: ChildProcess | undefined;
+  let bcd: BcdProcess | undefined;
   try {
     const started = performance.now();
     stack = await startStack({ dataDir, databaseUrl: ctx.databaseUrl });
@@ -300,41 +299,24 @@ async function withRealNode(ctx: BenchContext, guests: number, fn: (world: Guest
     await callApi(stack, "vps.tenants.addMember", { tenant: "bench", principal: `apikey:${key.id}` });
 
     const { token } = await callApi<{ token: string }>(stack, "joinTokens.create", { role: "node", labels: GUEST_POOL_LABELS });
-    bcd = spawn(
-      process.execPath,
-      [
-        "--import",
-        "tsx",
-        path.join(repoRoot, "agent", "bcd.ts"),
-        "start",
-        "--url",
-        stack.url,
-        "--role",
-        "node",
-        "--state-dir",
-        path.join(dataDir, "agent"),
-        "--runtime-dir",
-        runtimeDir,
-      ],
-      { cwd: repoRoot, env: { ...process.env, BC_JOIN_TOKEN: token }, stdio: ["ignore", "ignore", "pipe"] },
-    );
-    createInterface({ input: bcd.stderr! }).on("line", (line) => {
-      bcdLog.push(line);
-      if (bcdLog.length > 2000) bcdLog.shift();
+    bcd = startBcd({
+      url: stack.url,
+      role: "node",
+      stateDir: path.join(dataDir, "agent"),
+      token,
+      args: ["--runtime-dir", runtimeDir],
     });
+    const bcdLog = () => bcd!.output("stderr").split("\n").filter(Boolean);
     const deadline = Date.now() + 60_000;
     for (;;) {
       const { hosts } = await callApi<{ hosts: { schedulable: boolean }[] }>(stack, "capacity.hosts.list", { labels: GUEST_POOL_LABELS });
       if (hosts.some((h) => h.schedulable)) break;
-      if (Date.now() > deadline) throw new Error(`bcd did not connect within 60 s:\n${bcdLog.slice(-10).join("\n")}`);
+      if (Date.now() > deadline) throw new Error(`bcd did not connect within 60 s:\n${bcdLog().slice(-10).join("\n")}`);
       await new Promise((r) => setTimeout(r, 250));
     }
     await fn({ tenant: { ...stack, adminKey: key.key }, guestsDir, bcdLog });
   } finally {
-    if (bcd && bcd.exitCode === null) {
-      bcd.kill("SIGTERM");
-      await new Promise((r) => bcd!.once("exit", r));
-    }
+    await bcd?.stop();
     // Guests outlive bcd: a failed run's are killed here, with their namespaces.
     for (const pid of await processesNaming(runtimeDir)) process.kill(pid, "SIGKILL");
     for (const id of fs.existsSync(guestsDir) ? fs.readdirSync(guestsDir) : []) await deleteNetns(netnsName(id)).catch(() => {});

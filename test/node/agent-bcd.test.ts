@@ -2,16 +2,15 @@
 // usage errors exit 2, refusals print the server's code and message and exit 1, join keeps
 // the token out of the state directory, run serves the built-in handlers and stops cleanly
 // on SIGTERM, and a restarted bcd answers a redelivered key from its journal.
-import { spawn, type ChildProcess } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { main } from "../../agent/bcd.ts";
+import { runBcd, spawnBcd } from "../../local/bcd-process.ts";
 import { FakeNodeServer } from "../../testing/fake-server.ts";
 
-const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 let server: FakeNodeServer;
 const temps: string[] = [];
 const children: ChildProcess[] = [];
@@ -38,19 +37,16 @@ interface Proc {
   exited: Promise<number>;
 }
 
+/** bcd running in a process of its own; exited answers its exit code (128 when a signal ended it, as runBcd's). */
 function start(args: string[], env: Record<string, string> = {}): Proc {
-  const child = spawn(process.execPath, ["--import", "tsx", "agent/bcd.ts", ...args], {
-    cwd: repoRoot,
-    env: { ...process.env, BC_JOIN_TOKEN: "", ...env },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  children.push(child);
-  let out = "";
-  let err = "";
-  child.stdout!.on("data", (d: Buffer) => (out += d.toString()));
-  child.stderr!.on("data", (d: Buffer) => (err += d.toString()));
-  const exited = new Promise<number>((resolve) => child.on("exit", (code, signal) => resolve(code ?? (signal ? 128 : -1))));
-  return { child, out: () => out, err: () => err, exited };
+  const bcd = spawnBcd(args, { env });
+  children.push(bcd.process);
+  return {
+    child: bcd.process,
+    out: () => bcd.output("stdout"),
+    err: () => bcd.output("stderr"),
+    exited: bcd.exited.then(({ code }) => code ?? 128),
+  };
 }
 
 /** main() in this process, with stdout and stderr captured. */
@@ -65,12 +61,6 @@ async function inProcess(args: string[]): Promise<{ code: number; out: string; e
     o.mockRestore();
     e.mockRestore();
   }
-}
-
-async function bcd(args: string[], env: Record<string, string> = {}): Promise<{ code: number; out: string; err: string }> {
-  const p = start(args, env);
-  const code = await p.exited;
-  return { code, out: p.out(), err: p.err() };
 }
 
 describe("bcd", () => {
@@ -132,7 +122,7 @@ describe("bcd", () => {
     const token = server.token();
     const tokenFile = path.join(tempDir(), "token");
     writeFileSync(tokenFile, `${token}\n`);
-    const joined = await bcd([
+    const joined = await runBcd([
       "join",
       "--url",
       server.url,

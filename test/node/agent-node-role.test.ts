@@ -3,14 +3,13 @@
 // after a restart with no control plane at all; the access file; sections and runtimes the node
 // does not have; the runtime's watch; and the AgentClient's spec and status frames. Guests are
 // SIMULATED (testing/simulated-runtime.ts): no VMM runs here.
-import { spawn } from "node:child_process";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { AgentClient } from "../../agent/client.ts";
 import { FakeNodeServer } from "../../testing/fake-server.ts";
+import { startBcd } from "../../local/bcd-process.ts";
 import { FileState, writeAtomic } from "../../agent/file-state.ts";
 import { nodeTransport } from "../../agent/node-transport.ts";
 import { nodeRole, type NodeRole, type NodeRoleOptions } from "../../agent/roles/node.ts";
@@ -228,16 +227,13 @@ describe("bcd run as a node", () => {
     const dir = await tempDir();
     const stateDir = path.join(dir, "state");
     const accessFile = path.join(dir, "authorized_keys");
-    const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-    const args = ["start", "--url", server.url, "--role", "node", "--state-dir", stateDir, "--access-file", accessFile, "--quiet"];
-    const child = spawn(process.execPath, ["--import", "tsx", "agent/bcd.ts", ...args], {
-      cwd: repoRoot,
-      env: { ...process.env, BC_JOIN_TOKEN: server.token() },
-      stdio: ["ignore", "pipe", "pipe"],
+    const bcd = startBcd({
+      url: server.url,
+      role: "node",
+      stateDir,
+      token: server.token(),
+      args: ["--access-file", accessFile, "--quiet"],
     });
-    let err = "";
-    child.stderr.on("data", (d: Buffer) => (err += d.toString()));
-    const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
     try {
       await expect.poll(() => server.hellos.length, { timeout: 30_000 }).toBeGreaterThan(0);
       const hello = server.hellos.at(-1)!;
@@ -255,8 +251,8 @@ describe("bcd run as a node", () => {
         sections: { access: { entries: { alice: { publicKey: KEY_A } } } },
       });
     } finally {
-      child.kill("SIGTERM");
-      expect(await exited, err).toBe(0);
+      bcd.process.kill("SIGTERM");
+      expect((await bcd.exited).code, bcd.output("stderr")).toBe(0);
     }
   });
 });

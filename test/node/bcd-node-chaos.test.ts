@@ -5,20 +5,20 @@
 // welcome; a restarted bcd also converges the spec it saved. Every QEMU started for the guest's
 // work dir is counted by a wrapper put first on bcd's PATH (it execs the real QEMU), so a second
 // boot cannot go unseen. Real guests (TCG), two boots in all.
-import { execFileSync, spawn } from "node:child_process";
+import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { FakeNodeServer } from "../../testing/fake-server.ts";
+import { startBcd, type BcdExit } from "../../local/bcd-process.ts";
 import type { CrashStep, InstanceObserved } from "../../agent/runtimes/index.ts";
 import { processesNaming } from "../../agent/runtimes/microvm/helpers.ts";
 import { ensureGuestImage } from "../../agent/runtimes/microvm/image.ts";
 import { deleteNetns, netnsExists } from "../../agent/runtimes/microvm/network.ts";
 import type { NodeSpec, NodeStatus } from "../../core/protocol.ts";
 
-const repo = path.resolve(import.meta.dirname, "../..");
 const base = mkdtempSync(path.join(tmpdir(), "bc-bcdchaos-"));
 const stateDir = path.join(base, "state");
 const runtimeDir = path.join(base, "rt");
@@ -60,32 +60,26 @@ function publish(spec: NodeSpec): void {
 }
 
 interface Bcd {
-  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  exited: Promise<BcdExit>;
   stderr: () => string;
   kill: (signal: NodeJS.Signals) => void;
 }
 
 /** A real bcd node, killed by its test hook at crashAt when given. */
 function bcd(crashAt?: CrashStep): Bcd {
-  const env: NodeJS.ProcessEnv = { ...process.env, BC_JOIN_TOKEN: server.token(), PATH: `${bin}:${process.env.PATH}` };
-  delete env.BC_TEST_CRASH_AT;
-  if (crashAt) env.BC_TEST_CRASH_AT = crashAt;
-  const args = ["start", "--url", server.url, "--role", "node", "--state-dir", stateDir, "--runtime-dir", runtimeDir, "--quiet"];
-  const child = spawn(process.execPath, ["--import", "tsx", "agent/bcd.ts", ...args], {
-    cwd: repo,
-    env,
-    stdio: ["ignore", "ignore", "pipe"],
+  const run = startBcd({
+    url: server.url,
+    role: "node",
+    stateDir,
+    token: server.token(),
+    args: ["--runtime-dir", runtimeDir, "--quiet"],
+    // The counting QEMU first on its PATH; the crash hook only when armed, never inherited.
+    env: { PATH: `${bin}:${process.env.PATH}`, BC_TEST_CRASH_AT: crashAt },
   });
-  children.add(child.pid!);
-  let err = "";
-  child.stderr.on("data", (d: Buffer) => (err = (err + d.toString()).slice(-8000)));
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-    child.on("exit", (code, signal) => {
-      children.delete(child.pid!);
-      resolve({ code, signal });
-    }),
-  );
-  return { exited, stderr: () => err, kill: (signal) => child.kill(signal) };
+  const pid = run.process.pid!;
+  children.add(pid);
+  const exited = run.exited.finally(() => children.delete(pid));
+  return { exited, stderr: () => run.output("stderr").slice(-8000), kill: (signal) => run.process.kill(signal) };
 }
 
 /** Starts bcd armed to die at step and waits until it has: reaching the step is the only way it dies by SIGKILL. */

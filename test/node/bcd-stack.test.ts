@@ -1,11 +1,10 @@
 // The real bcd process joins the local stack npm start runs (PGlite, bridge, wrangler dev)
 // over a real WebSocket, runs a command sent through the API, and leaves when stopped.
-import { spawn, type ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { repoRoot } from "../../local/node-store.ts";
+import { startBcd, type BcdProcess } from "../../local/bcd-process.ts";
 import { startStack, type Stack } from "../../local/stack.ts";
 import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { startRedfishEmulator } from "../../testing/redfish-emulator.ts";
@@ -16,38 +15,29 @@ const BMC_PASSWORD = "bmc-password-never-logged";
 const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-bcd-stack-"));
 const stateDir = path.join(dataDir, "agent");
 let stack: Stack;
-let bcd: ChildProcess | undefined;
-let bcdOutput = "";
+let bcd: BcdProcess | undefined;
+/** What bcd has written so far, stdout and stderr. */
+const bcdOutput = () => bcd?.output() ?? "";
 
 beforeAll(async () => {
   stack = await startStack({ dataDir });
 }, 120_000);
 
 afterAll(async () => {
-  if (bcd && bcd.exitCode === null) bcd.kill("SIGKILL");
+  bcd?.process.kill("SIGKILL");
   await stack?.stop();
   fs.rmSync(dataDir, { recursive: true, force: true });
 });
 
 const eventually = <T>(read: () => Promise<T>, done: (v: T) => boolean, what: string) =>
-  poll(read, done, what, { detail: () => `bcd said:\n${bcdOutput}` });
+  poll(read, done, what, { detail: () => `bcd said:\n${bcdOutput()}` });
 
 /** The admin's API call; anything but a 200 throws. */
 const api = (name: string, input: Record<string, unknown>) => callApi<any>(stack.url, stack.adminKey, name, input);
 
 it("joins with a site token, connects, runs a command, drives a BMC for commissioning, and disconnects on SIGTERM", async () => {
   const token = (await api("siteTokens.create", { site: "lab" })).token as string;
-  bcd = spawn(
-    process.execPath,
-    ["--import", "tsx", path.join(repoRoot, "agent", "bcd.ts"), "start", "--url", stack.url, "--role", "site", "--state-dir", stateDir],
-    {
-      cwd: repoRoot,
-      env: { ...process.env, BC_JOIN_TOKEN: token },
-      stdio: ["ignore", "pipe", "pipe"],
-    },
-  );
-  bcd.stdout!.on("data", (d) => (bcdOutput += d));
-  bcd.stderr!.on("data", (d) => (bcdOutput += d));
+  bcd = startBcd({ url: stack.url, role: "site", stateDir, token });
 
   const site = await eventually(
     async () => (await api("nodes.list", { role: "site" })).nodes as any[],
@@ -69,7 +59,7 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
   // The whole secret half: base64url may itself contain "_".
   const secret = /^bcj_[0-9a-f]{16}_(.{43})$/.exec(token)![1]!;
   for (const file of fs.readdirSync(stateDir)) expect(fs.readFileSync(path.join(stateDir, file), "utf8")).not.toContain(secret);
-  expect(bcdOutput).not.toContain(secret);
+  expect(bcdOutput()).not.toContain(secret);
 
   // The site role: bcd drives a (simulated) BMC for commissioning, the password resolved at delivery.
   const bmc = await startRedfishEmulator({ machines: 1, username: "admin", password: BMC_PASSWORD });
@@ -95,13 +85,13 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
       true,
     );
     for (const file of fs.readdirSync(stateDir)) expect(fs.readFileSync(path.join(stateDir, file), "utf8")).not.toContain(BMC_PASSWORD);
-    expect(bcdOutput).not.toContain(BMC_PASSWORD);
+    expect(bcdOutput()).not.toContain(BMC_PASSWORD);
   } finally {
     await bmc.stop();
   }
 
-  bcd.kill("SIGTERM");
-  const code = await new Promise<number | null>((resolve) => bcd!.once("exit", (c) => resolve(c)));
+  bcd.process.kill("SIGTERM");
+  const { code } = await bcd.exited;
   expect(code).toBe(0);
   await eventually(
     async () => (await api("nodes.get", { node: node.id })).state,

@@ -5,7 +5,7 @@
 // SIMULATED: the FakeDaemon host's runtime (testing/simulated-runtime.ts: no guest boots) and
 // the resources it reports. Two real guests boot in all (one after the other): keep it so, the
 // machine's 2 cores are shared.
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
@@ -18,7 +18,7 @@ import { netnsExists, netnsName } from "../../agent/runtimes/microvm/network.ts"
 import { FakeDaemon } from "../../testing/index.ts";
 import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { simulatedRuntime } from "../../testing/simulated-runtime.ts";
-import { repoRoot } from "../../local/node-store.ts";
+import { startBcd, type BcdProcess } from "../../local/bcd-process.ts";
 import { startStack, type Stack } from "../../local/stack.ts";
 import { eventually as poll } from "../support/eventually.ts";
 
@@ -33,8 +33,9 @@ const runtimeDir = path.join(dataDir, "runtime");
 /** Where the qemu-microvm runtime keeps each guest's work dir (<root>/<instance id>). */
 const guestsDir = path.join(runtimeDir, "qemu-microvm");
 let stack: Stack;
-let bcd: ChildProcess | undefined;
-let bcdOutput = "";
+let bcd: BcdProcess | undefined;
+/** What bcd has written so far, stdout and stderr. */
+const bcdOutput = () => bcd?.output() ?? "";
 let fake: FakeDaemon | undefined;
 
 beforeAll(async () => {
@@ -44,10 +45,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await fake?.stop();
-  if (bcd && bcd.exitCode === null) {
-    bcd.kill("SIGTERM");
-    await new Promise((r) => bcd!.once("exit", r));
-  }
+  await bcd?.stop();
   // Whatever a failed run left: the guests' VMMs and namespaces.
   for (const pid of await processesNaming(runtimeDir)) process.kill(pid, "SIGKILL");
   for (const id of fs.existsSync(guestsDir) ? fs.readdirSync(guestsDir) : [])
@@ -60,7 +58,7 @@ afterAll(async () => {
 const ok = (name: string, input: Record<string, unknown>, key = stack.adminKey) => callApi<any>(stack.url, key, name, input);
 
 const eventually = <T>(read: () => Promise<T>, done: (v: T) => boolean, what: string, ms = 60_000) =>
-  poll(read, done, what, { ms, intervalMs: 250, detail: () => `bcd said:\n${bcdOutput.slice(-4000)}` });
+  poll(read, done, what, { ms, intervalMs: 250, detail: () => `bcd said:\n${bcdOutput().slice(-4000)}` });
 
 /** What a guest leaves on its host while it exists: its VMM, its work dir, its network namespace. */
 async function leftovers(id: string): Promise<string[]> {
@@ -85,28 +83,9 @@ it("a tenant's three instances on a real bcd node and a simulated host: placed b
 
   // ---- host 1: the real bcd, joined with the pool's label; this machine's CPUs take one guest of the flavor.
   const realToken = (await ok("joinTokens.create", { role: "node", labels: POOL_LABELS })).token as string;
-  bcd = spawn(
-    process.execPath,
-    [
-      "--import",
-      "tsx",
-      path.join(repoRoot, "agent", "bcd.ts"),
-      "start",
-      "--url",
-      stack.url,
-      "--role",
-      "node",
-      "--state-dir",
-      stateDir,
-      "--runtime-dir",
-      runtimeDir,
-    ],
-    { cwd: repoRoot, env: { ...process.env, BC_JOIN_TOKEN: realToken }, stdio: ["ignore", "pipe", "pipe"] },
-  );
-  bcd.stdout!.on("data", (d) => (bcdOutput += d));
-  bcd.stderr!.on("data", (d) => (bcdOutput += d));
+  bcd = startBcd({ url: stack.url, role: "node", stateDir, token: realToken, args: ["--runtime-dir", runtimeDir] });
   const real = (await eventually(
-    async () => /joined as (\S+) /.exec(bcdOutput)?.[1],
+    async () => /joined as (\S+) /.exec(bcdOutput())?.[1],
     (id) => id !== undefined,
     "bcd joining",
   ))!;
@@ -185,7 +164,7 @@ it("a tenant's three instances on a real bcd node and a simulated host: placed b
   expect(consoleTail).toMatchObject({ host: real, stale: false, error: null });
   expect(consoleTail.console).toContain("bc-report ");
   // The console bytes are the tenant's: never in the host's log.
-  expect(bcdOutput).not.toContain(marker);
+  expect(bcdOutput()).not.toContain(marker);
 
   // ---- deleting the real guest removes it wholly, frees the host, and the pending third takes its place
   await ok("vps.instances.delete", { id: onReal.id }, tenant);
@@ -227,7 +206,7 @@ it("a tenant's three instances on a real bcd node and a simulated host: placed b
   expect(await processesNaming(runtimeDir)).toEqual([]);
   for (const host of [real, simulated]) expect((await ok("capacity.hosts.get", { node: host })).reservations).toBe(0);
 
-  bcd.kill("SIGTERM");
-  expect(await new Promise<number | null>((resolve) => bcd!.once("exit", (c) => resolve(c)))).toBe(0);
+  bcd.process.kill("SIGTERM");
+  expect((await bcd.exited).code).toBe(0);
   expect(await processesNaming(runtimeDir)).toEqual([]);
 }, 900_000);

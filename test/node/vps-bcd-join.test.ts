@@ -6,7 +6,7 @@
 // SIMULATED: the provider (the emulator) and the instance's cloud-init (this test, paths under a
 // temporary root). The control plane is the real betterCompute (vps module, JoinService) on PGlite,
 // in process (testing/metal-sim-control-plane.ts), served over node:http for bcd.
-import { execFileSync, spawn } from "node:child_process";
+import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -19,7 +19,7 @@ import { startHetznerCloudEmulator, type HetznerCloudEmulator } from "better-com
 import { vps } from "better-compute/vps";
 import { recordingFetch } from "better-compute/vps/record-replay";
 import { inProcessControlPlane, type SimControlPlane } from "../../testing/metal-sim-control-plane.ts";
-import { repoRoot } from "../../local/node-store.ts";
+import { runBcd } from "../../local/bcd-process.ts";
 import { eventually } from "../support/eventually.ts";
 
 const HCLOUD_TOKEN = "hcloud-bcd-join-token-Qw7Er4Ty1Ui8";
@@ -63,20 +63,6 @@ function tempDir(): string {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-vps-bcd-"));
   temps.push(dir);
   return dir;
-}
-
-/** The real bcd CLI in a process of its own, as the instance runs it. */
-function bcd(args: string[]): Promise<{ code: number; out: string; err: string }> {
-  const child = spawn(process.execPath, ["--import", "tsx", "agent/bcd.ts", ...args], {
-    cwd: repoRoot,
-    env: { ...process.env, BC_JOIN_TOKEN: "" },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let out = "";
-  let err = "";
-  child.stdout.on("data", (d: Buffer) => (out += d.toString()));
-  child.stderr.on("data", (d: Buffer) => (err += d.toString()));
-  return new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code: code ?? (signal ? 128 : -1), out, err })));
 }
 
 /**
@@ -178,11 +164,11 @@ it("an agent: bcd pool's instance joins as its node with the token from its user
   // Presented as an operator's join token (bcd's default attestor), it is refused and stays usable.
   const elsewhere = tempDir();
   const withoutAttestor = join!.filter((arg, i) => arg !== "--attestor" && join![i - 1] !== "--attestor");
-  const asJoinToken = await bcd(withoutAttestor.slice(1).map((arg) => (arg === onInstance("/var/lib/bcd") ? elsewhere : arg)));
+  const asJoinToken = await runBcd(withoutAttestor.slice(1).map((arg) => (arg === onInstance("/var/lib/bcd") ? elsewhere : arg)));
   expect(asJoinToken.code).toBe(1);
   expect(asJoinToken.err).toContain("bcd: join failed: PERMISSION_DENIED: the join token is unknown or was already used");
 
-  const joined = await bcd(join!.slice(1));
+  const joined = await runBcd(join!.slice(1));
   expect(joined.code, joined.err).toBe(0);
   const nodeId = /^joined as (\S+) \(node\)/.exec(joined.out)?.[1];
   expect(nodeId).toBeDefined();
@@ -209,7 +195,7 @@ it("an agent: bcd pool's instance joins as its node with the token from its user
   // Used up: the same token again (another machine, a replayed user data) is refused.
   const again = tempDir();
   fs.writeFileSync(path.join(again, "join-token"), token);
-  const second = await bcd(
+  const second = await runBcd(
     join!
       .slice(1)
       .map(

@@ -1,14 +1,13 @@
 // A control plane for attestor tests: the real betterCompute (JoinService and the API) with the
 // attestors under test, on PGlite, served over node:http so the real bcd CLI joins it in a
 // process of its own. Nothing is simulated but the machine's hardware and cloud.
-import { spawn } from "node:child_process";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { sql } from "drizzle-orm";
 import { betterCompute, type Extension } from "better-compute";
 import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { applyMigrations } from "../../core/store/migrate.ts";
-import { coreMigrations, openNodeStore, repoRoot, type NodeStore } from "../../local/node-store.ts";
+import { coreMigrations, openNodeStore, type NodeStore } from "../../local/node-store.ts";
 import { startPglite } from "../../local/pglite-server.ts";
 
 export interface AttestorPlane {
@@ -84,16 +83,5 @@ export async function attestorPlane(attestors: Extension[]): Promise<AttestorPla
   }
 }
 
-/** The real bcd CLI in a process of its own. */
-export function bcd(args: string[], env: Record<string, string> = {}): Promise<{ code: number; out: string; err: string }> {
-  const child = spawn(process.execPath, ["--import", "tsx", "agent/bcd.ts", ...args], {
-    cwd: repoRoot,
-    env: { ...process.env, BC_JOIN_TOKEN: "", ...env },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let out = "";
-  let err = "";
-  child.stdout.on("data", (d: Buffer) => (out += d.toString()));
-  child.stderr.on("data", (d: Buffer) => (err += d.toString()));
-  return new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code: code ?? (signal ? 128 : -1), out, err })));
-}
+/** The real bcd CLI in a process of its own, to its end. */
+export { runBcd as bcd } from "../../local/bcd-process.ts";

@@ -47,6 +47,8 @@ ${Object.entries(evidenceProducers)
             [--access-file FILE]       role node: the authorized_keys file the NodeSpec's access section owns
             [--firecracker-bin PATH]   role node: the firecracker binary (the firecracker runtime)
   bcd start --url URL [--attestor ID] <its flags> --role ROLE --state-dir DIR [run options]   join unless already joined, then run
+  bcd run|start ... --check    check the options and the state directory, connect nowhere, exit 0 if they would do
+  bcd version                  print bcd's and Node's versions
   bcd help`;
 
 const ROLES: readonly Role[] = ["site", "node", "ramdisk"];
@@ -98,6 +100,8 @@ interface Parsed {
   labels: Record<string, string>;
   heartbeatMs?: number;
   quiet: boolean;
+  /** --check: validate, connect nowhere. */
+  check: boolean;
   runtimeDir?: string;
   accessFile?: string;
   firecrackerBin?: string;
@@ -106,6 +110,8 @@ interface Parsed {
 function parse(argv: string[]): Parsed {
   const [command, ...rest] = argv;
   if (!command || command === "help" || command === "--help" || command === "-h") throw new UsageError("");
+  if (command === "version" || command === "--version")
+    return { command: "version", labels: {}, attestor: "", flags: {}, quiet: true, check: false };
   if (!["join", "run", "start"].includes(command)) throw new UsageError(`unknown command: ${command}`);
   let values;
   try {
@@ -126,6 +132,7 @@ function parse(argv: string[]): Parsed {
         "runtime-dir": { type: "string" },
         "access-file": { type: "string" },
         "firecracker-bin": { type: "string" },
+        check: { type: "boolean" },
       },
     }));
   } catch (e) {
@@ -145,7 +152,8 @@ function parse(argv: string[]): Parsed {
   }
   const attestor = values.attestor ?? "join-token";
   if (!ATTESTORS.includes(attestor)) throw new UsageError(`--attestor wants ${ATTESTORS.join("|")}, got ${attestor}`);
-  const p: Parsed = { command, labels, attestor, flags: values, quiet: values.quiet ?? false };
+  const p: Parsed = { command, labels, attestor, flags: values, quiet: values.quiet ?? false, check: values.check ?? false };
+  if (p.check && command === "join") throw new UsageError("--check is for run and start");
   if (values.url !== undefined) p.url = values.url;
   if (values.role !== undefined) p.role = values.role;
   if (values["state-dir"] !== undefined) p.stateDir = values["state-dir"];
@@ -155,6 +163,7 @@ function parse(argv: string[]): Parsed {
   if (values["access-file"] !== undefined) p.accessFile = values["access-file"];
   if (values["firecracker-bin"] !== undefined) p.firecrackerBin = values["firecracker-bin"];
   if (!p.stateDir) throw new UsageError("--state-dir is required");
+  if (p.url === "") throw new UsageError("--url is empty: give the control plane's URL (https://…)");
   if (p.url !== undefined && !/^https?:\/\//i.test(p.url)) throw new UsageError(`--url must be http:// or https://, got ${p.url}`);
   return p;
 }
@@ -250,6 +259,38 @@ async function hostResources(runtimeDir: string): Promise<NonNullable<HelloFrame
   };
 }
 
+/**
+ * `--check`: what `run` or `start` would need before it connects (a usable state directory; an
+ * identity to run with, or the URL and role to join with), checked without connecting. A systemd
+ * unit runs it as ExecStartPre, so a bad configuration fails with one line in the journal.
+ */
+async function check(p: Parsed, state: FileState): Promise<number> {
+  try {
+    await mkdir(p.stateDir!, { recursive: true, mode: 0o700 });
+    await access(p.stateDir!, constants.W_OK);
+  } catch (e) {
+    process.stderr.write(`bcd: the state directory ${p.stateDir} is not usable: ${(e as Error).message}\n`);
+    return 1;
+  }
+  const identity = await state.loadIdentity();
+  if (identity) {
+    process.stdout.write(`bcd: configuration OK: joined as ${identity.nodeId} (${identity.role})\n`);
+    return 0;
+  }
+  if (p.command === "run") {
+    process.stderr.write(`bcd: ${p.stateDir} holds no identity: join first (bcd join or bcd start)\n`);
+    return 1;
+  }
+  try {
+    const join = joinArgs(p);
+    process.stdout.write(`bcd: configuration OK: not joined yet; will join ${join.url} as ${join.role} (${join.attestor})\n`);
+    return 0;
+  } catch (e) {
+    process.stderr.write(`bcd: ${(e as Error).message}\n`);
+    return 2;
+  }
+}
+
 function joinArgs(p: Parsed): JoinArgs {
   if (!p.url) throw new UsageError(`${p.command} needs --url`);
   if (!p.role || !ROLES.includes(p.role as Role)) throw new UsageError(`${p.command} needs --role ${ROLES.join("|")}`);
@@ -268,7 +309,12 @@ export async function main(argv: string[]): Promise<number> {
     }
     throw e;
   }
+  if (p.command === "version") {
+    process.stdout.write(`bcd ${AGENT_VERSION} (node ${process.version})\n`);
+    return 0;
+  }
   const state = new FileState(p.stateDir!);
+  if (p.check) return check(p, state);
   const log = stderrLogger(p.quiet);
   let client: AgentClient | undefined;
   const bootId = crypto.randomUUID();

@@ -1,6 +1,6 @@
-// The one way to run the real `bcd` CLI in a child process of its own (`node --import tsx agent/bcd.ts …`,
-// from the repository root): npm run dev's site agent and VM host, the bench, and the tests that need
-// the real thing. startBcd runs `bcd start`; spawnBcd any other long-running command (`bcd run`);
+// The one way to run the real `bcd` CLI in a child process of its own (`node --import tsx agent/bcd.ts …`
+// from the repository root, or an installed build's launcher): npm run dev's site agent and VM host,
+// the bench, and the tests that need the real thing. startBcd runs `bcd start`; spawnBcd any other long-running command (`bcd run`);
 // runBcd a one-shot command (`bcd join`) and answers its exit code and output.
 //
 // A join token reaches bcd only in its environment (BC_JOIN_TOKEN), never on its command line; one
@@ -13,6 +13,11 @@ import { formatLogLine } from "./stack.ts";
 import { stopChild } from "./child.ts";
 
 export interface BcdSpawnOptions {
+  /**
+   * The bcd to run: an installed launcher (`/usr/bin/bcd`, or a build's `root/usr/bin/bcd`: see
+   * agent/build/bcd.ts). Default the repository's agent/bcd.ts under tsx.
+   */
+  bcd?: string;
   /** More environment over this process's; a variable given as undefined is removed (e.g. a test hook it must not inherit). */
   env?: Record<string, string | undefined>;
   /**
@@ -70,7 +75,8 @@ export function spawnBcd(args: string[], options: BcdSpawnOptions = {}): BcdProc
     if (value === undefined) delete env[name];
     else env[name] = value;
   }
-  const child = spawn(process.execPath, ["--import", "tsx", path.join(repoRoot, "agent", "bcd.ts"), ...args], {
+  const [program, ...prefix] = options.bcd ? [options.bcd] : [process.execPath, "--import", "tsx", path.join(repoRoot, "agent", "bcd.ts")];
+  const child = spawn(program!, [...prefix, ...args], {
     cwd: repoRoot,
     env,
     stdio: ["ignore", "pipe", "pipe"],
@@ -108,7 +114,7 @@ export function spawnBcd(args: string[], options: BcdSpawnOptions = {}): BcdProc
 /** A one-shot bcd command (`join …`) to its end: its exit code (128 when a signal ended it) and what it wrote. */
 export async function runBcd(
   args: string[],
-  options: Pick<BcdSpawnOptions, "env"> = {},
+  options: Pick<BcdSpawnOptions, "env" | "bcd"> = {},
 ): Promise<{ code: number; out: string; err: string }> {
   const bcd = spawnBcd(args, options);
   const { code } = await bcd.exited;

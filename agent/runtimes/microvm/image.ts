@@ -4,13 +4,12 @@
 // directory named by the digest of its inputs, and reused while they are unchanged.
 // docs/guest-image.md describes what is in it and what the init does.
 import { execFile, spawn } from "node:child_process";
-import { createHash, randomBytes } from "node:crypto";
-import { createReadStream } from "node:fs";
 import fs from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { AgentError } from "../../contracts.ts";
+import { cachedBuild, describeFile, sha256, sha256File, type BuiltFile } from "../../build/cache.ts";
 
 /** Bumped whenever the build itself changes what it produces (it is part of the digest). */
 export const GUEST_IMAGE_BUILDER_VERSION = "1";
@@ -34,18 +33,13 @@ const GUEST_MODULES = [
   "evdev",
 ];
 const ROOTFS_BYTES = 64 * 1024 * 1024;
-const ABANDONED_BUILD_MS = 60 * 60 * 1000;
 const INIT_SCRIPT = fileURLToPath(new URL("./guest/init.sh", import.meta.url));
 const PACKAGE_NAME = /^[a-z0-9][a-z0-9+.-]+$/;
 const PACKAGE_VERSION = /^[A-Za-z0-9.+~:-]+$/;
 const LZ4_MAGIC = Buffer.from([0x02, 0x21, 0x4c, 0x18]);
 
-export interface GuestImageFile {
-  /** The file's name inside the image directory. */
-  file: string;
-  sha256: string;
-  bytes: number;
-}
+/** A file of the image: its name inside the image directory, sha256 and size. */
+export type GuestImageFile = BuiltFile;
 
 export interface GuestImageManifest {
   name: typeof GUEST_IMAGE_NAME;
@@ -143,72 +137,23 @@ export async function ensureGuestImage(opts: EnsureGuestImageOptions = {}): Prom
   const digest = sha256(
     JSON.stringify({ builder: GUEST_IMAGE_BUILDER_VERSION, init, packages, extra, hostLibc, modules: GUEST_MODULES, rootfs: ROOTFS_BYTES }),
   );
-  const dir = path.join(cacheDir, digest);
-  const existing = await readImage(dir);
-  if (existing) {
-    log(`guest image ${digest.slice(0, 12)} reused (${dir})`);
-    return existing;
-  }
-
-  await fs.mkdir(cacheDir, { recursive: true });
-  await removeAbandonedBuilds(cacheDir);
-  const work = path.join(cacheDir, `.build-${digest.slice(0, 12)}-${randomBytes(4).toString("hex")}`);
-  try {
-    log(`building guest image ${digest.slice(0, 12)} (kernel ${kernelPackage} ${versions[kernelPackage]})`);
-    const manifest = await build({ run, log, cacheDir, work, init, digest, kernelPackage, versions, extra, hostLibc });
-    await fs.writeFile(path.join(work, "image", "manifest.json"), JSON.stringify(manifest, null, 2) + "\n");
-    await moveIntoPlace(path.join(work, "image"), dir, log);
-  } finally {
-    await fs.rm(work, { recursive: true, force: true });
-  }
-  const image = await readImage(dir);
-  if (!image) throw new AgentError("DRIVER_ERROR", `the guest image in ${dir} is incomplete`);
-  log(`guest image ${digest.slice(0, 12)} ready (${dir})`);
-  return image;
+  const built = await cachedBuild<GuestImageManifest>({
+    cacheDir,
+    digest,
+    what: "guest image",
+    log,
+    files: (m) => [m.kernel, m.initrd, m.rootfs],
+    build: (out, work) => {
+      log(`the guest image's kernel: ${kernelPackage} ${versions[kernelPackage]}`);
+      return build({ run, log, cacheDir, work, out, init, digest, kernelPackage, versions, extra, hostLibc });
+    },
+  });
+  return imageIn(built.dir, built.manifest);
 }
 
-/**
- * Renames a finished build to its digest's directory. If another caller got there first, its
- * complete image stays and ours is dropped; an incomplete one (files deleted or truncated by
- * hand) is replaced.
- */
-async function moveIntoPlace(built: string, dir: string, log: (msg: string) => void): Promise<void> {
-  try {
-    await fs.rename(built, dir);
-    return;
-  } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    if (code !== "ENOTEMPTY" && code !== "EEXIST") throw e;
-  }
-  if (await readImage(dir)) {
-    log(`guest image ${path.basename(dir).slice(0, 12)} was built concurrently; using that one`);
-    return;
-  }
-  log(`replacing the incomplete guest image in ${dir}`);
-  const broken = `${built}-broken`;
-  await fs.rename(dir, broken);
-  await fs.rm(broken, { recursive: true, force: true });
-  await fs.rename(built, dir);
-}
-
-/** Build directories a killed builder left behind (a build takes minutes, not an hour). */
-async function removeAbandonedBuilds(cacheDir: string): Promise<void> {
-  for (const entry of await fs.readdir(cacheDir)) {
-    if (!entry.startsWith(".build-")) continue;
-    const stat = await fs.stat(path.join(cacheDir, entry)).catch(() => undefined);
-    if (stat && Date.now() - stat.mtimeMs > ABANDONED_BUILD_MS) await fs.rm(path.join(cacheDir, entry), { recursive: true, force: true });
-  }
-}
-
-/** A complete image in dir (its manifest is written last, before the rename; every file has its recorded size), or undefined. */
-async function readImage(dir: string): Promise<GuestImage | undefined> {
-  let manifest: GuestImageManifest;
-  try {
-    manifest = JSON.parse(await fs.readFile(path.join(dir, "manifest.json"), "utf8")) as GuestImageManifest;
-  } catch {
-    return undefined;
-  }
-  const image: GuestImage = {
+/** The image's files, where its build directory keeps them. */
+function imageIn(dir: string, manifest: GuestImageManifest): GuestImage {
+  return {
     name: GUEST_IMAGE_NAME,
     dir,
     kernel: path.join(dir, manifest.kernel.file),
@@ -217,15 +162,6 @@ async function readImage(dir: string): Promise<GuestImage | undefined> {
     rootfsBytes: manifest.rootfs.bytes,
     manifest,
   };
-  for (const [file, expected] of [
-    [image.kernel, manifest.kernel],
-    [image.initrd, manifest.initrd],
-    [image.rootfs, manifest.rootfs],
-  ] as const) {
-    const stat = await fs.stat(file).catch(() => undefined);
-    if (stat?.size !== expected.bytes) return undefined;
-  }
-  return image;
 }
 
 async function resolveKernelPackage(run: RunProgram): Promise<string> {
@@ -265,6 +201,8 @@ interface BuildInput {
   log: (msg: string) => void;
   cacheDir: string;
   work: string;
+  /** Where the image's files go (the build directory). */
+  out: string;
   init: string;
   digest: string;
   kernelPackage: string;
@@ -274,11 +212,10 @@ interface BuildInput {
 }
 
 async function build(b: BuildInput): Promise<GuestImageManifest> {
-  const { run, work } = b;
-  const out = path.join(work, "image");
+  const { run, work, out } = b;
   const initramfs = path.join(work, "initramfs");
   const rootfsTree = path.join(work, "rootfs");
-  for (const d of [out, initramfs, rootfsTree]) await fs.mkdir(d, { recursive: true });
+  for (const d of [initramfs, rootfsTree]) await fs.mkdir(d, { recursive: true });
 
   const packages: GuestImageManifest["packages"] = [];
   const trees: Record<string, string> = {};
@@ -332,11 +269,7 @@ async function build(b: BuildInput): Promise<GuestImageManifest> {
   await fs.truncate(path.join(out, rootfsFile), ROOTFS_BYTES);
   await run("mke2fs", ["-q", "-F", "-t", "ext4", "-L", "bc-root", "-E", "root_owner=0:0", "-d", rootfsTree, path.join(out, rootfsFile)]);
 
-  const describe = async (file: string): Promise<GuestImageFile> => ({
-    file,
-    sha256: await sha256File(path.join(out, file)),
-    bytes: (await fs.stat(path.join(out, file))).size,
-  });
+  const describe = (file: string): Promise<GuestImageFile> => describeFile(out, file);
   return {
     name: GUEST_IMAGE_NAME,
     digest: b.digest,
@@ -492,14 +425,4 @@ async function exists(file: string): Promise<boolean> {
     () => true,
     () => false,
   );
-}
-
-function sha256(text: string): string {
-  return createHash("sha256").update(text).digest("hex");
-}
-
-async function sha256File(file: string): Promise<string> {
-  const hash = createHash("sha256");
-  for await (const chunk of createReadStream(file)) hash.update(chunk as Buffer);
-  return hash.digest("hex");
 }

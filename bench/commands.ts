@@ -15,6 +15,7 @@ import { sql } from "drizzle-orm";
 import { WebSocket } from "ws";
 import { nodeTransport } from "../agent/node-transport.ts";
 import { FakeDaemon } from "../testing/index.ts";
+import { one, rows } from "../core/store/database.ts";
 import { openNodeStore } from "../local/node-store.ts";
 import { cpuLine, cpuShares, cpuSnapshot, percentile, type CpuShare } from "./load.ts";
 import { printQueryStats, readQueryStats } from "./query-stats.ts";
@@ -165,12 +166,11 @@ export const commandsSection: BenchSection = {
         ctx.log(`  bare:     ${cpuLine(echoes.cpu)}`);
 
         // ---- every command was recorded succeeded, every echo was inserted
-        const states = (
-          await db.db.execute(
-            sql`SELECT state, count(*)::int AS n FROM bc_commands WHERE node_id = ${nodeId} GROUP BY state ORDER BY state`,
-          )
-        ).rows as { state: string; n: number }[];
-        const inserted = Number(((await db.db.execute(sql`SELECT count(*)::int AS n FROM bench_echo`)).rows[0] as { n: number }).n);
+        const states = await rows<{ state: string; n: number }>(
+          db.db,
+          sql`SELECT state, count(*)::int AS n FROM bc_commands WHERE node_id = ${nodeId} GROUP BY state ORDER BY state`,
+        );
+        const inserted = Number((await one<{ n: number }>(db.db, sql`SELECT count(*)::int AS n FROM bench_echo`))!.n);
         const succeeded = states.find((s) => s.state === "succeeded")?.n ?? 0;
         ctx.log(
           `recorded: ${states.map((s) => `${s.n} ${s.state}`).join(", ")} of ${warmup + n} commands (${warmup} warm-up); ${inserted} echo rows of ${warmup + n}`,

@@ -6,7 +6,8 @@
 // is followed at once by the next). Per phase and provider: instances per second, each instance's
 // time from request to done, provider calls per instance (the emulators' own counters) and
 // Postgres round trips per instance.
-import { sql } from "drizzle-orm";
+import { sql, type SQL } from "drizzle-orm";
+import { rows } from "better-compute/core";
 import { hetznerCloudProvider } from "better-compute/hetzner-cloud";
 import { hetznerRobotProvider } from "better-compute/hetzner-robot";
 import { proxmoxProvider } from "better-compute/proxmox";
@@ -206,11 +207,11 @@ function row(phase: string, provider: string, t: Timing, callsPerInstance: numbe
 let observerTrips = 0;
 
 /** Runs a read of the bench's own, its round trips kept out of the figures. */
-async function observe<T>(cp: SimControlPlane, query: Parameters<SimControlPlane["store"]["db"]["execute"]>[0]): Promise<T[]> {
+async function observe<T extends object = Record<string, unknown>>(cp: SimControlPlane, query: SQL): Promise<T[]> {
   const before = cp.roundTrips();
-  const found = await cp.store.db.execute(query);
+  const found = await rows<T>(cp.store.db, query);
   observerTrips += cp.roundTrips() - before;
-  return found.rows as T[];
+  return found;
 }
 
 /**

@@ -2,6 +2,7 @@
 // at once, timed until the whole batch has finished; and Postgres round trips per step, counted
 // at the driver by the bench Worker's round-trip hook (GET /bench/query-stats), on either database.
 import { sql } from "drizzle-orm";
+import { one } from "../core/store/database.ts";
 import { openNodeStore } from "../local/node-store.ts";
 import { mergeQueries, printQueryStats, readQueryStats, type QueryKindStats } from "./query-stats.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
@@ -76,10 +77,12 @@ export const workflowsSection: BenchSection = {
           async (i) => (await callApi<{ id: string }>(stack, "workflows.start", { profile: "bench.tenSteps", target: `bench-${i}` })).id,
         );
         for (;;) {
-          const result = await observer.db.execute(sql`
+          const { running, failed } = (await one<{ running: number; failed: number }>(
+            observer.db,
+            sql`
             SELECT count(*) FILTER (WHERE state = 'running')::int AS running, count(*) FILTER (WHERE state = 'failed')::int AS failed
-            FROM workflows WHERE id = ANY(${`{${ids.join(",")}}`}::text[])`);
-          const { running, failed } = result.rows[0] as { running: number; failed: number };
+            FROM workflows WHERE id = ANY(${`{${ids.join(",")}}`}::text[])`,
+          ))!;
           if (failed > 0) throw new Error(`${failed} bench workflows failed`);
           if (running === 0) break;
           if (performance.now() - started > 120_000) throw new Error(`${running} of ${size} workflows still running after 120 s`);

@@ -10,6 +10,7 @@ import { parseArgs } from "node:util";
 import { sql } from "drizzle-orm";
 import type { Compute } from "../core/compute.ts";
 import { sha256Hex } from "../core/encoding.ts";
+import { one, rows } from "../core/store/database.ts";
 import { coreMigrations, openNodeStore, repoRoot, type NodeStore } from "../local/node-store.ts";
 import { dataDirCandidates, findRunningStack, relative, UsageError } from "./connection.ts";
 
@@ -339,8 +340,11 @@ async function checkMigrations(store: NodeStore, compute: Compute | undefined, f
   const migrations = [...coreMigrations(), ...(compute?.migrations() ?? [])];
   const applied = new Map<string, string>();
   if (await tableExists(store, "bc_migrations")) {
-    const rows = await withTimeout(store.db.execute(sql`SELECT name, sha256 FROM bc_migrations`), "reading bc_migrations");
-    for (const row of rows.rows as { name: string; sha256: string }[]) applied.set(row.name, row.sha256);
+    const found = await withTimeout(
+      rows<{ name: string; sha256: string }>(store.db, sql`SELECT name, sha256 FROM bc_migrations`),
+      "reading bc_migrations",
+    );
+    for (const row of found) applied.set(row.name, row.sha256);
   }
   const missing: string[] = [];
   const changed: string[] = [];
@@ -405,10 +409,10 @@ async function checkAdminKey(store: NodeStore, compute: Compute | undefined, fin
     return;
   }
   const found = await withTimeout(
-    store.db.execute(sql`SELECT count(*)::int AS n FROM bc_api_keys WHERE revoked_at IS NULL AND 'admin' = ANY(roles)`),
+    one<{ n: number }>(store.db, sql`SELECT count(*)::int AS n FROM bc_api_keys WHERE revoked_at IS NULL AND 'admin' = ANY(roles)`),
     "counting admin keys",
   );
-  const admins = (found.rows[0] as { n: number }).n;
+  const admins = found!.n;
   const custom = compute.options.iam !== undefined;
   if (admins > 0) {
     findings.push({
@@ -428,8 +432,11 @@ async function checkAdminKey(store: NodeStore, compute: Compute | undefined, fin
 }
 
 async function tableExists(store: NodeStore, table: string): Promise<boolean> {
-  const found = await withTimeout(store.db.execute(sql`SELECT to_regclass(${table}) IS NOT NULL AS present`), `looking for ${table}`);
-  return (found.rows[0] as { present: boolean }).present;
+  const found = await withTimeout(
+    one<{ present: boolean }>(store.db, sql`SELECT to_regclass(${table}) IS NOT NULL AS present`),
+    `looking for ${table}`,
+  );
+  return found!.present;
 }
 
 /** The URL without its password, or undefined when it is not a URL. */

@@ -5,6 +5,7 @@ import { z } from "zod";
 import { defineMethod, defineModule, type Module } from "./contracts.ts";
 import { invalidArgument } from "./errors.ts";
 import { resourceId } from "./schemas.ts";
+import { rows } from "./store/database.ts";
 
 const entry = z.object({
   /** The row's place in the record: the cursor for after. */
@@ -20,7 +21,6 @@ const entry = z.object({
 export function auditModule(): Module {
   const auditList = defineMethod({
     name: "audit.list",
-    action: "audit.list",
     readOnly: true,
     description:
       "The audit record of mutating calls, oldest first (order: desc for newest first); filter by actor, action, resource and time; page with after: the previous page's next",
@@ -58,7 +58,9 @@ export function auditModule(): Module {
       const resource = resourcePrefix === undefined ? input.resource : undefined;
       const newestFirst = input.order === "desc";
       const after = input.after ?? null;
-      const rows = await tx.execute(sql`
+      const found = await rows<Record<string, any>>(
+        tx,
+        sql`
         SELECT * FROM bc_audit
         WHERE (${input.actor ?? null}::text IS NULL OR actor = ${input.actor ?? null})
           AND (${action ?? null}::text IS NULL OR action = ${action ?? null})
@@ -68,8 +70,9 @@ export function auditModule(): Module {
           AND (${input.from ?? null}::timestamptz IS NULL OR at >= ${input.from ?? null}::timestamptz)
           AND (${input.to ?? null}::timestamptz IS NULL OR at < ${input.to ?? null}::timestamptz)
           AND (${after}::bigint IS NULL OR ${newestFirst ? sql`id < ${after}::bigint` : sql`id > ${after}::bigint`})
-        ORDER BY id ${newestFirst ? sql`DESC` : sql`ASC`} LIMIT ${input.limit}`);
-      const entries = (rows.rows as Record<string, any>[]).map((r) => ({
+        ORDER BY id ${newestFirst ? sql`DESC` : sql`ASC`} LIMIT ${input.limit}`,
+      );
+      const entries = found.map((r) => ({
         id: String(r.id),
         actor: r.actor,
         action: r.action,

@@ -9,7 +9,7 @@ import { ComputeError, invalidArgument, notFound, schemaIssues } from "./errors.
 import { isSecretRef } from "./schemas.ts";
 import type { Principal } from "./iam.ts";
 import type { Logger } from "./log.ts";
-import { sendWithCommit, type Store, type Tx } from "./store/database.ts";
+import { one, rows, sendWithCommit, type Store, type Tx } from "./store/database.ts";
 
 export interface EventInput {
   /** Dotted type, e.g. "widget.created". */
@@ -430,7 +430,15 @@ export function databaseCommands(
       // one node do not wait for each other, and a revocation waits for them (or they see it).
       // A concurrent enqueue of the same key that committed first wins: nothing is inserted, and
       // the next try returns it.
-      const enqueued = await tx.execute(sql`
+      const sources = await rows<{
+        source: "existing" | "inserted" | "live";
+        id: string;
+        seq: string;
+        node_id: string;
+        kind: string;
+      }>(
+        tx,
+        sql`
         WITH existing AS (SELECT id, seq, node_id, kind FROM bc_commands WHERE idempotency_key = ${input.key}),
         node AS (
           SELECT id FROM bc_nodes
@@ -447,23 +455,17 @@ export function databaseCommands(
           RETURNING id, seq)
         SELECT 'existing' AS source, id::text, seq::text, node_id, kind FROM existing
         UNION ALL SELECT 'inserted', id::text, seq::text, NULL, NULL FROM inserted
-        UNION ALL SELECT 'live', NULL, NULL, NULL, NULL FROM node`);
-      const rows = enqueued.rows as {
-        source: "existing" | "inserted" | "live";
-        id: string;
-        seq: string;
-        node_id: string;
-        kind: string;
-      }[];
-      const found = rows.find((r) => r.source === "existing");
+        UNION ALL SELECT 'live', NULL, NULL, NULL, NULL FROM node`,
+      );
+      const found = sources.find((r) => r.source === "existing");
       if (found) {
         if (found.node_id !== input.nodeId || found.kind !== input.kind) {
           throw new ComputeError("CONFLICT", `idempotency key ${input.key} was used for another command`, { key: input.key });
         }
         return { id: found.id, seq: Number(found.seq), created: false };
       }
-      const row = rows.find((r) => r.source === "inserted");
-      if (!rows.some((r) => r.source === "live"))
+      const row = sources.find((r) => r.source === "inserted");
+      if (!sources.some((r) => r.source === "live"))
         throw notFound(`node ${input.nodeId} does not exist or was revoked`, { nodeId: input.nodeId });
       if (!row) return this.enqueue(tx, input);
       onEnqueued(input.nodeId);
@@ -477,10 +479,11 @@ export function databaseNodes(events: EventsPort, wake: WakePort): NodesPort {
     async revoke(tx, which, reason) {
       const selected =
         "nodeId" in which ? sql`id = ${which.nodeId}` : sql`role = ${which.role} AND labels @> ${JSON.stringify(which.labels)}::jsonb`;
-      const rows = await tx.execute(
+      const revoked = await rows<{ id: string }>(
+        tx,
         sql`UPDATE bc_nodes SET revoked_at = compute_now() WHERE ${selected} AND revoked_at IS NULL RETURNING id`,
       );
-      const ids = (rows.rows as { id: string }[]).map((r) => r.id);
+      const ids = revoked.map((r) => r.id);
       for (const id of ids) {
         await events.publish(tx, { type: "node.revoked", subject: `nodes/${id}`, data: { reason } });
         wake.node(id);
@@ -504,8 +507,7 @@ export const pgArray = (values: readonly string[]) => `{${values.join(",")}}`;
 export function databaseClock(store: Store): Clock {
   return {
     async now(tx) {
-      const result = await (tx ?? store.db).execute(sql`SELECT compute_now() AS now`);
-      const value = (result.rows[0] as { now: string | Date } | undefined)?.now;
+      const value = (await one<{ now: string | Date }>(tx ?? store.db, sql`SELECT compute_now() AS now`))?.now;
       if (value === undefined) throw new ComputeError("UNAVAILABLE", "the database returned no time");
       return new Date(value);
     },
@@ -521,8 +523,11 @@ export function databaseSecrets(store: Store, deploymentSecret: string): SecretS
     const ids = [...new Set(refs)].map((ref) => ref.slice("secret://".length));
     const values = new Map<SecretRef, string>();
     if (ids.length === 0) return values;
-    const result = await (tx ?? store.db).execute(sql`SELECT id, sealed FROM bc_secrets WHERE id = ANY(${pgArray(ids)}::text[])`);
-    const sealed = new Map((result.rows as { id: string; sealed: string }[]).map((r) => [r.id, r.sealed]));
+    const found = await rows<{ id: string; sealed: string }>(
+      tx ?? store.db,
+      sql`SELECT id, sealed FROM bc_secrets WHERE id = ANY(${pgArray(ids)}::text[])`,
+    );
+    const sealed = new Map(found.map((r) => [r.id, r.sealed]));
     for (const id of ids) {
       const row = sealed.get(id);
       if (!row) throw notFound(`secret secret://${id} does not exist`);

@@ -12,11 +12,12 @@ const METHOD_NAME = /^[a-z][a-zA-Z0-9]*(\.[a-z][a-zA-Z0-9]*)+$/;
 
 // ---------------------------------------------------------------- methods
 
-export interface MethodDefinition<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {
+/** A method as it is declared to defineMethod: its action may be left out. */
+export interface MethodDeclaration<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {
   /** Route name: POST /v1/<name>. Dotted, e.g. "widgets.create". */
   name: string;
-  /** IAM action; must be in the catalog of a registered module. */
-  action: string;
+  /** IAM action; must be in the catalog of a registered module. Default: the name. */
+  action?: string;
   /** The resource the action is checked against; default "*". */
   resource?: (input: z.output<I>) => string;
   description?: string;
@@ -35,10 +36,17 @@ export interface MethodDefinition<I extends z.ZodType = z.ZodType, O extends z.Z
   handler: (ctx: MethodContext, input: z.output<I>, tx: Tx) => Promise<z.input<O>>;
 }
 
-export function defineMethod<I extends z.ZodType, O extends z.ZodType>(def: MethodDefinition<I, O>): MethodDefinition<I, O> {
-  assertName(def.name, METHOD_NAME, "method name");
-  assertName(def.action, METHOD_NAME, "method action");
-  return def;
+/** A method as defineMethod answers it: its action filled in. */
+export interface MethodDefinition<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> extends MethodDeclaration<I, O> {
+  /** IAM action; must be in the catalog of a registered module. */
+  action: string;
+}
+
+export function defineMethod<I extends z.ZodType, O extends z.ZodType>(def: MethodDeclaration<I, O>): MethodDefinition<I, O> {
+  const method = { ...def, action: def.action ?? def.name };
+  assertName(method.name, METHOD_NAME, "method name");
+  assertName(method.action, METHOD_NAME, "method action");
+  return method;
 }
 
 // ---------------------------------------------------------------- modules

@@ -7,12 +7,12 @@ import { mintApiKey, type IamPort } from "./iam.ts";
 import { jsonSchema } from "./openapi.ts";
 import type { Registry } from "./registry.ts";
 import { resourceId } from "./schemas.ts";
+import { rows } from "./store/database.ts";
 import { apiKeys } from "./store/schema.ts";
 
 export function coreModule(deps: { registry: () => Registry; iam: () => IamPort }): Module {
   const modulesList = defineMethod({
     name: "modules.list",
-    action: "modules.list",
     readOnly: true,
     description: "The modules and plugins this deployment registered, with their methods",
     input: z.object({}),
@@ -28,7 +28,6 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
 
   const whoami = defineMethod({
     name: "iam.whoami",
-    action: "iam.whoami",
     readOnly: true,
     description: "The caller's principal and roles",
     input: z.object({}),
@@ -47,7 +46,6 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
 
   const keysCreate = defineMethod({
     name: "iam.apiKeys.create",
-    action: "iam.apiKeys.create",
     resource: (input) => `apiKeys/${input.name}`,
     description: "Mint an API key; the key is returned once and stored only as a digest",
     input: z.object({ name: z.string().min(1).max(100), roles: z.array(resourceId).min(1) }),
@@ -65,7 +63,6 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
 
   const keysList = defineMethod({
     name: "iam.apiKeys.list",
-    action: "iam.apiKeys.list",
     readOnly: true,
     input: z.object({}),
     output: z.object({ keys: z.array(apiKey) }),
@@ -86,7 +83,6 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
 
   const keysRevoke = defineMethod({
     name: "iam.apiKeys.revoke",
-    action: "iam.apiKeys.revoke",
     resource: (input) => `apiKeys/${input.id}`,
     input: z.object({ id: resourceId }),
     output: z.object({ id: z.string(), revoked: z.literal(true) }),
@@ -104,7 +100,6 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
 
   const driversList = defineMethod({
     name: "drivers.list",
-    action: "drivers.list",
     readOnly: true,
     description: "The registered drivers: what they drive, where they run, and the JSON schema of a binding (manifest)",
     input: z.object({}),
@@ -134,7 +129,6 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
 
   const eventsList = defineMethod({
     name: "events.list",
-    action: "events.list",
     readOnly: true,
     description:
       "The event record in commit order, oldest first (order: desc for newest first); page with after: the previous page's next (a position)",
@@ -154,12 +148,15 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     output: z.object({ events: z.array(event), next: z.string().nullable() }),
     handler: async (_ctx, input, tx) => {
       const newestFirst = input.order === "desc";
-      const rows = await tx.execute(sql`
+      const found = await rows(
+        tx,
+        sql`
         SELECT * FROM bc_events
         WHERE ${eventMatches(input)}
           AND (${input.after ?? null}::bigint IS NULL OR ${newestFirst ? sql`outbox_seq < ${input.after ?? null}::bigint` : sql`outbox_seq > ${input.after ?? null}::bigint`})
-        ORDER BY outbox_seq ${newestFirst ? sql`DESC` : sql`ASC`} LIMIT ${input.limit}`);
-      const events = (rows.rows as Record<string, any>[]).map(eventFromRow);
+        ORDER BY outbox_seq ${newestFirst ? sql`DESC` : sql`ASC`} LIMIT ${input.limit}`,
+      );
+      const events = found.map(eventFromRow);
       return { events, next: events.length === input.limit ? events.at(-1)!.position : null };
     },
   });

@@ -255,6 +255,33 @@ export type SpecFrame = z.infer<typeof specFrame>;
 /** A node's desired state as the agent receives it (a spec frame without its tag). */
 export type NodeSpec = Omit<SpecFrame, "t">;
 
+const sizeText = (unit: string) => z.string().regex(new RegExp(`^[1-9][0-9]{0,11}${unit}$`));
+
+/**
+ * An entry of the NodeSpec `instances` section: one guest, keyed by its name. The vps module
+ * writes it (its section's schema: plugins/vps/host-instances.ts) and the node role runs it
+ * (agent/roles/node.ts): the runtime's InstanceSpec (agent/runtimes/contract.ts) plus the
+ * runtime (driver id) it runs on. A runtime takes more than is sent here: sizes in other units
+ * or as numbers, vcpus as digits, rebootCount left out (0).
+ */
+export const instanceEntry = z.strictObject({
+  name: z.string().regex(/^[a-z0-9-]{1,63}$/),
+  runtime: z.string().regex(/^[a-z0-9][a-z0-9.-]{0,127}$/),
+  desired: z.enum(["running", "stopped"]),
+  vcpus: z.number().int().min(1),
+  /** MiB: "<n>M". */
+  memory: sizeText("M"),
+  /** GiB: "<n>G". */
+  disk: sizeText("G"),
+  image: z.string().min(1).max(128),
+  /** base64 of exactly the stored user data. */
+  userData: z.base64(),
+  userDataSha256: z.string().regex(/^[0-9a-f]{64}$/),
+  /** Raised to reboot a running guest once. */
+  rebootCount: z.number().int().min(0),
+});
+export type InstanceEntry = z.infer<typeof instanceEntry>;
+
 // ---------------------------------------------------------------- signatures (Ed25519, WebCrypto)
 
 /** What a hello signs: the nonce this socket was issued, bound to the node and its boot. */

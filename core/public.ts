@@ -1,5 +1,5 @@
 // better-compute/core: methods, ports and errors, for module and plugin authors.
-export { defineMethod, type MethodDefinition } from "./contracts.ts";
+export { defineMethod, type MethodDeclaration, type MethodDefinition } from "./contracts.ts";
 export type {
   ApprovalsPort,
   CapacityPort,
@@ -46,9 +46,9 @@ export {
 } from "./errors.ts";
 export type { IamPort, Principal, ResolvedCatalog } from "./iam.ts";
 export type { Logger } from "./log.ts";
-export type { DatabasePort, Db, Store, Tx } from "./store/database.ts";
-export { literal, sendWithCommit } from "./store/database.ts";
+export type { DatabasePort, Db, Runner, Store, Tx } from "./store/database.ts";
+export { literal, one, rows, sendWithCommit } from "./store/database.ts";
 export { isSecretRef, MAX_ID_LENGTH, resourceId, SECRET_REF } from "./schemas.ts";
 export { sha256Hex } from "./encoding.ts";
-export { canonicalJson } from "./protocol.ts";
+export { canonicalJson, instanceEntry, type InstanceEntry } from "./protocol.ts";
 export { objectOrigin, originObject } from "./agents/notify.ts";

@@ -165,7 +165,6 @@ const failing = definePlugin({
   api: [
     defineMethod({
       name: "acme.fail",
-      action: "acme.fail",
       input: z.object({ how: z.enum(["crash", "unavailable", "refuse"]), note: z.string() }),
       output: z.object({}),
       handler: async (_ctx, input) => {

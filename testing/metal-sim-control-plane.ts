@@ -6,7 +6,7 @@
 // writing through the same core/agents/sessions.ts. SIMULATED: only the socket (in memory).
 import { sql } from "drizzle-orm";
 import { betterCompute, postgres, type Compute, type Module, type PkiOptions } from "better-compute";
-import type { DatabasePort, Store, Tx } from "better-compute/core";
+import { rows, type DatabasePort, type Store, type Tx } from "better-compute/core";
 import { metalModule, type HardwareProfile } from "better-compute/metal";
 import { advance, provisionModule, wakeStalledWorkflows } from "better-compute/provision";
 import { AgentError, type AgentTransport } from "../agent/client.ts";
@@ -129,8 +129,8 @@ export async function inProcessControlPlane(options: {
       call: (method, input) => callApi(BASE_URL, adminKey, method, input, (request) => compute.fetch(request, env)),
       async advanceClock(seconds) {
         await store.db.execute(sql`UPDATE bc_clock SET skew = skew + make_interval(secs => ${seconds})`);
-        const running = await store.db.execute(sql`SELECT id FROM workflows WHERE state = 'running'`);
-        for (const row of running.rows as { id: string }[]) workflows.wake(row.id);
+        const running = await rows<{ id: string }>(store.db, sql`SELECT id FROM workflows WHERE state = 'running'`);
+        for (const row of running) workflows.wake(row.id);
       },
       roundTrips: db.roundTrips,
       stop,
@@ -516,8 +516,8 @@ export class Gateway {
   /** The NodeDO's sweep: delivery to every connected agent that has commands still pending. */
   async sweep(): Promise<void> {
     if (this.#sessions.size === 0) return;
-    const pending = await this.store.db.execute(sql`SELECT DISTINCT node_id FROM bc_commands WHERE state = 'pending'`);
-    for (const row of pending.rows as { node_id: string }[]) this.deliverSoon(row.node_id);
+    const pending = await rows<{ node_id: string }>(this.store.db, sql`SELECT DISTINCT node_id FROM bc_commands WHERE state = 'pending'`);
+    for (const row of pending) this.deliverSoon(row.node_id);
   }
 
   deliverSoon(nodeId: string): void {

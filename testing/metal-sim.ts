@@ -30,7 +30,7 @@ import { callApi, inProcessControlPlane, type ChaosPlan, type SimControlPlane } 
 import { discoveryMessage, generateNodeKey, importNodeKey, signMessage, type DiscoveryAssertion } from "../core/protocol.ts";
 import { openNodeStore } from "../local/node-store.ts";
 import { sql } from "drizzle-orm";
-import type { RoundTripHook } from "../core/store/database.ts";
+import { one, rows, type RoundTripHook } from "../core/store/database.ts";
 
 export { ChaosPlan, createSimSchema, inSchema, type ChaosBoundary } from "./metal-sim-control-plane.ts";
 export { selfSignedCertificate, type SelfSignedCertificate } from "./tls.ts";
@@ -345,8 +345,8 @@ async function simulateSite(
   });
 
   const databaseNow = async () => {
-    const found = await control.store.db.execute(sql`SELECT compute_now() AS now`);
-    return new Date((found.rows[0] as { now: string }).now).toISOString();
+    const found = await one<{ now: string }>(control.store.db, sql`SELECT compute_now() AS now`);
+    return new Date(found!.now).toISOString();
   };
 
   async function powerOff(machine: SimMachine): Promise<void> {
@@ -479,14 +479,16 @@ export interface IntoReady {
  * whose command's result was signed by an attested ramdisk. Exactly one each is the rule.
  */
 export async function transitionsIntoReady(store: SimControlPlane["store"], nodeId?: string): Promise<IntoReady[]> {
-  const found = await store.db.execute(sql`
+  return rows<IntoReady>(
+    store.db,
+    sql`
     SELECT t.node_id, t.event, t.workflow_id,
            (SELECT count(*)::int FROM workflow_steps s JOIN bc_commands c ON c.id = s.command_id
             WHERE s.workflow_id = t.workflow_id AND s.step_id = 'disk.wipe' AND s.state = 'succeeded'
               AND c.attested AND c.signature IS NOT NULL) AS attested_wipes
     FROM metal_transitions t WHERE t.to_state = 'ready' ${nodeId === undefined ? sql`` : sql`AND t.node_id = ${nodeId}`}
-    ORDER BY t.id`);
-  return found.rows as unknown as IntoReady[];
+    ORDER BY t.id`,
+  );
 }
 
 /**
@@ -495,13 +497,15 @@ export async function transitionsIntoReady(store: SimControlPlane["store"], node
  * destructive command an agent received. Answers the offenders (none is the rule).
  */
 export async function destructiveTwice(store: SimControlPlane["store"]): Promise<Record<string, unknown>[]> {
-  const found = await store.db.execute(sql`
+  return rows(
+    store.db,
+    sql`
     SELECT 'key' AS what, idempotency_key AS at, count(*)::int AS n FROM bc_commands
     WHERE destructive AND idempotency_key IS NOT NULL GROUP BY idempotency_key HAVING count(*) > 1
     UNION ALL
     SELECT 'step', s.workflow_id || ':' || s.position, count(*)::int FROM workflow_steps s JOIN bc_commands c ON c.id = s.command_id
-    WHERE c.destructive AND c.delivered_at IS NOT NULL GROUP BY s.workflow_id, s.position HAVING count(*) > 1`);
-  return found.rows as Record<string, unknown>[];
+    WHERE c.destructive AND c.delivered_at IS NOT NULL GROUP BY s.workflow_id, s.position HAVING count(*) > 1`,
+  );
 }
 
 /** The agents' transport, except that results of the listed nodes leave without their signature. */

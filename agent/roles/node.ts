@@ -12,9 +12,9 @@
 //
 // Platform-free (it runs in FakeDaemon inside workerd too): files are written through the
 // injected accessFile.write.
-import type { NodeSpec, NodeStatus } from "../../core/protocol.ts";
+import type { InstanceEntry, NodeSpec, NodeStatus } from "../../core/protocol.ts";
 import { AgentError, asAgentError, type AgentLogger, type CommandHandler } from "../contracts.ts";
-import type { InstanceObserved, InstanceSpec, RuntimeDriver } from "../runtimes/contract.ts";
+import type { InstanceObserved, RuntimeDriver } from "../runtimes/contract.ts";
 import type { AgentStateStore } from "../state.ts";
 
 export type SectionStatus = NodeStatus["sections"][string];
@@ -233,9 +233,6 @@ export function nodeCommandHandlers(runtimes: RuntimeDriver[]): Record<string, C
   };
 }
 
-/** An `instances` entry: the runtime's InstanceSpec and the runtime (driver id) it runs on. */
-export type InstanceEntry = InstanceSpec & { runtime: string };
-
 /** A guest the node could not converge: failed, with the error's code (UNSUPPORTED, INVALID_ARGUMENT, DRIVER_ERROR...). */
 type FailedEntry = InstanceObserved & { error: { code: string; message: string } };
 
@@ -262,6 +259,7 @@ function instancesHandler(runtimes: RuntimeDriver[], concurrency: number, previo
 
       await eachLimited(Object.entries(entries), concurrency, async ([name, entry]) => {
         if (signal.aborted) return;
+        // Not checked here: the section's owner checked it against its schema, and the runtime checks what it runs.
         const { runtime: runtimeId, ...spec } = (entry ?? {}) as InstanceEntry;
         if (spec.name !== name) {
           observed[name] = failed(name, "INVALID_ARGUMENT", `the entry's name ${String(spec.name)} is not its key ${name}`);

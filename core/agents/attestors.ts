@@ -8,6 +8,7 @@ import type { ModuleContext } from "../context.ts";
 import { sha256Hex } from "../encoding.ts";
 import { ComputeError } from "../errors.ts";
 import { discoveryAssertion, discoveryMessage, verifyMessage } from "../protocol.ts";
+import { one } from "../store/database.ts";
 
 const TOKEN = /^bcj_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$/;
 
@@ -24,13 +25,13 @@ async function consumeToken(ctx: ModuleContext, attestor: string, evidence: Reco
   const digest = await sha256Hex(secret!);
   // The digest is in the WHERE clause: a wrong secret for a known id leaves the token unused.
   const consumed = await ctx.store.transaction(async (tx) => {
-    const result = await tx.execute(sql`
+    return one<{ role: AgentRole; labels: Record<string, string>; node_id: string | null; expect: Record<string, string>; live: boolean }>(
+      tx,
+      sql`
       UPDATE bc_join_tokens SET consumed_at = compute_now(), consumed_by = ${consumer}
       WHERE id = ${id!} AND secret_sha256 = ${digest} AND attestor = ${attestor} AND consumed_at IS NULL
-      RETURNING role, labels, node_id, expect, expires_at > compute_now() AS live`);
-    return result.rows[0] as
-      | { role: AgentRole; labels: Record<string, string>; node_id: string | null; expect: Record<string, string>; live: boolean }
-      | undefined;
+      RETURNING role, labels, node_id, expect, expires_at > compute_now() AS live`,
+    );
   });
   if (!consumed) throw refuse("the join token is unknown or was already used");
   if (!consumed.live) throw refuse("the join token expired (it is now used up; mint a new one)");
@@ -72,10 +73,12 @@ export const discoveryAttestor = defineAttestor({
       throw refuse("discovery evidence is { siteNodeId, assertion: { publicKey, issuedAt, ... }, signature }");
     }
     if (assertion.data.publicKey !== request.publicKey) throw refuse("the site's assertion names another key");
-    const found = await ctx.store.db.execute(sql`
+    const site = await one<{ public_key: string; labels: Record<string, string>; now: number }>(
+      ctx.store.db,
+      sql`
       SELECT public_key, labels, extract(epoch FROM compute_now())::float8 AS now
-      FROM bc_nodes WHERE id = ${siteNodeId} AND role = 'site' AND revoked_at IS NULL`);
-    const site = found.rows[0] as { public_key: string; labels: Record<string, string>; now: number } | undefined;
+      FROM bc_nodes WHERE id = ${siteNodeId} AND role = 'site' AND revoked_at IS NULL`,
+    );
     if (!site) throw refuse("the vouching site agent is unknown or revoked");
     if (!(await verifyMessage(site.public_key, discoveryMessage(siteNodeId, assertion.data), evidence.signature))) {
       throw refuse("the discovery assertion is not signed by the site agent's key");

@@ -6,7 +6,7 @@ import { decodeProtectedHeader, importJWK, jwtVerify, SignJWT, type JWK } from "
 import type { SecretRef, SecretStore } from "../context.ts";
 import { ComputeError } from "../errors.ts";
 import type { AgentRole } from "../contracts.ts";
-import type { Store } from "../store/database.ts";
+import { one, type Store } from "../store/database.ts";
 
 const ISSUER = "better-compute";
 const AUDIENCE = "bc-agent";
@@ -26,8 +26,10 @@ interface SigningKey {
 
 async function activeSigningKey(store: Store, secrets: SecretStore): Promise<SigningKey> {
   for (let attempt = 0; attempt < 2; attempt++) {
-    const found = await store.db.execute(sql`SELECT kid, private_ref FROM bc_signing_keys WHERE retired_at IS NULL`);
-    const row = found.rows[0] as { kid: string; private_ref: SecretRef } | undefined;
+    const row = await one<{ kid: string; private_ref: SecretRef }>(
+      store.db,
+      sql`SELECT kid, private_ref FROM bc_signing_keys WHERE retired_at IS NULL`,
+    );
     if (row) {
       const jwk = JSON.parse(await secrets.resolve(row.private_ref)) as JWK;
       return { kid: row.kid, privateKey: (await importJWK(jwk, "EdDSA")) as CryptoKey };
@@ -80,9 +82,11 @@ export async function verifyCredential(store: Store, credential: string): Promis
     throw refuse("the credential is not a JWT");
   }
   if (!kid) throw refuse("the credential names no signing key");
-  const found = await store.db.execute(sql`
-    SELECT public_jwk, extract(epoch FROM compute_now())::float8 AS now FROM bc_signing_keys WHERE kid = ${kid}`);
-  const row = found.rows[0] as { public_jwk: JWK; now: number } | undefined;
+  const row = await one<{ public_jwk: JWK; now: number }>(
+    store.db,
+    sql`
+    SELECT public_jwk, extract(epoch FROM compute_now())::float8 AS now FROM bc_signing_keys WHERE kid = ${kid}`,
+  );
   if (!row) throw refuse("the credential was signed by an unknown key");
   let claims: { sub?: string; role?: unknown; nk?: unknown };
   try {
@@ -95,14 +99,15 @@ export async function verifyCredential(store: Store, credential: string): Promis
   } catch {
     throw refuse("the credential did not verify (expired or forged)");
   }
-  const node = await store.db.execute(sql`SELECT role, public_key, revoked_at FROM bc_nodes WHERE id = ${claims.sub ?? ""}`);
-  const record = node.rows[0] as { role: AgentRole; public_key: string; revoked_at: string | null } | undefined;
+  const record = await one<{ role: AgentRole; public_key: string; revoked_at: string | null }>(
+    store.db,
+    sql`SELECT role, public_key, revoked_at FROM bc_nodes WHERE id = ${claims.sub ?? ""}`,
+  );
   if (!record || record.public_key !== claims.nk) throw refuse("the credential does not match a joined node");
   if (record.revoked_at) throw new ComputeError("PERMISSION_DENIED", "the node's credentials were revoked");
   return { nodeId: claims.sub!, role: record.role, publicKey: record.public_key };
 }
 
 export async function databaseSeconds(store: Store): Promise<number> {
-  const result = await store.db.execute(sql`SELECT extract(epoch FROM compute_now())::float8 AS now`);
-  return Math.floor((result.rows[0] as { now: number }).now);
+  return Math.floor((await one<{ now: number }>(store.db, sql`SELECT extract(epoch FROM compute_now())::float8 AS now`))!.now);
 }

@@ -27,7 +27,7 @@ import {
   type JoinResponse,
 } from "../protocol.ts";
 import type { Registry } from "../registry.ts";
-import type { Store } from "../store/database.ts";
+import { one, type Store } from "../store/database.ts";
 import { readInput, type AppEnv } from "../http.ts";
 import { databaseSeconds, issueCredential, verifyCredential } from "./credentials.ts";
 import { nodeNamespace } from "./notify.ts";
@@ -109,12 +109,15 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
     const challengeId = `ch-${hex(crypto.getRandomValues(new Uint8Array(16)))}`;
     const expiresAt = await c.get("store").transaction(async (tx) => {
       await tx.execute(sql`DELETE FROM bc_attestation_challenges WHERE expires_at < compute_now() - interval '1 day'`);
-      const inserted = await tx.execute(sql`
+      const inserted = await one<{ expires_at: string }>(
+        tx,
+        sql`
         INSERT INTO bc_attestation_challenges (id, attestor, public_key, state, expires_at)
         VALUES (${challengeId}, ${attestor.id}, ${request.publicKey}, ${JSON.stringify(issued.state)}::jsonb,
                 compute_now() + make_interval(secs => ${CHALLENGE_TTL_SECONDS}))
-        RETURNING expires_at`);
-      return new Date((inserted.rows[0] as { expires_at: string }).expires_at).toISOString();
+        RETURNING expires_at`,
+      );
+      return new Date(inserted!.expires_at).toISOString();
     });
     return c.json({ challengeId, expiresAt, challenge: issued.challenge } satisfies ChallengeResponse);
   });
@@ -188,11 +191,13 @@ async function consumeChallenge(store: Store, attestor: string, publicKey: strin
   if (typeof id !== "string")
     throw new ComputeError("PERMISSION_DENIED", `attestor ${attestor} wants evidence.challengeId: ask ${CHALLENGE_PATH} first`);
   const consumed = await store.transaction(async (tx) => {
-    const result = await tx.execute(sql`
+    return one<{ state: Record<string, unknown>; live: boolean }>(
+      tx,
+      sql`
       UPDATE bc_attestation_challenges SET consumed_at = compute_now()
       WHERE id = ${id} AND attestor = ${attestor} AND public_key = ${publicKey} AND consumed_at IS NULL
-      RETURNING state, expires_at > compute_now() AS live`);
-    return result.rows[0] as { state: Record<string, unknown>; live: boolean } | undefined;
+      RETURNING state, expires_at > compute_now() AS live`,
+    );
   });
   if (!consumed) throw new ComputeError("PERMISSION_DENIED", "the challenge is unknown, already answered, or was issued to another key");
   if (!consumed.live) throw new ComputeError("PERMISSION_DENIED", "the challenge expired (ask for a new one)");

@@ -5,6 +5,7 @@ import { z } from "zod";
 import { defineMethod, defineModule, type Module } from "../contracts.ts";
 import { ComputeError, notFound } from "../errors.ts";
 import { resourceId } from "../schemas.ts";
+import { one, rows } from "../store/database.ts";
 import { builtinAttestors } from "./attestors.ts";
 import { accessSection, nodeSpecActions, nodeSpecMethods, type SectionOwners } from "./node-specs.ts";
 import { MAX_TOKEN_TTL_SECONDS, mintJoinToken } from "./tokens.ts";
@@ -126,7 +127,6 @@ function toCommand(r: Record<string, any>): z.infer<typeof command> {
 export function agentsModule(deps: { sections: () => SectionOwners }): Module {
   const joinTokensCreate = defineMethod({
     name: "joinTokens.create",
-    action: "joinTokens.create",
     resource: (input) => `joinTokens/${input.role}`,
     description: "Mint a single-use join token for an agent of a role (shown once)",
     input: z.object({ role, ttlSeconds, labels: labels.optional() }),
@@ -150,7 +150,6 @@ export function agentsModule(deps: { sections: () => SectionOwners }): Module {
 
   const siteTokensCreate = defineMethod({
     name: "siteTokens.create",
-    action: "siteTokens.create",
     resource: (input) => `sites/${input.site}`,
     description: "Mint a single-use join token for a site agent (shown once)",
     input: z.object({ site: z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/), ttlSeconds }),
@@ -174,7 +173,6 @@ export function agentsModule(deps: { sections: () => SectionOwners }): Module {
 
   const joinTokensList = defineMethod({
     name: "joinTokens.list",
-    action: "joinTokens.list",
     readOnly: true,
     description: "Join tokens, newest first (never the token or its digest); page with after: the previous page's next",
     input: z.object({
@@ -187,35 +185,40 @@ export function agentsModule(deps: { sections: () => SectionOwners }): Module {
     handler: async (_ctx, input, tx) => {
       if (input.after && (await tx.execute(sql`SELECT 1 FROM bc_join_tokens WHERE id = ${input.after}`)).rows.length === 0)
         throw notFound(`join token ${input.after} does not exist (after is a token id from a previous page)`);
-      const rows = await tx.execute(sql`
+      const found = await rows(
+        tx,
+        sql`
         SELECT * FROM ${TOKEN_ROWS}
         WHERE (${input.role ?? null}::text IS NULL OR role = ${input.role ?? null})
           AND (${input.state ?? null}::text IS NULL OR state = ${input.state ?? null})
           AND (${input.after ?? null}::text IS NULL OR (created_at, id) < (SELECT created_at, id FROM bc_join_tokens WHERE id = ${input.after ?? null}))
-        ORDER BY created_at DESC, id DESC LIMIT ${input.limit}`);
-      const tokens = rows.rows.map((r) => toJoinToken(r as Record<string, any>));
+        ORDER BY created_at DESC, id DESC LIMIT ${input.limit}`,
+      );
+      const tokens = found.map(toJoinToken);
       return { tokens, next: tokens.length === input.limit ? tokens.at(-1)!.id : null };
     },
   });
 
   const joinTokensRevoke = defineMethod({
     name: "joinTokens.revoke",
-    action: "joinTokens.revoke",
     resource: (input) => `joinTokens/${input.id}`,
     description: "Revoke a join token that was not used: it can no longer join (revoking twice is not an error)",
     input: z.object({ id: resourceId }),
     output: joinToken,
     handler: async (ctx, input, tx) => {
       // Revoking uses the token up, so the attestors refuse it as they refuse any used token.
-      const revoked = await tx.execute(sql`
-        UPDATE bc_join_tokens SET revoked_at = compute_now(), consumed_at = compute_now() WHERE id = ${input.id} AND consumed_at IS NULL RETURNING role`);
-      if (revoked.rows.length)
+      const revoked = await one<{ role: string }>(
+        tx,
+        sql`
+        UPDATE bc_join_tokens SET revoked_at = compute_now(), consumed_at = compute_now() WHERE id = ${input.id} AND consumed_at IS NULL RETURNING role`,
+      );
+      if (revoked)
         await ctx.events.publish(tx, {
           type: "joinToken.revoked",
           subject: `joinTokens/${input.id}`,
-          data: { role: (revoked.rows[0] as { role: string }).role },
+          data: { role: revoked.role },
         });
-      const found = (await tx.execute(sql`SELECT * FROM ${TOKEN_ROWS} WHERE id = ${input.id}`)).rows[0] as Record<string, any> | undefined;
+      const found = await one<Record<string, any>>(tx, sql`SELECT * FROM ${TOKEN_ROWS} WHERE id = ${input.id}`);
       if (!found) throw notFound(`join token ${input.id} does not exist`);
       if (found.state === "used") {
         const hint = found.used_by ? `: node ${found.used_by} joined with it; revoke the node instead (nodes.revoke)` : "";
@@ -230,52 +233,51 @@ export function agentsModule(deps: { sections: () => SectionOwners }): Module {
 
   const nodesList = defineMethod({
     name: "nodes.list",
-    action: "nodes.list",
     readOnly: true,
     input: z.object({ role: role.optional(), state: node.shape.state.optional() }),
     output: z.object({ nodes: z.array(node) }),
     handler: async (_ctx, input, tx) => {
-      const rows = await tx.execute(sql`
+      const found = await rows(
+        tx,
+        sql`
         SELECT * FROM bc_nodes
         WHERE (${input.role ?? null}::text IS NULL OR role = ${input.role ?? null})
           AND (${input.state ?? null}::text IS NULL OR state = ${input.state ?? null})
-        ORDER BY joined_at, id`);
-      return { nodes: rows.rows.map((r) => toNode(r as Record<string, any>)) };
+        ORDER BY joined_at, id`,
+      );
+      return { nodes: found.map(toNode) };
     },
   });
 
   const nodesGet = defineMethod({
     name: "nodes.get",
-    action: "nodes.get",
     readOnly: true,
     resource: (input) => `nodes/${input.node}`,
     input: z.object({ node: resourceId }),
     output: node,
     handler: async (_ctx, input, tx) => {
-      const rows = await tx.execute(sql`SELECT * FROM bc_nodes WHERE id = ${input.node}`);
-      if (!rows.rows[0]) throw notFound(`node ${input.node} does not exist`);
-      return toNode(rows.rows[0] as Record<string, any>);
+      const found = await one(tx, sql`SELECT * FROM bc_nodes WHERE id = ${input.node}`);
+      if (!found) throw notFound(`node ${input.node} does not exist`);
+      return toNode(found);
     },
   });
 
   const nodesRevoke = defineMethod({
     name: "nodes.revoke",
-    action: "nodes.revoke",
     resource: (input) => `nodes/${input.node}`,
     description: "Revoke a node's credentials: its socket is closed and it cannot renew or reconnect",
     input: z.object({ node: resourceId }),
     output: node,
     handler: async (ctx, input, tx) => {
       await ctx.nodes.revoke(tx, { nodeId: input.node }, `revoked by ${ctx.principal.id}`);
-      const rows = await tx.execute(sql`SELECT * FROM bc_nodes WHERE id = ${input.node}`);
-      if (!rows.rows[0]) throw notFound(`node ${input.node} does not exist`);
-      return toNode(rows.rows[0] as Record<string, any>);
+      const found = await one(tx, sql`SELECT * FROM bc_nodes WHERE id = ${input.node}`);
+      if (!found) throw notFound(`node ${input.node} does not exist`);
+      return toNode(found);
     },
   });
 
   const commandsCreate = defineMethod({
     name: "commands.create",
-    action: "commands.create",
     resource: (input) => `nodes/${input.node}`,
     description: "Send a command to a node's agent (idempotent by key)",
     input: z.object({
@@ -300,28 +302,29 @@ export function agentsModule(deps: { sections: () => SectionOwners }): Module {
 
   const commandsGet = defineMethod({
     name: "commands.get",
-    action: "commands.get",
     readOnly: true,
     input: z.object({ id: z.string().regex(/^\d{1,18}$/, "a command id (digits)") }),
     output: command,
     handler: async (_ctx, input, tx) => {
-      const rows = await tx.execute(sql`SELECT * FROM bc_commands WHERE id = ${input.id}::bigint`);
-      if (!rows.rows[0]) throw notFound(`command ${input.id} does not exist`);
-      return toCommand(rows.rows[0] as Record<string, any>);
+      const found = await one(tx, sql`SELECT * FROM bc_commands WHERE id = ${input.id}::bigint`);
+      if (!found) throw notFound(`command ${input.id} does not exist`);
+      return toCommand(found);
     },
   });
 
   const commandsList = defineMethod({
     name: "commands.list",
-    action: "commands.list",
     readOnly: true,
     resource: (input) => `nodes/${input.node}`,
     input: z.object({ node: resourceId, afterSeq: z.number().int().default(0), limit: z.number().int().min(1).max(1000).default(100) }),
     output: z.object({ commands: z.array(command) }),
     handler: async (_ctx, input, tx) => {
-      const rows = await tx.execute(sql`
-        SELECT * FROM bc_commands WHERE node_id = ${input.node} AND seq > ${input.afterSeq} ORDER BY seq LIMIT ${input.limit}`);
-      return { commands: rows.rows.map((r) => toCommand(r as Record<string, any>)) };
+      const found = await rows(
+        tx,
+        sql`
+        SELECT * FROM bc_commands WHERE node_id = ${input.node} AND seq > ${input.afterSeq} ORDER BY seq LIMIT ${input.limit}`,
+      );
+      return { commands: found.map(toCommand) };
     },
   });
 

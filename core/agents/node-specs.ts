@@ -9,7 +9,7 @@ import { defineMethod, type NodeSpecSection } from "../contracts.ts";
 import { ComputeError, clip, invalidArgument, notFound, schemaIssues } from "../errors.ts";
 import { canonicalJson, MAX_SPEC_BYTES, type NodeSpec, type NodeStatus } from "../protocol.ts";
 import { resourceId } from "../schemas.ts";
-import type { Db, Store, Tx } from "../store/database.ts";
+import { one, type Db, type Store, type Tx } from "../store/database.ts";
 import { databaseEvents } from "../context.ts";
 import type { SessionRef } from "./sessions.ts";
 
@@ -61,9 +61,11 @@ export function databaseNodeSpecs(
       if (entry !== null) await tx.execute(sql`INSERT INTO bc_node_specs (node_id) VALUES (${nodeId}) ON CONFLICT (node_id) DO NOTHING`);
       // The row lock serialises writers of one node: two keys written at once both land, each
       // change bumps the generation once, and the jsonb is changed in SQL, never rewritten whole.
-      const locked = await tx.execute(sql`
-        SELECT generation, sections -> ${section}::text -> ${key}::text AS current FROM bc_node_specs WHERE node_id = ${nodeId} FOR UPDATE`);
-      const row = locked.rows[0] as { generation: string; current: unknown } | undefined;
+      const row = await one<{ generation: string; current: unknown }>(
+        tx,
+        sql`
+        SELECT generation, sections -> ${section}::text -> ${key}::text AS current FROM bc_node_specs WHERE node_id = ${nodeId} FOR UPDATE`,
+      );
       if (!row) return { generation: 0, changed: false };
       if (canonicalJson(row.current ?? null) === canonicalJson(entry)) return { generation: Number(row.generation), changed: false };
 
@@ -73,11 +75,14 @@ export function databaseNodeSpecs(
           ? // A section left without entries is dropped: the spec shows only what is wanted.
             sql`CASE WHEN (sections #- ${path}) -> ${section}::text = '{}'::jsonb THEN sections - ${section}::text ELSE sections #- ${path} END`
           : sql`jsonb_set(sections || jsonb_build_object(${section}::text, coalesce(sections -> ${section}::text, '{}'::jsonb)), ${path}, ${JSON.stringify(entry)}::jsonb)`;
-      const updated = await tx.execute(sql`
+      const updated = await one<{ generation: string }>(
+        tx,
+        sql`
         UPDATE bc_node_specs SET sections = ${next}, generation = generation + 1, updated_at = compute_now()
         WHERE node_id = ${nodeId} AND octet_length((${next})::text) <= ${MAX_SPEC_BYTES}
-        RETURNING generation`);
-      const generation = (updated.rows[0] as { generation: string } | undefined)?.generation;
+        RETURNING generation`,
+      );
+      const generation = updated?.generation;
       if (generation === undefined) {
         throw invalidArgument(`the NodeSpec of node ${nodeId} would exceed ${MAX_SPEC_BYTES} bytes with the ${section} entry ${key}`, {
           nodeId,
@@ -110,10 +115,12 @@ type Row = {
 
 /** The node's spec and its last observed state; undefined when nothing was written or reported. */
 export async function readNodeSpec(db: Db | Tx, nodeId: string): Promise<NodeSpecView | undefined> {
-  const found = await db.execute(sql`
+  const row = await one<Row>(
+    db,
+    sql`
     SELECT generation, sections, updated_at, observed, observed_generation, observed_at, observed_boot_id
-    FROM bc_node_specs WHERE node_id = ${nodeId}`);
-  const row = found.rows[0] as Row | undefined;
+    FROM bc_node_specs WHERE node_id = ${nodeId}`,
+  );
   if (!row) return undefined;
   return {
     generation: Number(row.generation),
@@ -149,11 +156,13 @@ export async function recordStatus(
     await tx.execute(sql`
       INSERT INTO bc_node_specs (node_id) SELECT id FROM bc_nodes WHERE id = ${session.nodeId} AND session_id = ${session.sessionId}
       ON CONFLICT (node_id) DO NOTHING`);
-    const found = await tx.execute(sql`
+    const row = await one<Pick<Row, "observed" | "observed_generation">>(
+      tx,
+      sql`
       SELECT s.observed, s.observed_generation FROM bc_node_specs s JOIN bc_nodes n ON n.id = s.node_id
       WHERE s.node_id = ${session.nodeId} AND n.session_id = ${session.sessionId} AND n.revoked_at IS NULL
-      FOR UPDATE OF s`);
-    const row = found.rows[0] as Pick<Row, "observed" | "observed_generation"> | undefined;
+      FOR UPDATE OF s`,
+    );
     if (!row) return { recorded: false, changed: [] };
     const before = row.observed ?? {};
     const names = new Set([...Object.keys(before), ...Object.keys(status.sections)]);
@@ -239,7 +248,6 @@ function operatorView(sections: NodeSpec["sections"], owners: SectionOwners): No
 export function nodeSpecMethods(owners: () => SectionOwners) {
   const get = defineMethod({
     name: "nodes.spec.get",
-    action: "nodes.spec.get",
     readOnly: true,
     resource: (input) => `nodes/${input.node}`,
     description: "A node's NodeSpec: the desired sections and generation, and the agent's last observed status",
@@ -255,7 +263,6 @@ export function nodeSpecMethods(owners: () => SectionOwners) {
 
   const accessSet = defineMethod({
     name: "nodes.access.set",
-    action: "nodes.access.set",
     resource: (input) => `nodes/${input.node}`,
     description: "Put an SSH public key on a node under a name (its authorized_keys, written by bcd node); setting it again replaces it",
     input: z.object({
@@ -273,7 +280,6 @@ export function nodeSpecMethods(owners: () => SectionOwners) {
 
   const accessRemove = defineMethod({
     name: "nodes.access.remove",
-    action: "nodes.access.remove",
     resource: (input) => `nodes/${input.node}`,
     description: "Take the SSH public key of that name off a node (removing an absent one changes nothing)",
     input: z.object({ node: resourceId, name: entryName }),

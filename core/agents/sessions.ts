@@ -5,7 +5,7 @@
 import { sql } from "drizzle-orm";
 import { databaseEvents, pgArray, type NodeSpecView, type SecretRef, type SecretStore } from "../context.ts";
 import { CloseCode, FrameError, resultMessage, verifyMessage, type CommandFrame, type HelloFrame, type ResultFrame } from "../protocol.ts";
-import type { Store } from "../store/database.ts";
+import { one, rows, type Store } from "../store/database.ts";
 import type { BudgetSummary } from "./frame-budget.ts";
 import { originObject } from "./notify.ts";
 
@@ -37,7 +37,9 @@ export async function recordConnected(
   // Agent-reported labels replace the previous report; driver labels are rewritten whole. The
   // waits read the labels the node has after this hello (RETURNING), so a workflow waiting for
   // them wakes now.
-  const found = await store.write(sql`
+  const row = (await one<{ connected: boolean; waking: string[] | string }>(
+    store,
+    sql`
     WITH node AS (
       UPDATE bc_nodes
       SET state = 'connected', session_id = ${session.sessionId}, boot_id = ${hello.bootId}, agent_version = ${hello.version},
@@ -58,8 +60,8 @@ export async function recordConnected(
         from: "node",
       },
     ])})
-    SELECT EXISTS (SELECT 1 FROM node) AS connected, coalesce((SELECT array_agg(workflow_id) FROM fired), '{}') AS waking`);
-  const row = found.rows[0] as { connected: boolean; waking: string[] | string };
+    SELECT EXISTS (SELECT 1 FROM node) AS connected, coalesce((SELECT array_agg(workflow_id) FROM fired), '{}') AS waking`,
+  ))!;
   return { connected: row.connected, waking: row.connected ? parseTextArray(row.waking) : [] };
 }
 
@@ -144,7 +146,9 @@ export async function recordResults(store: Store, results: ArrivedResult[]): Pro
       return sql`(${i}::int, ${frame.id}::bigint, ${node.nodeId}::text, ${frame.key}::text, ${frame.ok}::boolean, ${output}::jsonb,
                   ${error}::jsonb, ${signed[i] ? frame.signature! : null}::text)`;
     });
-    const answered = await store.write(sql`
+    const answered = await rows<AnsweredResult & { ord: number }>(
+      store,
+      sql`
       WITH input (ord, id, node_id, key, ok, output, error, signature) AS (VALUES ${sql.join(input, sql`, `)}),
       recorded AS (
         UPDATE bc_commands c
@@ -166,9 +170,9 @@ export async function recordResults(store: Store, results: ArrivedResult[]): Pro
         },
       ])})
       SELECT i.ord, c.node_id, c.idempotency_key, c.kind, c.attested, r.id IS NOT NULL AS recorded, r.origin
-      FROM input i LEFT JOIN bc_commands c ON c.id = i.id LEFT JOIN recorded r ON r.ord = i.ord`);
-    for (const row of answered.rows as (AnsweredResult & { ord: number })[])
-      outcomes[row.ord] = outcomeOf(row, results[row.ord]!, signed[row.ord]!);
+      FROM input i LEFT JOIN bc_commands c ON c.id = i.id LEFT JOIN recorded r ON r.ord = i.ord`,
+    );
+    for (const row of answered) outcomes[row.ord] = outcomeOf(row, results[row.ord]!, signed[row.ord]!);
   }
 }
 
@@ -223,8 +227,20 @@ export async function nextDelivery(
   options: { afterSeq: number; specAfter: number | null; limit: number },
   secrets: () => SecretStore,
 ): Promise<Delivery> {
+  type Open = {
+    id: string;
+    seq: number;
+    kind: string;
+    idempotency_key: string;
+    body: Record<string, unknown>;
+    attested: boolean;
+    deadline: string | null;
+    secret_refs: SecretRef[];
+  };
   // The statement's parts see its snapshot, from before the expiry: `sending` leaves out what it expired.
-  const found = await store.write(sql`
+  const row = (await one<{ live: boolean; spec: Delivery["spec"]; commands: Open[] }>(
+    store,
+    sql`
     WITH expired AS (
       UPDATE bc_commands SET state = 'expired', completed_at = compute_now(),
              error = '{"code":"DEADLINE_EXCEEDED","message":"no result before the command\\u0027s deadline"}'::jsonb
@@ -250,18 +266,8 @@ export async function nextDelivery(
     SELECT coalesce((SELECT revoked_at IS NULL FROM bc_nodes WHERE id = ${nodeId}), false) AS live,
            (SELECT jsonb_build_object('generation', generation, 'sections', sections) FROM bc_node_specs
             WHERE node_id = ${nodeId} AND generation > ${options.specAfter}::bigint) AS spec,
-           (SELECT coalesce(jsonb_agg(to_jsonb(s) ORDER BY s.seq), '[]'::jsonb) FROM sending s) AS commands`);
-  type Open = {
-    id: string;
-    seq: number;
-    kind: string;
-    idempotency_key: string;
-    body: Record<string, unknown>;
-    attested: boolean;
-    deadline: string | null;
-    secret_refs: SecretRef[];
-  };
-  const row = found.rows[0] as { live: boolean; spec: Delivery["spec"]; commands: Open[] };
+           (SELECT coalesce(jsonb_agg(to_jsonb(s) ORDER BY s.seq), '[]'::jsonb) FROM sending s) AS commands`,
+  ))!;
   // One round trip for the whole batch's secrets (a site agent's batch names a BMC password each).
   const refs = row.commands.flatMap((c) => c.secret_refs);
   const values = refs.length > 0 ? await secrets().resolveAll(refs) : new Map<SecretRef, string>();

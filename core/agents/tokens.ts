@@ -4,7 +4,7 @@ import { sql } from "drizzle-orm";
 import type { AgentRole } from "../contracts.ts";
 import { base64url, hex, sha256Hex } from "../encoding.ts";
 import { invalidArgument } from "../errors.ts";
-import type { Tx } from "../store/database.ts";
+import { one, type Tx } from "../store/database.ts";
 
 export const DEFAULT_TOKEN_TTL_SECONDS = 600;
 export const MAX_TOKEN_TTL_SECONDS = 7 * 24 * 3600;
@@ -28,12 +28,15 @@ export async function mintJoinToken(tx: Tx, input: MintTokenInput): Promise<{ id
   }
   const id = hex(crypto.getRandomValues(new Uint8Array(8)));
   const secret = base64url(crypto.getRandomValues(new Uint8Array(32)));
-  const result = await tx.execute(sql`
+  const row = await one<{ expires_at: string }>(
+    tx,
+    sql`
     INSERT INTO bc_join_tokens (id, attestor, role, secret_sha256, labels, node_id, expect, created_by, expires_at)
     VALUES (${id}, ${input.attestor}, ${input.role}, ${await sha256Hex(secret)}, ${JSON.stringify(input.labels ?? {})}::jsonb,
             ${input.nodeId ?? null}, ${JSON.stringify(input.expect ?? {})}::jsonb, ${input.createdBy},
             compute_now() + make_interval(secs => ${ttl}))
-    RETURNING expires_at`);
-  const expiresAt = new Date((result.rows[0] as { expires_at: string }).expires_at).toISOString();
+    RETURNING expires_at`,
+  );
+  const expiresAt = new Date(row!.expires_at).toISOString();
   return { id, token: `bcj_${id}_${secret}`, expiresAt };
 }

@@ -3,7 +3,7 @@
 import { sql } from "drizzle-orm";
 import { databaseClock, databaseEvents, databaseSecrets, databaseWork } from "../context.ts";
 import { isComputeError } from "../errors.ts";
-import { fromPostgresError, type Store, type Tx } from "../store/database.ts";
+import { fromPostgresError, one, rows, type Store, type Tx } from "../store/database.ts";
 import { applyMigrations } from "../store/migrate.ts";
 import type { ConformanceCase } from "./index.ts";
 
@@ -23,8 +23,6 @@ async function withTable(store: Store, fn: (table: string) => Promise<void>): Pr
     await store.db.execute(sql.raw(`DROP TABLE IF EXISTS ${table}`));
   }
 }
-
-const rows = async (q: Store["db"] | Tx, text: string) => (await q.execute(sql.raw(text))).rows as Record<string, unknown>[];
 
 async function rolledBack(store: Store, fn: (tx: Tx) => Promise<void>): Promise<void> {
   try {
@@ -46,7 +44,7 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
           await store.transaction(async (tx) => {
             await tx.execute(sql.raw(`INSERT INTO ${t} (id) VALUES ('a')`));
           });
-          check((await rows(store.db, `SELECT id FROM ${t}`)).length === 1, "the committed row is missing");
+          check((await rows(store.db, sql.raw(`SELECT id FROM ${t}`))).length === 1, "the committed row is missing");
         }),
     },
     {
@@ -59,7 +57,7 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
             await databaseEvents("conformance", undefined, undefined).publish(tx, { type: "conformance.rolledBack", subject });
             await databaseWork("conformance").enqueue(tx, { queue: "conformance", key: subject });
           });
-          check((await rows(store.db, `SELECT id FROM ${t}`)).length === 0, "the state survived the rollback");
+          check((await rows(store.db, sql.raw(`SELECT id FROM ${t}`))).length === 0, "the state survived the rollback");
           const events = await store.db.execute(sql`SELECT id FROM bc_events WHERE subject = ${subject}`);
           check(events.rows.length === 0, "the event survived the rollback");
           const work = await store.db.execute(sql`SELECT id FROM bc_work_items WHERE key = ${subject}`);
@@ -73,7 +71,7 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
           await store.transaction(async (tx) => {
             await tx.execute(sql.raw(`INSERT INTO ${t} (id, n) VALUES ('a', 41)`));
             await tx.execute(sql.raw(`UPDATE ${t} SET n = n + 1 WHERE id = 'a'`));
-            const [row] = await rows(tx, `SELECT n FROM ${t} WHERE id = 'a'`);
+            const [row] = await rows(tx, sql.raw(`SELECT n FROM ${t} WHERE id = 'a'`));
             check(row?.n === 42, `read ${JSON.stringify(row)} inside the transaction, expected n = 42`);
           });
         }),
@@ -112,10 +110,12 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
       name: "jsonb, text[], timestamptz, bigint and unicode text round-trip",
       run: async (store) => {
         const doc = { a: [1, 2.5, null], b: { c: "ünïcode ✓" }, d: true };
-        const result = await store.db.execute(sql`
+        const row = (await one<{ doc: unknown; tags: unknown; at: unknown; big: unknown; s: unknown }>(
+          store.db,
+          sql`
           SELECT ${JSON.stringify(doc)}::jsonb AS doc, ARRAY['x', 'y z']::text[] AS tags,
-                 '2026-01-02T03:04:05.678Z'::timestamptz AS at, 9007199254740993::bigint AS big, ${"ünïcode ✓"}::text AS s`);
-        const row = result.rows[0] as { doc: unknown; tags: unknown; at: unknown; big: unknown; s: unknown };
+                 '2026-01-02T03:04:05.678Z'::timestamptz AS at, 9007199254740993::bigint AS big, ${"ünïcode ✓"}::text AS s`,
+        ))!;
         check(JSON.stringify(row.doc) === JSON.stringify(doc), `jsonb came back as ${JSON.stringify(row.doc)}`);
         check(JSON.stringify(row.tags) === JSON.stringify(["x", "y z"]), `text[] came back as ${JSON.stringify(row.tags)}`);
         check(new Date(row.at as string).toISOString() === "2026-01-02T03:04:05.678Z", `timestamptz came back as ${String(row.at)}`);
@@ -146,11 +146,11 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
           await store.db.execute(sql.raw(`INSERT INTO ${t} (id, n) VALUES ('counter', 0)`));
           const increment = () =>
             store.transaction(async (tx) => {
-              const [row] = await rows(tx, `SELECT n FROM ${t} WHERE id = 'counter' FOR UPDATE`);
+              const [row] = await rows(tx, sql.raw(`SELECT n FROM ${t} WHERE id = 'counter' FOR UPDATE`));
               await tx.execute(sql.raw(`UPDATE ${t} SET n = ${Number(row?.n) + 1} WHERE id = 'counter'`));
             });
           await Promise.all(Array.from({ length: 8 }, increment));
-          const [row] = await rows(store.db, `SELECT n FROM ${t} WHERE id = 'counter'`);
+          const [row] = await rows(store.db, sql.raw(`SELECT n FROM ${t} WHERE id = 'counter'`));
           check(row?.n === 8, `8 increments left n = ${String(row?.n)}`);
         }),
     },
@@ -166,10 +166,10 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
             data: { n: 1 },
           });
         });
-        const result = await store.db.execute(
+        const row = await one<{ type: string; module: string; actor: string; data: { n: number }; past: boolean }>(
+          store.db,
           sql`SELECT type, module, actor, data, occurred_at <= compute_now() AS past FROM bc_events WHERE event_id = ${eventId}`,
         );
-        const row = result.rows[0] as { type: string; module: string; actor: string; data: { n: number }; past: boolean } | undefined;
         check(
           row?.type === "conformance.happened" && row.module === "conformance" && row.actor === "system:conformance",
           `event row ${JSON.stringify(row)}`,
@@ -185,9 +185,12 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
         for (let i = 0; i < 2; i++) {
           await store.transaction((tx) => work.enqueue(tx, { queue: "conformance", key, payload: { i } }));
         }
-        const result = await store.db.execute(sql`SELECT state, payload FROM bc_work_items WHERE queue = 'conformance' AND key = ${key}`);
-        check(result.rows.length === 1, `${result.rows.length} items for one key`);
-        const row = result.rows[0] as { state: string; payload: { i: number } };
+        const items = await rows<{ state: string; payload: { i: number } }>(
+          store.db,
+          sql`SELECT state, payload FROM bc_work_items WHERE queue = 'conformance' AND key = ${key}`,
+        );
+        check(items.length === 1, `${items.length} items for one key`);
+        const row = items[0]!;
         check(row.state === "pending" && row.payload.i === 0, `the second enqueue changed the pending item: ${JSON.stringify(row)}`);
         await store.db.execute(sql`DELETE FROM bc_work_items WHERE queue = 'conformance' AND key = ${key}`);
       },
@@ -231,7 +234,7 @@ export function storeConformanceCases(): ConformanceCase<Store>[] {
             (err: unknown) => err,
           );
           check(isComputeError(refused) && refused.code === "INVALID_CONFIG", "a changed migration was not refused with INVALID_CONFIG");
-          const [row] = await rows(store.db, `SELECT count(*)::int AS n FROM bc_conf_m${id}`);
+          const [row] = await rows(store.db, sql.raw(`SELECT count(*)::int AS n FROM bc_conf_m${id}`));
           check(row?.n === 1, "the migration's statements ran more than once");
         } finally {
           await store.db.execute(sql.raw(`DROP TABLE IF EXISTS bc_conf_m${id}`));

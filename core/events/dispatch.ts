@@ -10,7 +10,7 @@ import type { SinkContext, SinkDefinition, SinkEvent } from "../contracts.ts";
 import type { ModuleContext, SecretRef } from "../context.ts";
 import { ComputeError, invalidConfig } from "../errors.ts";
 import type { Logger } from "../log.ts";
-import type { Tx } from "../store/database.ts";
+import { one, rows, type Tx } from "../store/database.ts";
 
 export type SinkSource = "events" | "audit";
 
@@ -70,12 +70,19 @@ export async function dispatchOnce(ctx: DispatchContext, sink: SinkDefinition): 
   const log = ctx.log.child({ sink: sink.id });
   return ctx.store.transaction(async (tx) => {
     await tx.execute(sql`INSERT INTO bc_sink_cursors (sink, source) VALUES (${sink.id}, ${source}) ON CONFLICT (sink) DO NOTHING`);
-    const locked = await tx.execute(sql`
+    const cursor = await one<{
+      source: string;
+      position: string;
+      attempts: number;
+      isolate_through: string | null;
+      wait_ms: number | null;
+    }>(
+      tx,
+      sql`
       SELECT source, position::text AS position, attempts, isolate_through::text AS isolate_through,
              GREATEST(0, EXTRACT(EPOCH FROM (next_attempt_at - compute_now())) * 1000)::float8 AS wait_ms
-      FROM bc_sink_cursors WHERE sink = ${sink.id} FOR UPDATE SKIP LOCKED`);
-    const cursor = locked.rows[0] as
-      { source: string; position: string; attempts: number; isolate_through: string | null; wait_ms: number | null } | undefined;
+      FROM bc_sink_cursors WHERE sink = ${sink.id} FOR UPDATE SKIP LOCKED`,
+    );
     if (!cursor) return { state: "busy" };
     if (cursor.source !== source) {
       throw invalidConfig(`sink ${sink.id} is now an ${source} sink, but its cursor is over ${cursor.source}: give it another id`, {
@@ -286,9 +293,12 @@ function readRecord(tx: Tx, source: SinkSource, recordId: string): Promise<Outbo
 
 async function readRows(tx: Tx, source: SinkSource, where: ReturnType<typeof sql>): Promise<OutboxRow[]> {
   if (source === "events") {
-    const rows = await tx.execute(sql`
-      SELECT id, outbox_seq::text AS position, event_id, type, module, subject, data, occurred_at FROM bc_events WHERE ${where}`);
-    return (rows.rows as Record<string, any>[]).map((r) => ({
+    const events = await rows<Record<string, any>>(
+      tx,
+      sql`
+      SELECT id, outbox_seq::text AS position, event_id, type, module, subject, data, occurred_at FROM bc_events WHERE ${where}`,
+    );
+    return events.map((r) => ({
       position: r.position,
       event: {
         id: Number(r.id),
@@ -301,9 +311,12 @@ async function readRows(tx: Tx, source: SinkSource, where: ReturnType<typeof sql
       },
     }));
   }
-  const rows = await tx.execute(sql`
-    SELECT id, outbox_seq::text AS position, actor, action, resource, method, request_id, at FROM bc_audit WHERE ${where}`);
-  return (rows.rows as Record<string, any>[]).map((r) => ({ position: r.position, event: auditEvent(r) }));
+  const audit = await rows<Record<string, any>>(
+    tx,
+    sql`
+    SELECT id, outbox_seq::text AS position, actor, action, resource, method, request_id, at FROM bc_audit WHERE ${where}`,
+  );
+  return audit.map((r) => ({ position: r.position, event: auditEvent(r) }));
 }
 
 /** An audit row as a sink sees it: the action is its type, the resource its subject. */
@@ -323,9 +336,9 @@ function auditEvent(r: Record<string, any>): SinkEvent {
 export async function sinkLag(tx: Tx, source: SinkSource, position: string): Promise<{ behind: number; oldestAt: string | null }> {
   const table = source === "events" ? sql`bc_events` : sql`bc_audit`;
   const at = source === "events" ? sql`occurred_at` : sql`at`;
-  const rows = await tx.execute(
+  const row = (await one<{ behind: number; oldest: string | null }>(
+    tx,
     sql`SELECT count(*)::int AS behind, min(${at}) AS oldest FROM ${table} WHERE outbox_seq > ${position}::bigint`,
-  );
-  const row = rows.rows[0] as { behind: number; oldest: string | null };
+  ))!;
   return { behind: Number(row.behind), oldestAt: row.oldest === null ? null : new Date(row.oldest).toISOString() };
 }

@@ -4,6 +4,7 @@ import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineMethod, defineModule, type Module } from "../contracts.ts";
 import { ComputeError, notFound } from "../errors.ts";
+import { one, rows } from "../store/database.ts";
 import { deliverOne, drainSinks, registeredSinks, sinkLag, type SinkSource } from "./dispatch.ts";
 
 const sinkId = z.string().regex(/^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*$/, "a sink id");
@@ -65,7 +66,6 @@ function deadLetterRow(r: Record<string, any>): z.input<typeof deadLetterView> {
 
 const sinksList = defineMethod({
   name: "events.sinks.list",
-  action: "events.sinks.list",
   readOnly: true,
   description: "The registered event and audit sinks: cursor, lag, retry state, last error and open dead letters",
   input: z.object({}),
@@ -73,11 +73,13 @@ const sinksList = defineMethod({
   handler: async (ctx, _input, tx) => {
     const sinks = [];
     for (const sink of registeredSinks(ctx)) {
-      const rows = await tx.execute(sql`
+      const row = (await one<Record<string, any>>(
+        tx,
+        sql`
         SELECT c.position::text AS position, c.attempts, c.next_attempt_at, c.last_error, c.last_delivered_at, compute_now() AS now,
                (SELECT count(*)::int FROM bc_sink_dead_letters d WHERE d.sink = ${sink.id} AND d.replayed_at IS NULL) AS dead
-        FROM (SELECT 1) one LEFT JOIN bc_sink_cursors c ON c.sink = ${sink.id}`);
-      const row = rows.rows[0] as Record<string, any>;
+        FROM (SELECT 1) one LEFT JOIN bc_sink_cursors c ON c.sink = ${sink.id}`,
+      ))!;
       const cursor = row.position ?? "0";
       const lag = await sinkLag(tx, sink.kind, cursor);
       const now = new Date(row.now).getTime();
@@ -104,7 +106,6 @@ const sinksList = defineMethod({
 
 const deadLettersList = defineMethod({
   name: "events.deadLetters.list",
-  action: "events.deadLetters.list",
   readOnly: true,
   description: "Events and audit rows a sink refused for good, oldest first; page with after: the previous page's next",
   input: z.object({
@@ -121,20 +122,22 @@ const deadLettersList = defineMethod({
       const named = await tx.execute(sql`SELECT 1 FROM bc_sink_dead_letters WHERE id = ${input.after}::bigint`);
       if (named.rows.length === 0) throw notFound(`dead letter ${input.after} does not exist`, { after: input.after });
     }
-    const rows = await tx.execute(sql`
+    const found = await rows(
+      tx,
+      sql`
       SELECT * FROM bc_sink_dead_letters
       WHERE (${input.sink ?? null}::text IS NULL OR sink = ${input.sink ?? null})
         AND (${input.all} OR (replayed_at IS NOT NULL) = ${input.replayed})
         AND (${input.after ?? null}::bigint IS NULL OR id > ${input.after ?? null}::bigint)
-      ORDER BY id LIMIT ${input.limit}`);
-    const deadLetters = (rows.rows as Record<string, any>[]).map(deadLetterRow);
+      ORDER BY id LIMIT ${input.limit}`,
+    );
+    const deadLetters = found.map(deadLetterRow);
     return { deadLetters, next: deadLetters.length === input.limit ? deadLetters.at(-1)!.id : null };
   },
 });
 
 const deadLettersReplay = defineMethod({
   name: "events.deadLetters.replay",
-  action: "events.deadLetters.replay",
   resource: (input) => `deadLetters/${input.id}`,
   description:
     "Delivers a dead letter to its sink again, outside the sink's cursor, and marks it replayed; replaying it again changes nothing",
@@ -142,8 +145,7 @@ const deadLettersReplay = defineMethod({
   output: z.object({ deadLetter: deadLetterView, delivered: z.boolean() }),
   handler: async (ctx, input, tx) => {
     // The row lock makes two replays at once deliver once.
-    const found = await tx.execute(sql`SELECT * FROM bc_sink_dead_letters WHERE id = ${input.id}::bigint FOR UPDATE`);
-    const row = found.rows[0] as Record<string, any> | undefined;
+    const row = await one<Record<string, any>>(tx, sql`SELECT * FROM bc_sink_dead_letters WHERE id = ${input.id}::bigint FOR UPDATE`);
     if (!row) throw notFound(`dead letter ${input.id} does not exist`, { id: input.id });
     if (row.replayed_at !== null) return { deadLetter: deadLetterRow(row), delivered: false };
     const sink = registeredSinks(ctx).find((s) => s.id === row.sink);
@@ -157,15 +159,18 @@ const deadLettersReplay = defineMethod({
       );
     }
     await deliverOne(ctx, tx, sink, row.source as SinkSource, String(row.record_id));
-    const updated = await tx.execute(sql`
+    const updated = await one(
+      tx,
+      sql`
       UPDATE bc_sink_dead_letters SET replayed_at = compute_now(), replayed_by = ${ctx.principal.id}
-      WHERE id = ${input.id}::bigint RETURNING *`);
+      WHERE id = ${input.id}::bigint RETURNING *`,
+    );
     await ctx.events.publish(tx, {
       type: "sink.deadLetter.replayed",
       subject: `sinks/${sink.id}/deadLetters/${input.id}`,
       data: { sink: sink.id, deadLetter: input.id, recordId: String(row.record_id) },
     });
-    return { deadLetter: deadLetterRow(updated.rows[0] as Record<string, any>), delivered: true };
+    return { deadLetter: deadLetterRow(updated!), delivered: true };
   },
 });
 

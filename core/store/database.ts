@@ -39,6 +39,26 @@ export interface Store {
   close(): Promise<void>;
 }
 
+/** What sends a statement: the store's db or a transaction (execute), or the store itself (store.write). */
+export type Runner = Pick<Db | Tx, "execute"> | Pick<Store, "write">;
+
+/**
+ * A statement's rows, as the type its caller names: the columns the statement selects (or
+ * returns), with the types the driver parses them to (a bigint comes back as a string, a json
+ * column parsed). Nothing checks them at run time. Given the store, the statement is sent as a
+ * one-statement write (store.write).
+ */
+export async function rows<T extends object = Record<string, unknown>>(runner: Runner, statement: SQL): Promise<T[]> {
+  const result = "write" in runner ? await runner.write(statement) : await runner.execute(statement);
+  // The one cast: what the statement selects is known to its caller only (drizzle's execute<TRow> is the same cast).
+  return result.rows as T[];
+}
+
+/** A statement's first row, or undefined when it has none (see rows). */
+export async function one<T extends object = Record<string, unknown>>(runner: Runner, statement: SQL): Promise<T | undefined> {
+  return (await rows<T>(runner, statement))[0];
+}
+
 /** The database port: how the platform opens a Store from the Worker's environment. */
 export interface DatabasePort {
   open(env: Bindings): Store;

@@ -5,7 +5,7 @@ import { sql } from "drizzle-orm";
 import type { Migration } from "../contracts.ts";
 import { invalidConfig } from "../errors.ts";
 import { sha256Hex } from "../encoding.ts";
-import type { Store } from "./database.ts";
+import { one, type Store } from "./database.ts";
 
 const LOCK_ID = 0x6263_6d67; // "bcmg"
 
@@ -26,8 +26,7 @@ export async function applyMigrations(store: Store, migrations: Migration[]): Pr
     const digest = await sha256Hex(migration.sql);
     await store.transaction(async (tx) => {
       await tx.execute(sql`SELECT pg_advisory_xact_lock(${LOCK_ID})`);
-      const found = await tx.execute(sql`SELECT sha256 FROM bc_migrations WHERE name = ${migration.name}`);
-      const applied = found.rows[0] as { sha256: string } | undefined;
+      const applied = await one<{ sha256: string }>(tx, sql`SELECT sha256 FROM bc_migrations WHERE name = ${migration.name}`);
       if (applied) {
         if (applied.sha256 !== digest) {
           throw invalidConfig(`migration ${migration.name} was changed after it was applied; add a new migration instead`, {

@@ -3,7 +3,7 @@
 // `better-compute capacity <...>` (docs/capacity.md).
 import { sql } from "drizzle-orm";
 import { z } from "zod";
-import { defineMethod, invalidArgument, notFound, type HostView, type MethodDefinition, type Tx } from "better-compute/core";
+import { defineMethod, invalidArgument, notFound, one, rows, type HostView, type MethodDefinition, type Tx } from "better-compute/core";
 import { placementRequest } from "./placer.ts";
 import { readHosts } from "./port.ts";
 
@@ -101,7 +101,6 @@ function settingMethod<I extends z.ZodObject>(
 ): MethodDefinition<I, typeof hostSummary> {
   return defineMethod({
     name,
-    action: name,
     resource: (i) => `capacity/hosts/${(i as { node: string }).node}`,
     description,
     input,
@@ -134,7 +133,6 @@ export function capacityMethods(): MethodDefinition<any, any>[] {
   return [
     defineMethod({
       name: "capacity.hosts.list",
-      action: "capacity.hosts.list",
       readOnly: true,
       description: "Hosts (live nodes of role node) with what they report, use and hold; labels narrows the list",
       input: z.object({ labels: z.record(z.string().max(253), z.string().max(253)).optional() }),
@@ -143,7 +141,6 @@ export function capacityMethods(): MethodDefinition<any, any>[] {
     }),
     defineMethod({
       name: "capacity.hosts.get",
-      action: "capacity.hosts.get",
       readOnly: true,
       resource: (input) => `capacity/hosts/${input.node}`,
       description: "A host: resources, use, free, its reservations and holds, cordon and maintenance",
@@ -151,11 +148,14 @@ export function capacityMethods(): MethodDefinition<any, any>[] {
       output: hostSummary.extend({ reservationList: z.array(reservation) }),
       handler: async (_ctx, input, tx) => {
         const host = await hostOf(tx, input.node);
-        const rows = await tx.execute(sql`
+        const reservations = await rows(
+          tx,
+          sql`
           SELECT id, owner, state, pool, vcpus, memory_mib, disk_gib, devices, anti_affinity_group, expires_at, created_at
           FROM capacity_reservations r WHERE node_id = ${input.node} AND (r.state = 'active' OR r.expires_at > compute_now())
-          ORDER BY created_at, id`);
-        const reservationList = (rows.rows as Record<string, unknown>[]).map((r) => ({
+          ORDER BY created_at, id`,
+        );
+        const reservationList = reservations.map((r) => ({
           id: r.id as string,
           owner: r.owner as string,
           state: r.state as "held" | "active",
@@ -201,7 +201,6 @@ export function capacityMethods(): MethodDefinition<any, any>[] {
     ),
     defineMethod({
       name: "capacity.explain",
-      action: "capacity.explain",
       readOnly: true,
       description:
         "Dry-run a placement request: each host's verdict (the filter that refused it, or its scores) and the host it would pick",
@@ -223,7 +222,6 @@ export function capacityMethods(): MethodDefinition<any, any>[] {
     }),
     defineMethod({
       name: "capacity.holds.create",
-      action: "capacity.holds.create",
       description:
         "Hold capacity for ttlSeconds: placed like an instance, counted until it expires, consumed by a reserve naming it (holdId); owner defaults to holds/<id>",
       input: requestFields.extend({ owner: z.string().min(1).max(256).optional(), ttlSeconds: z.number().int().min(1).max(604_800) }),
@@ -235,15 +233,16 @@ export function capacityMethods(): MethodDefinition<any, any>[] {
     }),
     defineMethod({
       name: "capacity.holds.release",
-      action: "capacity.holds.release",
       resource: (input) => `capacity/holds/${input.id}`,
       description: "Release a hold (by the id holds.create answered as reservationId); an expired or consumed one is NOT_FOUND",
       input: z.object({ id: z.string().min(1).max(64) }),
       output: z.object({ id: z.string(), released: z.boolean() }),
       handler: async (ctx, input, tx) => {
-        const rows = await tx.execute(sql`
-          SELECT owner FROM capacity_reservations r WHERE id = ${input.id} AND state = 'held' AND r.expires_at > compute_now()`);
-        const hold = rows.rows[0] as { owner: string } | undefined;
+        const hold = await one<{ owner: string }>(
+          tx,
+          sql`
+          SELECT owner FROM capacity_reservations r WHERE id = ${input.id} AND state = 'held' AND r.expires_at > compute_now()`,
+        );
         if (!hold) throw notFound(`hold ${input.id} does not exist (expired, released, or consumed by a reservation)`, { id: input.id });
         return { id: input.id, released: await ctx.capacity.release(tx, hold.owner) };
       },

@@ -12,6 +12,8 @@ import type { SchedulerPluginDefinition } from "better-compute";
 import {
   ComputeError,
   invalidArgument,
+  one,
+  rows,
   type CapacityPort,
   type HostView,
   type ModuleContext,
@@ -56,7 +58,9 @@ interface WhichHosts {
 /** Hosts (live nodes of role node), with the operator's settings and their live reservations summed. */
 export async function readHosts(tx: Tx, which: WhichHosts = {}): Promise<HostView[]> {
   const { fitting } = which;
-  const rows = await tx.execute(sql`
+  const hosts = await rows<HostRow>(
+    tx,
+    sql`
     SELECT n.id, n.hostname, n.labels, n.state, n.resources,
            coalesce(h.cordoned, false) AS cordoned, coalesce(h.maintenance, false) AS maintenance, h.reason,
            coalesce(u.vcpus, 0) AS used_vcpus, coalesce(u.memory_mib, 0) AS used_memory_mib, coalesce(u.disk_gib, 0) AS used_disk_gib,
@@ -73,8 +77,9 @@ export async function readHosts(tx: Tx, which: WhichHosts = {}): Promise<HostVie
       AND n.labels @> ${JSON.stringify(which.labels ?? {})}::jsonb
       AND (${which.nodeId ?? null}::text IS NULL OR n.id = ${which.nodeId ?? null})
       ${fitting ? sql`AND ${passesBuiltinFilters(fitting.req)}` : sql``}
-    ${fitting?.best ? sql`ORDER BY ${strategyScore(fitting.req)} DESC, n.id COLLATE "C" LIMIT ${fitting.best}` : sql`ORDER BY n.id`}`);
-  return (rows.rows as unknown as HostRow[]).map((r) => ({
+    ${fitting?.best ? sql`ORDER BY ${strategyScore(fitting.req)} DESC, n.id COLLATE "C" LIMIT ${fitting.best}` : sql`ORDER BY n.id`}`,
+  );
+  return hosts.map((r) => ({
     nodeId: r.id,
     hostname: r.hostname,
     labels: r.labels,
@@ -144,13 +149,15 @@ const placed = (r: ReservationRow): PlacementResult => ({ placed: { nodeId: r.no
 
 /** The owner's live reservation; an expired hold of the owner's is deleted on the way (it counts for nothing). */
 async function liveOf(tx: Tx, owner: string): Promise<ReservationRow | undefined> {
-  const rows = await tx.execute(sql`
+  return one<ReservationRow>(
+    tx,
+    sql`
     WITH expired AS (
       DELETE FROM capacity_reservations WHERE owner = ${owner} AND state = 'held' AND expires_at <= compute_now() RETURNING id
     )
     SELECT id, node_id, owner, state, vcpus, memory_mib, disk_gib, devices FROM capacity_reservations
-    WHERE owner = ${owner} AND id NOT IN (SELECT id FROM expired)`);
-  return rows.rows[0] as ReservationRow | undefined;
+    WHERE owner = ${owner} AND id NOT IN (SELECT id FROM expired)`,
+  );
 }
 
 /** Thrown inside an attempt's savepoint to give the host up (and its lock with the savepoint). */
@@ -242,10 +249,12 @@ export function capacityPort(ctx: ModuleContext, defaults: PlacerDefaults = {}):
 
   /** Turns a live hold into the owner's active reservation; the request must fit inside what it holds. */
   async function consumeHold(tx: Tx, req: PlacementRequest, holdId: string): Promise<PlacementResult> {
-    const rows = await tx.execute(sql`
+    const hold = await one<ReservationRow>(
+      tx,
+      sql`
       SELECT id, node_id, owner, state, vcpus, memory_mib, disk_gib, devices FROM capacity_reservations r
-      WHERE id = ${holdId} AND state = 'held' AND ${LIVE} FOR UPDATE`);
-    const hold = rows.rows[0] as ReservationRow | undefined;
+      WHERE id = ${holdId} AND state = 'held' AND ${LIVE} FOR UPDATE`,
+    );
     if (!hold) throw new ComputeError("FAILED_PRECONDITION", `hold ${holdId} does not exist or has expired`, { holdId });
     if (
       req.vcpus > hold.vcpus ||
@@ -292,8 +301,10 @@ export function capacityPort(ctx: ModuleContext, defaults: PlacerDefaults = {}):
       return book(tx, req, p, ttlSeconds);
     },
     async release(tx, owner) {
-      const rows = await tx.execute(sql`DELETE FROM capacity_reservations WHERE owner = ${owner} RETURNING id, node_id, state`);
-      const gone = rows.rows[0] as { id: string; node_id: string; state: string } | undefined;
+      const gone = await one<{ id: string; node_id: string; state: string }>(
+        tx,
+        sql`DELETE FROM capacity_reservations WHERE owner = ${owner} RETURNING id, node_id, state`,
+      );
       if (!gone) return false;
       await ctx.events.publish(tx, {
         type: "capacity.released",

@@ -4,7 +4,7 @@
 // not one of the machine's own recorded addresses, names, credentials in the URL, plain HTTP off
 // the pool's provisioning networks, forbidden headers. The agent checks the request again.
 import { sql } from "drizzle-orm";
-import type { SecretRef } from "better-compute/core";
+import { one, rows, type SecretRef } from "better-compute/core";
 import { StepError, stepNotReady, type StepContext } from "better-compute/provision";
 import { inCidr, parseIp, sameIp } from "./addresses.ts";
 import { HTTP_PROXY_KIND, httpProxyBody, type HttpProxyAnswer } from "./http-proxy.ts";
@@ -45,10 +45,11 @@ export async function httpViaSite(ctx: StepContext, request: HttpViaSiteRequest)
   if (!parsed.success) refuse(parsed.error.issues.map((i) => `${i.path.join(".") || "request"}: ${i.message}`).join("; "));
   const body = parsed.data!;
 
-  const machine = (
-    await ctx.store.db.execute(sql`
-      SELECT n.id, n.site_id, n.addresses, p.policy FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id WHERE n.id = ${ctx.workflow.target}`)
-  ).rows[0] as { id: string; site_id: string; addresses: string[]; policy: { provisioningCidrs?: string[] } } | undefined;
+  const machine = await one<{ id: string; site_id: string; addresses: string[]; policy: { provisioningCidrs?: string[] } }>(
+    ctx.store.db,
+    sql`
+      SELECT n.id, n.site_id, n.addresses, p.policy FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id WHERE n.id = ${ctx.workflow.target}`,
+  );
   if (!machine) return refuse(`workflow ${ctx.workflow.id} does not act on a metal machine`);
 
   const url = new URL(body.url);
@@ -68,11 +69,14 @@ export async function httpViaSite(ctx: StepContext, request: HttpViaSiteRequest)
   }
 
   const prefix = `wf:${ctx.workflow.id}:${ctx.step.position}:${ctx.step.attempt}:http:${key}:`;
-  const sent = await ctx.store.db.execute(sql`
-    SELECT idempotency_key, state, result, error FROM bc_commands
-    WHERE origin = ${`workflow:${ctx.workflow.id}`} AND kind = ${HTTP_PROXY_KIND}`);
   type Row = { idempotency_key: string; state: string; result: HttpProxyAnswer | null; error: { code: string; message: string } | null };
-  const mine = (sent.rows as Row[])
+  const sent = await rows<Row>(
+    ctx.store.db,
+    sql`
+    SELECT idempotency_key, state, result, error FROM bc_commands
+    WHERE origin = ${`workflow:${ctx.workflow.id}`} AND kind = ${HTTP_PROXY_KIND}`,
+  );
+  const mine = sent
     .filter((r) => r.idempotency_key.startsWith(prefix))
     .map((r) => ({ ...r, n: Number(r.idempotency_key.slice(prefix.length)) }))
     .sort((a, b) => a.n - b.n);

@@ -8,7 +8,7 @@
 //   enrolled → commissioning → ready → deploying → deployed → releasing → ready
 //   off path: failed (maintenance on), retired; deployed → rescuing → rescue → unrescuing → deployed
 import { sql } from "drizzle-orm";
-import { ComputeError, type ModuleContext, type Tx } from "better-compute/core";
+import { ComputeError, one, type ModuleContext, type Tx } from "better-compute/core";
 
 export const METAL_STATES = [
   "enrolled",
@@ -166,7 +166,9 @@ export async function transition(
     ...(patch.reason ? { reason: patch.reason } : {}),
   };
   // The move, its history row and its event in one statement (one round trip).
-  const updated = await tx.execute(sql`
+  const updated = await one<{ previous: MetalState }>(
+    tx,
+    sql`
     WITH moved AS (
       UPDATE metal_nodes AS n SET
         state = ${to},
@@ -190,6 +192,7 @@ export async function transition(
         data: sql`jsonb_build_object('from', previous) || ${JSON.stringify(data)}::jsonb`,
       },
     ])})
-    SELECT previous FROM moved`);
-  return (updated.rows[0] as { previous: MetalState } | undefined)?.previous;
+    SELECT previous FROM moved`,
+  );
+  return updated?.previous;
 }

@@ -12,7 +12,9 @@ import {
   invalidConfig,
   isSecretRef,
   notFound,
+  one,
   resourceId,
+  rows,
   schemaIssues,
   type MethodDefinition,
   type ModuleContext,
@@ -69,7 +71,6 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
 
   const enroll = defineMethod({
     name: "metal.enroll",
-    action: "metal.enroll",
     resource: (input) => `metal/pools/${input.pool}`,
     description: "Enroll a machine by its BMC; commissioning starts by itself (the password is sealed and never shown again)",
     input: z.object({
@@ -89,8 +90,10 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     }),
     output: metalNode,
     handler: async (ctx, input, tx) => {
-      const pool = (await tx.execute(sql`SELECT id, site_id, policy FROM metal_pools WHERE id = ${input.pool}`)).rows[0] as
-        { id: string; site_id: string; policy: Policy } | undefined;
+      const pool = await one<{ id: string; site_id: string; policy: Policy }>(
+        tx,
+        sql`SELECT id, site_id, policy FROM metal_pools WHERE id = ${input.pool}`,
+      );
       if (!pool) throw notFound(`pool ${input.pool} does not exist`);
       const driverId = hardwareProfiles[pool.policy.hardwareProfile]?.drivers.power;
       const driver = ctx.registered.extensions<DriverDefinition>("driver").find((d) => d.id === driverId && d.kinds.includes("power"));
@@ -130,7 +133,6 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
 
   const nodesGet = defineMethod({
     name: "metal.nodes.get",
-    action: "metal.nodes.get",
     readOnly: true,
     resource: (input) => `metal/nodes/${input.node}`,
     input: z.object({ node: resourceId }),
@@ -140,7 +142,6 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
 
   const nodesList = defineMethod({
     name: "metal.nodes.list",
-    action: "metal.nodes.list",
     readOnly: true,
     input: z.object({
       pool: resourceId.optional(),
@@ -150,20 +151,22 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     }),
     output: z.object({ nodes: z.array(metalNode) }),
     handler: async (_ctx, input, tx) => {
-      const rows = await tx.execute(sql`
+      const nodes = await rows<NodeRow>(
+        tx,
+        sql`
         SELECT ${NODE_COLUMNS} FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
         WHERE (${input.pool ?? null}::text IS NULL OR n.pool_id = ${input.pool ?? null})
           AND (${input.site ?? null}::text IS NULL OR n.site_id = ${input.site ?? null})
           AND (${input.state ?? null}::text IS NULL OR n.state = ${input.state ?? null})
           AND (${input.maintenance ?? null}::boolean IS NULL OR n.maintenance = ${input.maintenance ?? null})
-        ORDER BY n.created_at, n.id LIMIT 1000`);
-      return { nodes: (rows.rows as unknown as NodeRow[]).map(toNode) };
+        ORDER BY n.created_at, n.id LIMIT 1000`,
+      );
+      return { nodes: nodes.map(toNode) };
     },
   });
 
   const deploy = defineMethod({
     name: "metal.deploy",
-    action: "metal.deploy",
     resource: (input) => `metal/nodes/${input.node}`,
     description: "Deploy a ready machine with a profile (target metal); it ends deployed with the profile's role",
     input: z.object({
@@ -205,7 +208,6 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
 
   const undeploy = defineMethod({
     name: "metal.undeploy",
-    action: "metal.undeploy",
     resource: (input) => `metal/nodes/${input.node}`,
     description: "Release a deployed machine: its disks are wiped (attested) before it is ready again",
     input: z.object({ node: resourceId }),
@@ -223,7 +225,6 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
 
   const recommission = defineMethod({
     name: "metal.nodes.recommission",
-    action: "metal.nodes.recommission",
     resource: (input) => `metal/nodes/${input.node}`,
     description: "Take a failed machine out of maintenance and commission it again from the start",
     input: z.object({ node: resourceId }),
@@ -246,7 +247,6 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
 
   const rescue = defineMethod({
     name: "metal.rescue",
-    action: "metal.rescue",
     resource: (input) => `metal/nodes/${input.node}`,
     description:
       "Boot a deployed machine into the ramdisk (its disk untouched) for an operator to look into; metal.unrescue boots it from its disk again",
@@ -286,7 +286,6 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
 
   const retire = defineMethod({
     name: "metal.nodes.retire",
-    action: "metal.nodes.retire",
     resource: (input) => `metal/nodes/${input.node}`,
     description: `Take a machine out of service for good (${anyOf(TRANSITIONS.retire.from)}); its BMC may be enrolled again as a new machine`,
     input: z.object({ node: resourceId, reason: z.string().min(1).max(500).optional() }),
@@ -305,7 +304,6 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
 
   const maintenance = defineMethod({
     name: "metal.nodes.maintenance",
-    action: "metal.nodes.maintenance",
     resource: (input) => `metal/nodes/${input.node}`,
     description:
       "Put a machine in maintenance (on, with a reason: nothing new starts on it) or take it out (off); not while a workflow drives it",

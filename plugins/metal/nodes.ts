@@ -2,7 +2,7 @@
 // method and the reconciler share (start a lifecycle workflow, revoke its ramdisks).
 import { sql } from "drizzle-orm";
 import { z } from "zod";
-import { ComputeError, conflict, notFound, type ModuleContext, type Tx } from "better-compute/core";
+import { ComputeError, conflict, notFound, one, type ModuleContext, type Tx } from "better-compute/core";
 import { startWorkflow } from "better-compute/provision";
 import { needsSiteAgent, type HardwareProfiles } from "./hardware.ts";
 import { METAL_STATES, transition, type MetalEvent, type MetalState } from "./lifecycle.ts";
@@ -60,9 +60,11 @@ export const toNode = (r: NodeRow): z.input<typeof metalNode> => ({
 export const NODE_COLUMNS = sql`n.*, p.policy, p.agent AS pool_agent`;
 
 export async function loadNode(tx: Pick<Tx, "execute">, id: string, lock = false): Promise<NodeRow> {
-  const found = await tx.execute(sql`
-    SELECT ${NODE_COLUMNS} FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id WHERE n.id = ${id} ${lock ? sql`FOR UPDATE OF n` : sql``}`);
-  const row = found.rows[0] as NodeRow | undefined;
+  const row = await one<NodeRow>(
+    tx,
+    sql`
+    SELECT ${NODE_COLUMNS} FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id WHERE n.id = ${id} ${lock ? sql`FOR UPDATE OF n` : sql``}`,
+  );
   if (!row) throw notFound(`metal node ${id} does not exist`);
   return row;
 }
@@ -72,9 +74,11 @@ export async function loadNode(tx: Pick<Tx, "execute">, id: string, lock = false
  * a CONFLICT naming that machine. Addresses compare as the BMC reads them (a trailing slash aside).
  */
 export async function refuseHeldBmc(tx: Pick<Tx, "execute">, address: string): Promise<void> {
-  const found = await tx.execute(sql`
-    SELECT id, state FROM metal_nodes WHERE rtrim(bmc->>'address', '/') = rtrim(${address}, '/') AND state <> 'retired' LIMIT 1`);
-  const holder = found.rows[0] as { id: string; state: MetalState } | undefined;
+  const holder = await one<{ id: string; state: MetalState }>(
+    tx,
+    sql`
+    SELECT id, state FROM metal_nodes WHERE rtrim(bmc->>'address', '/') = rtrim(${address}, '/') AND state <> 'retired' LIMIT 1`,
+  );
   if (holder)
     throw conflict(`the BMC ${address} is held by metal node ${holder.id} (${holder.state}): retire that machine to enroll its BMC again`, {
       node: holder.id,

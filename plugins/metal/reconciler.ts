@@ -3,7 +3,7 @@
 // their site has an agent. It runs when a workflow ends and from the cron sweep.
 import { sql } from "drizzle-orm";
 import type { Reconciler } from "better-compute";
-import { ComputeError, type ModuleContext, type Tx } from "better-compute/core";
+import { ComputeError, one, rows, type ModuleContext, type Tx } from "better-compute/core";
 import { lifecycleProfile, type HardwareProfiles } from "./hardware.ts";
 import { ON_WORKFLOW_SUCCESS, transition, transitionOf, TRANSITIONAL_STATES, type TransitionalState } from "./lifecycle.ts";
 import { NODE_COLUMNS, revokeRamdisks, runLifecycle, type NodeRow } from "./nodes.ts";
@@ -13,10 +13,13 @@ type EndedNode = NodeRow & { state: TransitionalState; wf_state: string; wf_erro
 
 /** Exactly one attested wipe in the workflow: a succeeded wipe step whose command's result is node-signed. */
 async function attestedWipes(tx: Tx, workflowId: string): Promise<number> {
-  const found = await tx.execute(sql`
+  const found = await one<{ n: number }>(
+    tx,
+    sql`
     SELECT count(*)::int AS n FROM workflow_steps s JOIN bc_commands c ON c.id = s.command_id
-    WHERE s.workflow_id = ${workflowId} AND s.step_id = ${WIPE_STEP} AND s.state = 'succeeded' AND c.attested AND c.signature IS NOT NULL`);
-  return (found.rows[0] as { n: number }).n;
+    WHERE s.workflow_id = ${workflowId} AND s.step_id = ${WIPE_STEP} AND s.state = 'succeeded' AND c.attested AND c.signature IS NOT NULL`,
+  );
+  return found!.n;
 }
 
 /** Moves one node whose workflow ended; returns whether it changed. */
@@ -86,17 +89,23 @@ export function lifecycleReconciler(hardwareProfiles: HardwareProfiles): Reconci
     async run(ctx) {
       let changed = 0;
       // Machines whose workflow ended.
-      const ended = await ctx.store.db.execute(sql`
+      const ended = await rows<EndedNode>(
+        ctx.store.db,
+        sql`
         SELECT ${NODE_COLUMNS}, w.state AS wf_state, w.error AS wf_error
         FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id JOIN workflows w ON w.id = n.workflow_id
         WHERE n.state = ANY(${`{${TRANSITIONAL_STATES.join(",")}}`}::text[]) AND w.state NOT IN ('running', 'awaiting-approval')
-        ORDER BY n.state_changed_at LIMIT 500`);
-      changed += await moveEach(ended.rows as unknown as EndedNode[], (node) => settle(ctx, node));
+        ORDER BY n.state_changed_at LIMIT 500`,
+      );
+      changed += await moveEach(ended, (node) => settle(ctx, node));
       // Enrolled machines (enrolled before their site had an agent where the pool needs one, or recommissioned): commission them.
-      const enrolled = await ctx.store.db.execute(sql`
+      const enrolled = await rows<NodeRow>(
+        ctx.store.db,
+        sql`
         SELECT ${NODE_COLUMNS} FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id
-        WHERE n.state = 'enrolled' AND NOT n.maintenance ORDER BY n.created_at LIMIT 500`);
-      changed += await moveEach(enrolled.rows as unknown as NodeRow[], async (node) => {
+        WHERE n.state = 'enrolled' AND NOT n.maintenance ORDER BY n.created_at LIMIT 500`,
+      );
+      changed += await moveEach(enrolled, async (node) => {
         try {
           await ctx.store.transaction((tx) =>
             runLifecycle(ctx, tx, hardwareProfiles, node, "commission", lifecycleProfile(hardwareProfiles, node, "commission")),

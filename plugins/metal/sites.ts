@@ -10,7 +10,9 @@ import {
   defineMethod,
   invalidArgument,
   notFound,
+  one,
   resourceId,
+  rows,
   type MethodDefinition,
   type Tx,
 } from "better-compute/core";
@@ -72,15 +74,16 @@ interface PoolRow {
 }
 
 async function findSites(tx: Tx, id?: string) {
-  const rows = (
-    await tx.execute(sql`
+  const found = await rows<SiteRow>(
+    tx,
+    sql`
     SELECT s.id, s.description, s.created_at,
            (SELECT count(*)::int FROM metal_pools p WHERE p.site_id = s.id) AS pools,
            (SELECT count(*)::int FROM metal_nodes n WHERE n.site_id = s.id AND n.state <> 'retired') AS machines
-    FROM metal_sites s WHERE (${id ?? null}::text IS NULL OR s.id = ${id ?? null}) ORDER BY s.id LIMIT 1000`)
-  ).rows as unknown as SiteRow[];
+    FROM metal_sites s WHERE (${id ?? null}::text IS NULL OR s.id = ${id ?? null}) ORDER BY s.id LIMIT 1000`,
+  );
   const sites = [];
-  for (const r of rows)
+  for (const r of found)
     sites.push({
       id: r.id,
       description: r.description,
@@ -93,14 +96,15 @@ async function findSites(tx: Tx, id?: string) {
 }
 
 async function findPools(tx: Tx, filter: { id?: string; site?: string }) {
-  const rows = (
-    await tx.execute(sql`
+  const found = await rows<PoolRow>(
+    tx,
+    sql`
     SELECT p.*, (SELECT count(*)::int FROM metal_nodes n WHERE n.pool_id = p.id AND n.state <> 'retired') AS machines
     FROM metal_pools p
     WHERE (${filter.id ?? null}::text IS NULL OR p.id = ${filter.id ?? null}) AND (${filter.site ?? null}::text IS NULL OR p.site_id = ${filter.site ?? null})
-    ORDER BY p.id LIMIT 1000`)
-  ).rows as unknown as PoolRow[];
-  return rows.map((r) => ({
+    ORDER BY p.id LIMIT 1000`,
+  );
+  return found.map((r) => ({
     id: r.id,
     site: r.site_id,
     class: r.class,
@@ -177,7 +181,6 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
 
   const sitesCreate = defineMethod({
     name: "metal.sites.create",
-    action: "metal.sites.create",
     resource: (input) => `metal/sites/${input.id}`,
     description: "Create a site; the same fields again is idempotent (created: false), other fields are CONFLICT naming them",
     input: z.object({ id: slug, description: z.string().max(500).optional() }),
@@ -188,9 +191,7 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
         sql`INSERT INTO metal_sites (id, description) VALUES (${input.id}, ${description}) ON CONFLICT DO NOTHING RETURNING id`,
       );
       if (inserted.rows.length === 0) {
-        const stored = (await tx.execute(sql`SELECT description FROM metal_sites WHERE id = ${input.id}`)).rows[0] as {
-          description: string | null;
-        };
+        const stored = (await one<{ description: string | null }>(tx, sql`SELECT description FROM metal_sites WHERE id = ${input.id}`))!;
         return existing("site", input.id, stored, { description });
       }
       await ctx.events.publish(tx, { type: "metal.site.created", subject: `metal/sites/${input.id}` });
@@ -200,7 +201,6 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
 
   const sitesList = defineMethod({
     name: "metal.sites.list",
-    action: "metal.sites.list",
     readOnly: true,
     description: "The sites, with their pool and machine counts and their agent",
     input: z.object({}),
@@ -210,7 +210,6 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
 
   const sitesGet = defineMethod({
     name: "metal.sites.get",
-    action: "metal.sites.get",
     readOnly: true,
     resource: (input) => `metal/sites/${input.id}`,
     input: z.object({ id: resourceId }),
@@ -220,14 +219,15 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
 
   const sitesUpdate = defineMethod({
     name: "metal.sites.update",
-    action: "metal.sites.update",
     resource: (input) => `metal/sites/${input.id}`,
     description: "Change a site's description (null clears it)",
     input: z.object({ id: resourceId, description: z.string().max(500).nullable() }),
     output: site,
     handler: async (ctx, input, tx) => {
-      const stored = (await tx.execute(sql`SELECT description FROM metal_sites WHERE id = ${input.id} FOR UPDATE`)).rows[0] as
-        { description: string | null } | undefined;
+      const stored = await one<{ description: string | null }>(
+        tx,
+        sql`SELECT description FROM metal_sites WHERE id = ${input.id} FOR UPDATE`,
+      );
       if (!stored) throw notFound(`site ${input.id} does not exist`);
       if (stored.description !== input.description) {
         await tx.execute(sql`UPDATE metal_sites SET description = ${input.description} WHERE id = ${input.id}`);
@@ -239,7 +239,6 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
 
   const sitesDelete = defineMethod({
     name: "metal.sites.delete",
-    action: "metal.sites.delete",
     resource: (input) => `metal/sites/${input.id}`,
     description: "Delete a site that has no pools and no live site agent",
     input: z.object({ id: resourceId }),
@@ -247,9 +246,9 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
     handler: async (ctx, input, tx) => {
       const found = await tx.execute(sql`SELECT id FROM metal_sites WHERE id = ${input.id} FOR UPDATE`);
       if (found.rows.length === 0) throw notFound(`site ${input.id} does not exist`);
-      const pools = (
-        (await tx.execute(sql`SELECT id FROM metal_pools WHERE site_id = ${input.id} ORDER BY id`)).rows as { id: string }[]
-      ).map((r) => r.id);
+      const pools = (await rows<{ id: string }>(tx, sql`SELECT id FROM metal_pools WHERE site_id = ${input.id} ORDER BY id`)).map(
+        (r) => r.id,
+      );
       if (pools.length)
         throw new ComputeError("FAILED_PRECONDITION", `site ${input.id} still has pools (${pools.join(", ")}): delete them first`, {
           site: input.id,
@@ -271,7 +270,6 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
 
   const poolsCreate = defineMethod({
     name: "metal.pools.create",
-    action: "metal.pools.create",
     resource: (input) => `metal/pools/${input.id}`,
     description:
       "Create a pool of machines in a site; the same fields again is idempotent (created: false), other fields are CONFLICT naming them",
@@ -291,8 +289,7 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
         INSERT INTO metal_pools (id, site_id, class, agent, policy) VALUES (${input.id}, ${input.site}, ${input.class}, ${input.agent}, ${JSON.stringify(input.policy)}::jsonb)
         ON CONFLICT DO NOTHING RETURNING id`);
       if (inserted.rows.length === 0) {
-        const stored = (await tx.execute(sql`SELECT site_id AS site, class, agent, policy FROM metal_pools WHERE id = ${input.id}`))
-          .rows[0] as Record<string, unknown>;
+        const stored = (await one(tx, sql`SELECT site_id AS site, class, agent, policy FROM metal_pools WHERE id = ${input.id}`))!;
         return existing(
           "pool",
           input.id,
@@ -311,7 +308,6 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
 
   const poolsList = defineMethod({
     name: "metal.pools.list",
-    action: "metal.pools.list",
     readOnly: true,
     description: "The pools (of one site), with their policy and machine counts",
     input: z.object({ site: resourceId.optional() }),
@@ -321,7 +317,6 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
 
   const poolsGet = defineMethod({
     name: "metal.pools.get",
-    action: "metal.pools.get",
     readOnly: true,
     resource: (input) => `metal/pools/${input.id}`,
     input: z.object({ id: resourceId }),
@@ -331,15 +326,16 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
 
   const poolsUpdate = defineMethod({
     name: "metal.pools.update",
-    action: "metal.pools.update",
     resource: (input) => `metal/pools/${input.id}`,
     description:
       "Replace a pool's policy (checked like create); its hardware profile changes only while it holds no machine that is not retired",
     input: z.object({ id: resourceId, policy }),
     output: pool,
     handler: async (ctx, input, tx) => {
-      const stored = (await tx.execute(sql`SELECT agent, policy FROM metal_pools WHERE id = ${input.id} FOR UPDATE`)).rows[0] as
-        { agent: "bcd" | "none"; policy: Record<string, unknown> } | undefined;
+      const stored = await one<{ agent: "bcd" | "none"; policy: Record<string, unknown> }>(
+        tx,
+        sql`SELECT agent, policy FROM metal_pools WHERE id = ${input.id} FOR UPDATE`,
+      );
       if (!stored) throw notFound(`pool ${input.id} does not exist`);
       checkPolicy(stored.agent, input.policy);
       const changed = policyKeysDiffering(normalisedPolicy(stored.policy), input.policy);
@@ -347,8 +343,10 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
       if (changed.includes("hardwareProfile")) {
         // Its machines were commissioned (BIOS, RAID) and their BMC bindings checked under the old profile.
         const held = (
-          (await tx.execute(sql`SELECT id FROM metal_nodes WHERE pool_id = ${input.id} AND state <> 'retired' ORDER BY id LIMIT 20`))
-            .rows as { id: string }[]
+          await rows<{ id: string }>(
+            tx,
+            sql`SELECT id FROM metal_nodes WHERE pool_id = ${input.id} AND state <> 'retired' ORDER BY id LIMIT 20`,
+          )
         ).map((r) => r.id);
         if (held.length) {
           throw new ComputeError(
@@ -370,7 +368,6 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
 
   const poolsDelete = defineMethod({
     name: "metal.pools.delete",
-    action: "metal.pools.delete",
     resource: (input) => `metal/pools/${input.id}`,
     description: "Delete a pool that holds no machine other than retired ones (whose rows go with it; their events stay)",
     input: z.object({ id: resourceId }),
@@ -378,8 +375,10 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
     handler: async (ctx, input, tx) => {
       const found = await tx.execute(sql`SELECT id FROM metal_pools WHERE id = ${input.id} FOR UPDATE`);
       if (found.rows.length === 0) throw notFound(`pool ${input.id} does not exist`);
-      const machines = (await tx.execute(sql`SELECT id, state FROM metal_nodes WHERE pool_id = ${input.id} ORDER BY id FOR UPDATE`))
-        .rows as { id: string; state: string }[];
+      const machines = await rows<{ id: string; state: string }>(
+        tx,
+        sql`SELECT id, state FROM metal_nodes WHERE pool_id = ${input.id} ORDER BY id FOR UPDATE`,
+      );
       const live = machines.filter((m) => m.state !== "retired").map((m) => m.id);
       if (live.length)
         throw new ComputeError(

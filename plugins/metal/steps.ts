@@ -4,7 +4,7 @@
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineDriver, type CommandKind } from "better-compute";
-import { ComputeError, SECRET_REF, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
+import { ComputeError, one, SECRET_REF, type ModuleContext, type SecretRef, type Tx } from "better-compute/core";
 import { defineProfile, defineStep, StepError, stepNotReady, type StepContext } from "better-compute/provision";
 import { bmcAddress, bmcTls, bmcTlsProblem } from "./bmc-address.ts";
 import { HTTP_PROXY_KIND, httpProxyBody } from "./http-proxy.ts";
@@ -188,11 +188,10 @@ export const recordInventory = defineStep({
       const holder =
         uuid === null
           ? undefined
-          : ((
-              await tx.execute(
-                sql`SELECT id FROM metal_nodes WHERE lower(product_uuid) = ${uuid} AND id <> ${machine} AND state <> 'retired' LIMIT 1`,
-              )
-            ).rows[0] as { id: string } | undefined);
+          : await one<{ id: string }>(
+              tx,
+              sql`SELECT id FROM metal_nodes WHERE lower(product_uuid) = ${uuid} AND id <> ${machine} AND state <> 'retired' LIMIT 1`,
+            );
       if (holder)
         throw new StepError(
           "CONFLICT",
@@ -211,10 +210,13 @@ export const recordInventory = defineStep({
 
 /** The site's agent (connected first, then the latest): every BMC command and relayed request goes through it. */
 export async function siteAgentOf(db: Pick<Tx, "execute">, site: string): Promise<string | undefined> {
-  const found = await db.execute(sql`
+  const found = await one<{ id: string }>(
+    db,
+    sql`
     SELECT id FROM bc_nodes WHERE role = 'site' AND labels->>'bc.dev/site' = ${site} AND revoked_at IS NULL
-    ORDER BY (state = 'connected') DESC, connected_at DESC NULLS LAST LIMIT 1`);
-  return (found.rows[0] as { id: string } | undefined)?.id;
+    ORDER BY (state = 'connected') DESC, connected_at DESC NULLS LAST LIMIT 1`,
+  );
+  return found?.id;
 }
 
 /** The agent of this role that joined for the machine during this workflow, if any. */
@@ -229,19 +231,24 @@ export async function joinedAgent(
       ? // Vouched for by this machine's own site: another site's agent cannot claim its ramdisk.
         sql`(a.labels->>'bc.dev/product-uuid', a.labels->>'bc.dev/site') = (SELECT product_uuid, site_id FROM metal_nodes WHERE id = ${machine})`
       : sql`a.labels->>'bc.dev/machine' = ${machine}`;
-  const found = await ctx.store.db.execute(sql`
+  const found = await one<{ id: string }>(
+    ctx.store.db,
+    sql`
     SELECT a.id FROM bc_nodes a
     WHERE a.role = ${role} AND a.state = 'connected' AND a.revoked_at IS NULL AND ${match}
       AND a.joined_at >= (SELECT created_at FROM workflows WHERE id = ${workflowId})
-    ORDER BY a.joined_at DESC LIMIT 1`);
-  return (found.rows[0] as { id: string } | undefined)?.id;
+    ORDER BY a.joined_at DESC LIMIT 1`,
+  );
+  return found?.id;
 }
 
 /** The labels the machine's agent of the role carries (vouched for by its attestor). */
 async function agentLabels(ctx: ModuleContext, machine: string, role: "ramdisk" | "node"): Promise<Record<string, string> | undefined> {
   if (role === "node") return { "bc.dev/machine": machine };
-  const found = await ctx.store.db.execute(sql`SELECT product_uuid, site_id FROM metal_nodes WHERE id = ${machine}`);
-  const row = found.rows[0] as { product_uuid: string | null; site_id: string } | undefined;
+  const row = await one<{ product_uuid: string | null; site_id: string }>(
+    ctx.store.db,
+    sql`SELECT product_uuid, site_id FROM metal_nodes WHERE id = ${machine}`,
+  );
   return row?.product_uuid ? { "bc.dev/product-uuid": row.product_uuid, "bc.dev/site": row.site_id } : undefined;
 }
 

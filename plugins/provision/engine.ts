@@ -13,6 +13,8 @@ import {
   canonicalJson,
   ComputeError,
   isComputeError,
+  one,
+  rows,
   schemaIssues,
   objectOrigin,
   sendWithCommit,
@@ -269,10 +271,13 @@ async function beginAttempt(
   step: StepDefinition,
 ): Promise<undefined> {
   const next = await nextAttempt(ctx, pass, wf, profile, wf.position, step);
-  const result = await ctx.store.write(sql`
+  const result = await one<{ began: number }>(
+    ctx.store,
+    sql`
     WITH ${beginSql(wf, next)}, ${eventsSql(ctx, wf.id, [startedEvent(next)])}
-    SELECT count(*)::int AS began FROM began`);
-  const began = (result.rows[0] as { began: number }).began > 0;
+    SELECT count(*)::int AS began FROM began`,
+  );
+  const began = result!.began > 0;
   if (next.issues) {
     const row = (await loadAttempt(ctx, wf.id, wf.position))!;
     await failStep(
@@ -441,7 +446,9 @@ async function succeedStep(
     ...(last ? [{ from: "moved", type: "workflow.succeeded", data: { profile: wf.profile_id } }] : beginsNext ? [startedEvent(next)] : []),
   ];
   // One statement: no transaction around it (store.write).
-  const result = await ctx.store.write(sql`
+  const moved = (await one<{ moved: number; began?: number }>(
+    ctx.store,
+    sql`
       WITH done AS (
         UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.succeed.to}, output = ${JSON.stringify(output ?? null)}::jsonb, error = NULL, finished_at = compute_now()
         WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("succeed")}
@@ -455,8 +462,8 @@ async function succeedStep(
         RETURNING id),
       ${beginsNext ? sql`${beginSql(wf, next, sql`WHERE EXISTS (SELECT 1 FROM moved)`)},` : sql``}
       ${eventsSql(ctx, wf.id, events)}
-      SELECT (SELECT count(*) FROM moved)::int AS moved ${beginsNext ? sql`, (SELECT count(*) FROM began)::int AS began` : sql``}`);
-  const moved = result.rows[0] as { moved: number; began?: number };
+      SELECT (SELECT count(*) FROM moved)::int AS moved ${beginsNext ? sql`, (SELECT count(*) FROM began)::int AS began` : sql``}`,
+  ))!;
   if (!moved.moved || (beginsNext && !moved.began)) return;
   pass.outputs?.set(name, output ?? null);
   pass.next = {
@@ -482,11 +489,14 @@ async function failStep(
   const backoff = Math.min(policy.backoffSeconds * 2 ** (attempt.attempt - 1), policy.maxBackoffSeconds ?? 300);
   const recorded = { code: error.code, message: error.message, ...(error.details ? { details: error.details } : {}) };
   await ctx.store.transaction(async (tx) => {
-    const updated = await tx.execute(sql`
+    const updated = await one<{ name: string }>(
+      tx,
+      sql`
       UPDATE workflow_steps SET state = ${ATTEMPT_MOVES.fail.to}, error = ${JSON.stringify(recorded)}::jsonb, finished_at = compute_now()
       WHERE workflow_id = ${wf.id} AND position = ${wf.position} AND attempt = ${attempt.attempt} AND ${attemptIn("fail")}
-      RETURNING name`);
-    const name = (updated.rows[0] as { name: string } | undefined)?.name;
+      RETURNING name`,
+    );
+    const name = updated?.name;
     if (!name) return;
     if (retry) {
       await tx.execute(sql`
@@ -579,7 +589,9 @@ async function stepContext(
  * has not ended (the pass will run no step).
  */
 async function loadWorkflow(ctx: ModuleContext, pass: Pass, id: string): Promise<LoadedWorkflow | undefined> {
-  const rows = await ctx.store.db.execute(sql`
+  const row = await one<WorkflowRow & { attempt: AttemptRow | null; outputs: Record<string, unknown> | null }>(
+    ctx.store.db,
+    sql`
     SELECT w.id, w.profile_id, w.profile_version, w.target, w.state, w.position, w.input,
            (w.deadline IS NOT NULL AND w.deadline < compute_now()) AS overdue,
            (SELECT CASE WHEN a.fired_at IS NULL THEN 'waiting' ELSE 'fired' END FROM bc_agent_waits a WHERE a.workflow_id = w.id) AS agent_wait,
@@ -595,8 +607,8 @@ async function loadWorkflow(ctx: ModuleContext, pass: Pass, id: string): Promise
       SELECT * FROM workflow_steps WHERE workflow_id = w.id AND position = w.position ORDER BY attempt DESC LIMIT 1
     ) s ON true
     LEFT JOIN bc_commands c ON c.id = s.command_id
-    WHERE w.id = ${id}`);
-  const row = rows.rows[0] as (WorkflowRow & { attempt: AttemptRow | null; outputs: Record<string, unknown> | null }) | undefined;
+    WHERE w.id = ${id}`,
+  );
   if (!row) return undefined;
   const { outputs, ...wf } = row;
   if (outputs) pass.outputs = new Map(Object.entries(outputs));
@@ -604,23 +616,26 @@ async function loadWorkflow(ctx: ModuleContext, pass: Pass, id: string): Promise
 }
 
 async function loadAttempt(ctx: ModuleContext, workflowId: string, position: number): Promise<AttemptRow | undefined> {
-  const rows = await ctx.store.db.execute(sql`
+  return one<AttemptRow>(
+    ctx.store.db,
+    sql`
     SELECT attempt, state, input, command_id,
            (extract(epoch FROM (next_attempt_at - compute_now())) * 1000)::float8 AS wait_ms,
            coalesce(deadline_at < compute_now(), false) AS overdue
     FROM workflow_steps
     WHERE workflow_id = ${workflowId} AND position = ${position}
-    ORDER BY attempt DESC LIMIT 1`);
-  return rows.rows[0] as AttemptRow | undefined;
+    ORDER BY attempt DESC LIMIT 1`,
+  );
 }
 
 /** The succeeded steps' outputs by name: read once per pass, on first use. */
 async function outputsOf(ctx: ModuleContext, pass: Pass, workflowId: string): Promise<Map<string, unknown>> {
   if (pass.outputs) return pass.outputs;
-  const rows = await ctx.store.db.execute(
+  const outputs = await rows<{ name: string; output: unknown }>(
+    ctx.store.db,
     sql`SELECT name, output FROM workflow_steps WHERE workflow_id = ${workflowId} AND state = 'succeeded'`,
   );
-  return (pass.outputs = new Map((rows.rows as { name: string; output: unknown }[]).map((r) => [r.name, r.output])));
+  return (pass.outputs = new Map(outputs.map((r) => [r.name, r.output])));
 }
 
 /** An event of the workflow's statement: written if its CTE `from` returned a row. */

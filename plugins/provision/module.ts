@@ -9,7 +9,9 @@ import {
   defineMethod,
   invalidArgument,
   notFound,
+  one,
   resourceId,
+  rows,
   schemaIssues,
   type ModuleContext,
   type PlatformContext,
@@ -159,7 +161,6 @@ const toWorkflowRow = (wf: Record<string, any>): z.infer<typeof workflowRow> => 
 export function provisionModule(): Module {
   const validate = defineMethod({
     name: "profiles.validate",
-    action: "profiles.validate",
     readOnly: true,
     description: "Resolve every step of a profile against the registry and list what would go wrong",
     input: z.object({ id: resourceId, version: resourceId.optional() }),
@@ -174,7 +175,6 @@ export function provisionModule(): Module {
 
   const start = defineMethod({
     name: "workflows.start",
-    action: "workflows.start",
     resource: (input) => `workflows/${input.profile}/${input.target}`,
     input: z.object({
       profile: resourceId,
@@ -189,24 +189,27 @@ export function provisionModule(): Module {
 
   const get = defineMethod({
     name: "workflows.get",
-    action: "workflows.get",
     readOnly: true,
     resource: (input) => `workflows/${input.id}`,
     description: "A workflow with its steps, every attempt, their states and timings",
     input: z.object({ id: resourceId }),
     output: workflow,
     handler: async (_ctx, input, tx) => {
-      const found = await tx.execute(sql`
+      const wf = await one<Record<string, any>>(
+        tx,
+        sql`
         SELECT w.*, q.digest, q.kinds, q.threshold, q.approved_at,
                array(SELECT approver FROM workflow_approvals a WHERE a.workflow_id = w.id ORDER BY a.created_at, a.approver) AS approvals
-        FROM workflows w LEFT JOIN workflow_quorum q ON q.workflow_id = w.id WHERE w.id = ${input.id}`);
-      const wf = found.rows[0] as Record<string, any> | undefined;
+        FROM workflows w LEFT JOIN workflow_quorum q ON q.workflow_id = w.id WHERE w.id = ${input.id}`,
+      );
       if (!wf) throw notFound(`workflow ${input.id} does not exist`);
-      const rows = (await tx.execute(sql`SELECT * FROM workflow_steps WHERE workflow_id = ${input.id} ORDER BY position, attempt`))
-        .rows as Record<string, any>[];
+      const attempts = await rows<Record<string, any>>(
+        tx,
+        sql`SELECT * FROM workflow_steps WHERE workflow_id = ${input.id} ORDER BY position, attempt`,
+      );
       type Attempt = z.infer<typeof attempt>;
       const steps = new Map<number, { position: number; name: string; step: string; attempts: Attempt[] }>();
-      for (const r of rows) {
+      for (const r of attempts) {
         const entry = steps.get(r.position) ?? { position: r.position, name: r.name, step: r.step_id, attempts: [] as Attempt[] };
         entry.attempts.push({
           attempt: r.attempt,
@@ -231,7 +234,6 @@ export function provisionModule(): Module {
 
   const list = defineMethod({
     name: "workflows.list",
-    action: "workflows.list",
     readOnly: true,
     description: "Workflows newest first, without their steps (workflows.get has them); page with after: the previous page's next",
     input: z.object({
@@ -247,21 +249,23 @@ export function provisionModule(): Module {
     handler: async (_ctx, input, tx) => {
       if (input.after && (await tx.execute(sql`SELECT 1 FROM workflows WHERE id = ${input.after}`)).rows.length === 0)
         throw notFound(`workflow ${input.after} does not exist (after is a workflow id from a previous page)`);
-      const rows = await tx.execute(sql`
+      const found = await rows(
+        tx,
+        sql`
         SELECT * FROM workflows
         WHERE (${input.target ?? null}::text IS NULL OR target = ${input.target ?? null})
           AND (${input.state ?? null}::text IS NULL OR state = ${input.state ?? null})
           AND (${input.profile ?? null}::text IS NULL OR profile_id = ${input.profile ?? null})
           AND (${input.after ?? null}::text IS NULL OR (created_at, id) < (SELECT created_at, id FROM workflows WHERE id = ${input.after ?? null}))
-        ORDER BY created_at DESC, id DESC LIMIT ${input.limit}`);
-      const workflows = (rows.rows as Record<string, any>[]).map(toWorkflowRow);
+        ORDER BY created_at DESC, id DESC LIMIT ${input.limit}`,
+      );
+      const workflows = found.map(toWorkflowRow);
       return { workflows, next: workflows.length === input.limit ? workflows.at(-1)!.id : null };
     },
   });
 
   const cancel = defineMethod({
     name: "workflows.cancel",
-    action: "workflows.cancel",
     resource: (input) => `workflows/${input.id}`,
     description: "Stop a running or awaiting-approval workflow after its current transition (commands already sent still run)",
     input: z.object({ id: resourceId }),
@@ -271,8 +275,7 @@ export function provisionModule(): Module {
         UPDATE workflows SET state = 'cancelled', finished_at = compute_now(), updated_at = compute_now()
         WHERE id = ${input.id} AND state IN ('running', 'awaiting-approval') RETURNING id`);
       if (updated.rows.length) await ctx.events.publish(tx, { type: "workflow.cancelled", subject: `workflows/${input.id}` });
-      const found = await tx.execute(sql`SELECT state FROM workflows WHERE id = ${input.id}`);
-      const row = found.rows[0] as { state: string } | undefined;
+      const row = await one<{ state: string }>(tx, sql`SELECT state FROM workflows WHERE id = ${input.id}`);
       if (!row) throw notFound(`workflow ${input.id} does not exist`);
       return { id: input.id, state: row.state };
     },
@@ -304,9 +307,12 @@ export function provisionModule(): Module {
 
 /** The cron safety net (the module's sweep, run by compute.sweep): running workflows nobody has advanced for a while are woken. */
 export async function wakeStalledWorkflows(ctx: PlatformContext, staleSeconds = 60): Promise<number> {
-  const rows = await ctx.store.db.execute(sql`
-    SELECT id FROM workflows WHERE state = 'running' AND updated_at < compute_now() - make_interval(secs => ${staleSeconds}) LIMIT 500`);
-  for (const row of rows.rows as { id: string }[]) ctx.wake.workflow(row.id);
+  const stalled = await rows<{ id: string }>(
+    ctx.store.db,
+    sql`
+    SELECT id FROM workflows WHERE state = 'running' AND updated_at < compute_now() - make_interval(secs => ${staleSeconds}) LIMIT 500`,
+  );
+  for (const row of stalled) ctx.wake.workflow(row.id);
   await ctx.afterCommit();
-  return rows.rows.length;
+  return stalled.length;
 }

@@ -12,6 +12,7 @@ import {
   ComputeError,
   defineMethod,
   notFound,
+  one,
   resourceId,
   sha256Hex,
   originObject,
@@ -134,7 +135,6 @@ const base64url = (max: number) =>
 
 export const approveMethod = defineMethod({
   name: "workflows.approve",
-  action: "workflows.approve",
   resource: (input) => `workflows/${input.workflowId}`,
   description:
     "Approve a workflow's batch of destructive commands: an approver's Ed25519 signature over bc-approve-v1\\n<digest> (better-compute workflows approve signs it)",
@@ -165,11 +165,13 @@ async function approve(ctx: MethodContext, tx: Tx, input: { workflowId: string; 
     });
   // The batch's row, locked: two approvals at once are counted one after the other, so the
   // threshold-th one sees the others and releases the workflow.
-  const found = await tx.execute(sql`
+  const row = await one<{ state: string; digest: string; threshold: number; approved: boolean }>(
+    tx,
+    sql`
     SELECT w.state, q.digest, q.threshold, q.approved_at IS NOT NULL AS approved
     FROM workflow_quorum q JOIN workflows w ON w.id = q.workflow_id
-    WHERE q.workflow_id = ${input.workflowId} FOR UPDATE OF q`);
-  const row = found.rows[0] as { state: string; digest: string; threshold: number; approved: boolean } | undefined;
+    WHERE q.workflow_id = ${input.workflowId} FOR UPDATE OF q`,
+  );
   if (!row) {
     if ((await tx.execute(sql`SELECT 1 FROM workflows WHERE id = ${input.workflowId}`)).rows.length === 0)
       throw notFound(`workflow ${input.workflowId} does not exist`);
@@ -198,8 +200,11 @@ async function approve(ctx: MethodContext, tx: Tx, input: { workflowId: string; 
     VALUES (${input.workflowId}, ${input.key}, ${input.signature}, ${ctx.principal.id})
     ON CONFLICT DO NOTHING RETURNING approver`);
   const counted = inserted.rows.length > 0;
-  const counts = await tx.execute(sql`SELECT count(*)::int AS n FROM workflow_approvals WHERE workflow_id = ${input.workflowId}`);
-  const approvals = (counts.rows[0] as { n: number }).n;
+  const counts = await one<{ n: number }>(
+    tx,
+    sql`SELECT count(*)::int AS n FROM workflow_approvals WHERE workflow_id = ${input.workflowId}`,
+  );
+  const approvals = counts!.n;
   const releases = counted && !row.approved && approvals >= row.threshold;
   let state = row.state;
   if (releases) {

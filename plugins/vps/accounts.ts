@@ -12,7 +12,9 @@ import {
   defineMethod,
   invalidArgument,
   notFound,
+  one,
   resourceId,
+  rows,
   type MethodDefinition,
   type ModuleContext,
   type Tx,
@@ -64,12 +66,13 @@ const offers = z.object({
 });
 
 async function findAccounts(ctx: ModuleContext, tx: Tx, id?: string) {
-  const rows = (
-    await tx.execute(sql`
+  const found = await rows<AccountRow & { pools: number }>(
+    tx,
+    sql`
       SELECT a.*, (SELECT count(*)::int FROM vps_pools p WHERE p.account_id = a.id) AS pools
-      FROM vps_accounts a WHERE (${id ?? null}::text IS NULL OR a.id = ${id ?? null}) ORDER BY a.id LIMIT 1000`)
-  ).rows as unknown as (AccountRow & { pools: number })[];
-  return rows.map((r) => ({
+      FROM vps_accounts a WHERE (${id ?? null}::text IS NULL OR a.id = ${id ?? null}) ORDER BY a.id LIMIT 1000`,
+  );
+  return found.map((r) => ({
     id: r.id,
     provider: r.provider,
     providerVersion: r.provider_version,
@@ -88,7 +91,6 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
 
   const providersList = defineMethod({
     name: "vps.providers.list",
-    action: "vps.providers.list",
     readOnly: true,
     description: "The registered VPS providers: the JSON schema of an account's config (manifest) and its secret fields",
     input: z.object({}),
@@ -116,7 +118,6 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
 
   const accountsCreate = defineMethod({
     name: "vps.accounts.create",
-    action: "vps.accounts.create",
     resource: (input) => `vps/accounts/${input.id}`,
     description:
       "Register a provider account; its config is checked by the provider's manifest and its secret fields are sealed, never shown again",
@@ -139,8 +140,7 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
       const parsed = provider.manifest.safeParse(input.config);
       if (!parsed.success) throw manifestRefusal(provider, parsed.error, secrets);
 
-      const stored = (await tx.execute(sql`SELECT * FROM vps_accounts WHERE id = ${input.id} FOR UPDATE`)).rows[0] as
-        AccountRow | undefined;
+      const stored = await one<AccountRow>(tx, sql`SELECT * FROM vps_accounts WHERE id = ${input.id} FOR UPDATE`);
       if (stored) {
         const storedProvider = providerOf(ctx, stored.provider, stored.provider_version);
         const storedConfig = storedProvider ? (await resolvedConfig(ctx, storedProvider, stored.config, tx)).config : stored.config;
@@ -167,7 +167,6 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
 
   const accountsList = defineMethod({
     name: "vps.accounts.list",
-    action: "vps.accounts.list",
     readOnly: true,
     description: "The provider accounts (secret fields by reference only)",
     input: z.object({}),
@@ -177,7 +176,6 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
 
   const accountsGet = defineMethod({
     name: "vps.accounts.get",
-    action: "vps.accounts.get",
     readOnly: true,
     resource: (input) => `vps/accounts/${input.id}`,
     input: z.object({ id: resourceId }),
@@ -191,15 +189,13 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
 
   const accountsUpdate = defineMethod({
     name: "vps.accounts.update",
-    action: "vps.accounts.update",
     resource: (input) => `vps/accounts/${input.id}`,
     description:
       "Replace an account's config (checked by the manifest); a secret field left out keeps its sealed value, one given is sealed anew (rotate a token). Its instances are retried at once",
     input: z.object({ id: resourceId, config: z.record(z.string(), z.unknown()) }),
     output: account,
     handler: async (ctx, input, tx) => {
-      const stored = (await tx.execute(sql`SELECT * FROM vps_accounts WHERE id = ${input.id} FOR UPDATE`)).rows[0] as
-        AccountRow | undefined;
+      const stored = await one<AccountRow>(tx, sql`SELECT * FROM vps_accounts WHERE id = ${input.id} FOR UPDATE`);
       if (!stored) throw notFound(`account ${input.id} does not exist`);
       // The stored version, or the newest registered one when this deployment upgraded the provider.
       const provider = providerOf(ctx, stored.provider, stored.provider_version) ?? providerOf(ctx, stored.provider);
@@ -237,7 +233,6 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
 
   const accountsDelete = defineMethod({
     name: "vps.accounts.delete",
-    action: "vps.accounts.delete",
     resource: (input) => `vps/accounts/${input.id}`,
     description: "Delete an account no pool uses",
     input: z.object({ id: resourceId }),
@@ -245,9 +240,9 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
     handler: async (ctx, input, tx) => {
       const found = await tx.execute(sql`SELECT 1 FROM vps_accounts WHERE id = ${input.id} FOR UPDATE`);
       if (found.rows.length === 0) throw notFound(`account ${input.id} does not exist`);
-      const pools = (
-        (await tx.execute(sql`SELECT id FROM vps_pools WHERE account_id = ${input.id} ORDER BY id`)).rows as { id: string }[]
-      ).map((r) => r.id);
+      const pools = (await rows<{ id: string }>(tx, sql`SELECT id FROM vps_pools WHERE account_id = ${input.id} ORDER BY id`)).map(
+        (r) => r.id,
+      );
       if (pools.length)
         throw new ComputeError("FAILED_PRECONDITION", `account ${input.id} is used by pools (${pools.join(", ")}): delete them first`, {
           account: input.id,
@@ -261,7 +256,6 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
 
   const accountsOffers = defineMethod({
     name: "vps.accounts.offers",
-    action: "vps.accounts.offers",
     readOnly: true,
     resource: (input) => `vps/accounts/${input.id}`,
     description: "What the account's provider offers (flavors with their sizes, images, locations), asked of the provider now",

@@ -15,10 +15,14 @@ import type { CommandKind, NodeSpecSection, Reconciler } from "better-compute";
 import {
   ComputeError,
   defineMethod,
+  instanceEntry,
   notFound,
+  one,
   resourceId,
+  rows,
   type MethodContext,
   type MethodDefinition,
+  type InstanceEntry,
   type ModuleContext,
   type NodeSpecView,
   type PlacementRejection,
@@ -44,24 +48,7 @@ const BATCH = 500;
 
 // ---------------------------------------------------------------- the NodeSpec entry and the console command
 
-const sizeText = (unit: string) => z.string().regex(new RegExp(`^[1-9][0-9]{0,11}${unit}$`));
-
-/** An `instances` entry: agent/runtimes/contract.ts InstanceSpec plus the runtime (driver id) it runs on. */
-export const instanceEntry = z.strictObject({
-  name: z.string().regex(/^[a-z0-9-]{1,63}$/),
-  runtime: z.string().regex(/^[a-z0-9][a-z0-9.-]{0,127}$/),
-  desired: z.enum(["running", "stopped"]),
-  vcpus: z.number().int().min(1),
-  memory: sizeText("M"),
-  disk: sizeText("G"),
-  image: z.string().min(1).max(128),
-  /** base64 of exactly the stored user data. */
-  userData: z.base64(),
-  userDataSha256: z.string().regex(/^[0-9a-f]{64}$/),
-  rebootCount: z.number().int().min(0),
-});
-export type InstanceEntry = z.infer<typeof instanceEntry>;
-
+/** The `instances` section: its entries are instanceEntry (better-compute/core), which the node role runs. */
 export const instancesSection: NodeSpecSection = {
   name: INSTANCES_SECTION,
   entry: instanceEntry,
@@ -140,11 +127,10 @@ export const ownerOf = (instanceId: string) => `vps/instances/${instanceId}`;
 type HostPool = Pick<PoolRow, "id" | "host_labels" | "runtime" | "overcommit" | "strategy" | "image">;
 
 async function hostPool(db: Tx | ModuleContext["store"]["db"], poolId: string): Promise<HostPool> {
-  const found = (
-    await db.execute(
-      sql`SELECT id, host_labels, runtime, overcommit, strategy, image FROM vps_pools WHERE id = ${poolId} AND class = 'host'`,
-    )
-  ).rows[0] as HostPool | undefined;
+  const found = await one<HostPool>(
+    db,
+    sql`SELECT id, host_labels, runtime, overcommit, strategy, image FROM vps_pools WHERE id = ${poolId} AND class = 'host'`,
+  );
   if (!found) throw notFound(`host pool ${poolId} does not exist`);
   return found;
 }
@@ -189,8 +175,7 @@ async function writeEntry(ctx: ModuleContext, tx: Tx, row: InstanceRow, desired:
 }
 
 async function updated(tx: Tx, id: string, set: SQL): Promise<InstanceRow> {
-  const rows = await tx.execute(sql`UPDATE vps_instances SET ${set}, updated_at = compute_now() WHERE id = ${id} RETURNING *`);
-  return rows.rows[0] as unknown as InstanceRow;
+  return (await one<InstanceRow>(tx, sql`UPDATE vps_instances SET ${set}, updated_at = compute_now() WHERE id = ${id} RETURNING *`))!;
 }
 
 // ---------------------------------------------------------------- placement
@@ -316,7 +301,7 @@ function stateFor(
  * A caller outside the reconciler runs ctx.afterCommit() after it (an entry it wrote wakes the host).
  */
 export async function reconcileHostInstance(ctx: ModuleContext, id: string, specs = new Map<string, Promise<NodeSpecView | undefined>>()) {
-  const row = (await ctx.store.db.execute(sql`SELECT * FROM vps_instances WHERE id = ${id}`)).rows[0] as InstanceRow | undefined;
+  const row = await one<InstanceRow>(ctx.store.db, sql`SELECT * FROM vps_instances WHERE id = ${id}`);
   if (!row || row.state === "deleted") return false;
   const guard = sql`id = ${row.id} AND state = ${row.state} AND desired = ${row.desired}
     AND spec_generation IS NOT DISTINCT FROM ${row.spec_generation ?? null}::bigint AND host_node_id IS NOT DISTINCT FROM ${row.host_node_id}`;
@@ -325,7 +310,7 @@ export async function reconcileHostInstance(ctx: ModuleContext, id: string, spec
     if (row.desired === "deleted" || row.state !== "pending") return false;
     // Capacity may have freed up since the last try.
     return ctx.store.transaction(async (tx) => {
-      const locked = (await tx.execute(sql`SELECT * FROM vps_instances WHERE ${guard} FOR UPDATE`)).rows[0] as InstanceRow | undefined;
+      const locked = await one<InstanceRow>(tx, sql`SELECT * FROM vps_instances WHERE ${guard} FOR UPDATE`);
       if (!locked) return false;
       const after = await placeHostInstance(ctx, tx, locked);
       return after !== locked;
@@ -363,7 +348,7 @@ export async function reconcileHostInstance(ctx: ModuleContext, id: string, spec
   if (next.state === row.state && next.reason === row.reason && JSON.stringify(guest) === JSON.stringify(row.guest)) return false;
 
   const recorded = await ctx.store.transaction(async (tx) => {
-    const locked = (await tx.execute(sql`SELECT * FROM vps_instances WHERE ${guard} FOR UPDATE`)).rows[0] as InstanceRow | undefined;
+    const locked = await one<InstanceRow>(tx, sql`SELECT * FROM vps_instances WHERE ${guard} FOR UPDATE`);
     if (!locked) return false;
     let set = sql`state = ${next.state}, reason = ${next.reason}, guest = ${guest ? JSON.stringify(guest) : null}::jsonb,
                   last_error = ${error ? JSON.stringify(error) : null}::jsonb`;
@@ -399,8 +384,7 @@ const drainReason = (row: InstanceRow) => (row.reason?.startsWith(DRAIN_REASON_P
  */
 async function restartDrained(ctx: ModuleContext, row: InstanceRow, guard: SQL): Promise<boolean> {
   return ctx.store.transaction(async (tx) => {
-    const locked = (await tx.execute(sql`SELECT * FROM vps_instances WHERE ${guard} AND drain_restart_at IS NOT NULL FOR UPDATE`))
-      .rows[0] as InstanceRow | undefined;
+    const locked = await one<InstanceRow>(tx, sql`SELECT * FROM vps_instances WHERE ${guard} AND drain_restart_at IS NOT NULL FOR UPDATE`);
     if (!locked) return false;
     const moved = await moveStopped(ctx, tx, locked, "running");
     if (typeof moved === "string") return true;
@@ -426,13 +410,14 @@ export function hostInstancesReconciler(): Reconciler {
       // a page at a time: a pass reaches all of them however many there are.
       let after: { created_at: string; id: string } | undefined;
       for (;;) {
-        const page = (
-          await ctx.store.db.execute(sql`
+        const page = await rows<{ id: string; created_at: string }>(
+          ctx.store.db,
+          sql`
             SELECT i.id, i.created_at::text AS created_at FROM vps_instances i JOIN vps_pools p ON p.id = i.pool_id
             WHERE p.class = 'host' AND i.state NOT IN ('deleted', 'failed')
               ${after ? sql`AND (i.created_at, i.id) > (${after.created_at}::timestamptz, ${after.id})` : sql``}
-            ORDER BY i.created_at, i.id LIMIT ${BATCH}`)
-        ).rows as { id: string; created_at: string }[];
+            ORDER BY i.created_at, i.id LIMIT ${BATCH}`,
+        );
         for (const { id } of page) {
           try {
             if (await reconcileHostInstance(ctx, id, specs)) changed++;
@@ -491,11 +476,12 @@ export async function readConsole(ctx: MethodContext, row: InstanceRow, maxBytes
   await (ctx as unknown as PlatformContext).afterCommit();
 
   type Answer = { state: string; result: { console?: unknown } | null; error: { code: string; message: string } | null; at: string | null };
-  const answer = async (where: SQL) =>
-    (
-      await ctx.store.db.execute(sql`
-        SELECT state, result, error, completed_at AS at FROM bc_commands WHERE ${where} ORDER BY completed_at DESC NULLS LAST LIMIT 1`)
-    ).rows[0] as Answer | undefined;
+  const answer = (where: SQL) =>
+    one<Answer>(
+      ctx.store.db,
+      sql`
+        SELECT state, result, error, completed_at AS at FROM bc_commands WHERE ${where} ORDER BY completed_at DESC NULLS LAST LIMIT 1`,
+    );
   const tail = (r: Answer) => (typeof r.result?.console === "string" ? r.result.console.slice(-maxBytes) : "");
   const iso = (v: string | null) => (v === null ? null : new Date(v).toISOString());
 
@@ -548,7 +534,6 @@ export const hostActions = {
 export function hostMethods(): MethodDefinition<any, any>[] {
   const drain = defineMethod({
     name: "vps.hosts.drain",
-    action: "vps.hosts.drain",
     resource: (input) => `nodes/${input.node}`,
     description:
       "Re-place a host's stopped vps instances on other hosts (their root disk starts afresh from the image); running ones cannot move live and are listed with why. With restart: true, each running one another host takes is stopped, moved and started there (a fresh root disk from the image: what was on its disk is lost); if no host takes it by then it starts again where it was. The host must be cordoned first (capacity.hosts.cordon) or in maintenance",
@@ -570,14 +555,15 @@ export function hostMethods(): MethodDefinition<any, any>[] {
           `host ${node} is schedulable: cordon it first (capacity.hosts.cordon), or a moved instance could land on it again`,
           { node },
         );
-      const rows = (
-        await tx.execute(sql`
-          SELECT * FROM vps_instances WHERE host_node_id = ${node} AND state NOT IN ('deleted', 'deleting') ORDER BY id FOR UPDATE`)
-      ).rows as unknown as InstanceRow[];
+      const hosted = await rows<InstanceRow>(
+        tx,
+        sql`
+          SELECT * FROM vps_instances WHERE host_node_id = ${node} AND state NOT IN ('deleted', 'deleting') ORDER BY id FOR UPDATE`,
+      );
       const moved: { id: string; to: string }[] = [];
       const notMoved: { id: string; state: string; reason: string }[] = [];
       const stopping: { id: string }[] = [];
-      for (const row of rows) {
+      for (const row of hosted) {
         if (row.drain_restart_at !== null && row.state !== "failed") {
           // An earlier drain's restart is under way: the reconciler moves it once it is stopped.
           if (input.restart) stopping.push({ id: row.id });

@@ -10,13 +10,13 @@ export {
   CONSOLE_KIND,
   DEFAULT_IMAGE,
   DEFAULT_RUNTIME,
-  instanceEntry,
   INSTANCES_SECTION,
   MAX_CONSOLE_BYTES,
   MAX_USER_DATA_BYTES,
   reconcileHostInstance,
-  type InstanceEntry,
 } from "./host-instances.ts";
+/** The `instances` entry is the node role's as much as vps's: it lives in better-compute/core. */
+export { instanceEntry, type InstanceEntry } from "better-compute/core";
 export { renderUserData, type UserDataInput } from "./user-data.ts";
 export {
   defineProvider,

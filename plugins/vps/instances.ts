@@ -12,6 +12,8 @@ import {
   defineMethod,
   invalidArgument,
   notFound,
+  one,
+  rows,
   sha256Hex,
   resourceId,
   type MethodContext,
@@ -154,11 +156,13 @@ const hostname = z.string().regex(/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/, "a hos
 /** The instance as the caller may see it: another tenant's is NOT_FOUND, as if it did not exist. */
 async function loadInstance(ctx: MethodContext, tx: Tx, id: string, forUpdate = false): Promise<InstanceRow> {
   const scope = await scopeOf(ctx, tx);
-  const rows = await tx.execute(sql`
+  const found = await one<InstanceRow>(
+    tx,
+    sql`
     SELECT i.*, (SELECT p.class FROM vps_pools p WHERE p.id = i.pool_id) AS pool_class FROM vps_instances i
     WHERE i.id = ${id} AND (${scope.tenant ?? null}::text IS NULL OR i.tenant_id = ${scope.tenant ?? null})
-    ${forUpdate ? sql`FOR UPDATE` : sql``}`);
-  const found = rows.rows[0] as InstanceRow | undefined;
+    ${forUpdate ? sql`FOR UPDATE` : sql``}`,
+  );
   if (!found) throw notFound(`instance ${id} does not exist`);
   return found;
 }
@@ -169,7 +173,6 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
   const create = defineMethod({
     name: "vps.instances.create",
     reconcile: true,
-    action: "vps.instances.create",
     resource: (input) => `vps/pools/${input.pool}`,
     description:
       "Create an instance of a flavor in a pool offered to the tenant, within its quota (refused over it, before anything is written); the reconciler creates the server. In a host pool, userData is required and the instance is placed on a host at once (or kept pending with each host's reason). With an id, the same fields again is idempotent",
@@ -192,7 +195,7 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     handler: async (ctx, input, tx) => {
       const tenantId = await tenantFor(ctx, tx, input.tenant);
       if (input.id) {
-        const stored = (await tx.execute(sql`SELECT * FROM vps_instances WHERE id = ${input.id}`)).rows[0] as InstanceRow | undefined;
+        const stored = await one<InstanceRow>(tx, sql`SELECT * FROM vps_instances WHERE id = ${input.id}`);
         if (stored) {
           if (stored.tenant_id !== tenantId) throw conflict(`instance id ${input.id} is taken: pick another`, { id: input.id });
           refuseOtherFields(
@@ -218,8 +221,7 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
           return { ...toInstance(stored), created: false };
         }
       }
-      const poolClass = (await tx.execute(sql`SELECT class FROM vps_pools WHERE id = ${input.pool}`)).rows[0] as
-        { class: "provider" | "host" } | undefined;
+      const poolClass = await one<{ class: "provider" | "host" }>(tx, sql`SELECT class FROM vps_pools WHERE id = ${input.pool}`);
       if (!poolClass) throw notFound(`pool ${input.pool} does not exist`);
       const host = poolClass.class === "host";
       if (host) refuseUserData(input.userData);
@@ -230,22 +232,26 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
             fields: hostOnly,
           });
       }
-      const flavor = (await tx.execute(sql`SELECT * FROM vps_flavors WHERE id = ${input.flavor} AND pool_id = ${input.pool}`)).rows[0] as
-        { vcpus: number; memory_mib: number; disk_gib: number } | undefined;
+      const flavor = await one<{ vcpus: number; memory_mib: number; disk_gib: number }>(
+        tx,
+        sql`SELECT * FROM vps_flavors WHERE id = ${input.flavor} AND pool_id = ${input.pool}`,
+      );
       if (!flavor) throw notFound(`flavor ${input.flavor} does not exist in pool ${input.pool}`);
       const keys = input.sshKeys.length
-        ? ((
-            await tx.execute(sql`
-              SELECT name, public_key FROM vps_ssh_keys WHERE tenant_id = ${tenantId} AND name = ANY(${`{${input.sshKeys.join(",")}}`}::text[])`)
-          ).rows as { name: string; public_key: string }[])
+        ? await rows<{ name: string; public_key: string }>(
+            tx,
+            sql`
+              SELECT name, public_key FROM vps_ssh_keys WHERE tenant_id = ${tenantId} AND name = ANY(${`{${input.sshKeys.join(",")}}`}::text[])`,
+          )
         : [];
       const missing = input.sshKeys.filter((n) => !keys.some((k) => k.name === n));
       if (missing.length) throw notFound(`SSH key ${missing.join(", ")} does not exist (vps.sshKeys.create)`, { sshKeys: missing });
 
       // The quota row's lock orders concurrent creates of the tenant in the pool: each sees the one before.
-      const quotaRow = (
-        await tx.execute(sql`SELECT * FROM vps_quotas WHERE tenant_id = ${tenantId} AND pool_id = ${input.pool} FOR UPDATE`)
-      ).rows[0] as Parameters<typeof quotaSizes>[0] | undefined;
+      const quotaRow = await one<Parameters<typeof quotaSizes>[0]>(
+        tx,
+        sql`SELECT * FROM vps_quotas WHERE tenant_id = ${tenantId} AND pool_id = ${input.pool} FOR UPDATE`,
+      );
       if (!quotaRow)
         throw new ComputeError(
           "FAILED_PRECONDITION",
@@ -268,14 +274,16 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
       // A host instance's user data is stored once, as given, with its sha256 (FC-ENRICH-ONCE): never composed again.
       const userData = host ? input.userData! : null;
       const userDataSha256 = userData === null ? null : await sha256Hex(userData);
-      const inserted = await tx.execute(sql`
+      let row = await one<InstanceRow>(
+        tx,
+        sql`
         INSERT INTO vps_instances (id, tenant_id, pool_id, flavor_id, name, ssh_keys, state, desired, vcpus, memory_mib, disk_gib, next_attempt_at,
                                    user_data, user_data_sha256, anti_affinity_group)
         VALUES (${id}, ${tenantId}, ${input.pool}, ${input.flavor}, ${input.name}, ${JSON.stringify(sshKeys)}::jsonb, 'pending', 'running',
                 ${flavor.vcpus}, ${flavor.memory_mib}, ${flavor.disk_gib}, ${host ? null : sql`compute_now()`},
                 ${userData}, ${userDataSha256}, ${input.antiAffinityGroup ?? null})
-        ON CONFLICT DO NOTHING RETURNING *`);
-      let row = inserted.rows[0] as InstanceRow | undefined;
+        ON CONFLICT DO NOTHING RETURNING *`,
+      );
       // Another call took the id between the look above and this insert.
       if (!row) throw conflict(`instance id ${id} is taken: pick another`, { id });
       await ctx.events.publish(tx, {
@@ -290,7 +298,6 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
 
   const get = defineMethod({
     name: "vps.instances.get",
-    action: "vps.instances.get",
     readOnly: true,
     resource: (input) => `vps/instances/${input.id}`,
     input: z.object({ id: resourceId }),
@@ -298,16 +305,18 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     output: instance.extend({ nodeId: z.string().nullable() }),
     handler: async (ctx, input, tx) => {
       const row = await loadInstance(ctx, tx, input.id);
-      const node = await tx.execute(sql`
+      const node = await one<{ id: string }>(
+        tx,
+        sql`
         SELECT id FROM bc_nodes WHERE role = 'node' AND revoked_at IS NULL AND labels @> ${JSON.stringify({ "bc.dev/vps-instance": row.id })}::jsonb
-        ORDER BY joined_at DESC LIMIT 1`);
-      return { ...toInstance(row), nodeId: (node.rows[0] as { id: string } | undefined)?.id ?? null };
+        ORDER BY joined_at DESC LIMIT 1`,
+      );
+      return { ...toInstance(row), nodeId: node?.id ?? null };
     },
   });
 
   const list = defineMethod({
     name: "vps.instances.list",
-    action: "vps.instances.list",
     readOnly: true,
     description: "Instances by id (deleted ones only when state: deleted is asked for), paged; a tenant sees its own",
     input: z.object({
@@ -323,14 +332,17 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
       if (scope.tenant !== undefined && input.tenant !== undefined && input.tenant !== scope.tenant) return { instances: [], next: null };
       const tenantId = scope.tenant ?? input.tenant ?? null;
       if (input.after) await loadInstance(ctx, tx, input.after);
-      const rows = await tx.execute(sql`
+      const found = await rows<InstanceRow>(
+        tx,
+        sql`
         SELECT * FROM vps_instances
         WHERE (${tenantId}::text IS NULL OR tenant_id = ${tenantId})
           AND (${input.pool ?? null}::text IS NULL OR pool_id = ${input.pool ?? null})
           AND (${input.state ?? null}::text IS NULL AND state <> 'deleted' OR state = ${input.state ?? null})
           AND (${input.after ?? null}::text IS NULL OR id > ${input.after ?? null})
-        ORDER BY id LIMIT ${input.limit}`);
-      const instances = (rows.rows as unknown as InstanceRow[]).map(toInstance);
+        ORDER BY id LIMIT ${input.limit}`,
+      );
+      const instances = found.map(toInstance);
       return { instances, next: instances.length === input.limit ? instances.at(-1)!.id : null };
     },
   });
@@ -340,7 +352,6 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     defineMethod({
       name: `vps.instances.${name}`,
       reconcile: true,
-      action: `vps.instances.${name}`,
       resource: (input) => `vps/instances/${input.id}`,
       description:
         name === "start"
@@ -362,22 +373,24 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
           });
           return toInstance(after);
         }
-        const updated = await tx.execute(sql`
+        const updated = await one<InstanceRow>(
+          tx,
+          sql`
           UPDATE vps_instances SET desired = ${desired}, reboot_requested_at = NULL, next_attempt_at = compute_now(), updated_at = compute_now()
-          WHERE id = ${row.id} RETURNING *`);
+          WHERE id = ${row.id} RETURNING *`,
+        );
         await ctx.events.publish(tx, {
           type: "vps.instance.requested",
           subject: `vps/instances/${row.id}`,
           data: { action: name, desired },
         });
-        return toInstance(updated.rows[0] as unknown as InstanceRow);
+        return toInstance(updated!);
       },
     });
 
   const reboot = defineMethod({
     name: "vps.instances.reboot",
     reconcile: true,
-    action: "vps.instances.reboot",
     resource: (input) => `vps/instances/${input.id}`,
     description: "Reboot a running instance once (asked again before it happened, still once)",
     input: z.object({ id: resourceId }),
@@ -397,18 +410,20 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
         return toInstance(after);
       }
       if (row.reboot_requested_at !== null) return toInstance(row);
-      const updated = await tx.execute(sql`
+      const updated = await one<InstanceRow>(
+        tx,
+        sql`
         UPDATE vps_instances SET reboot_requested_at = compute_now(), next_attempt_at = compute_now(), updated_at = compute_now()
-        WHERE id = ${row.id} RETURNING *`);
+        WHERE id = ${row.id} RETURNING *`,
+      );
       await ctx.events.publish(tx, { type: "vps.instance.requested", subject: `vps/instances/${row.id}`, data: { action: "reboot" } });
-      return toInstance(updated.rows[0] as unknown as InstanceRow);
+      return toInstance(updated!);
     },
   });
 
   const remove = defineMethod({
     name: "vps.instances.delete",
     reconcile: true,
-    action: "vps.instances.delete",
     resource: (input) => `vps/instances/${input.id}`,
     description:
       "Delete an instance in any state: the reconciler deletes its server (one still being created is deleted once its create ended); the quota is freed when it is deleted",
@@ -426,21 +441,23 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
         });
         return toInstance(after);
       }
-      const updated = await tx.execute(sql`
+      const updated = await one<InstanceRow>(
+        tx,
+        sql`
         UPDATE vps_instances SET desired = 'deleted', reboot_requested_at = NULL, next_attempt_at = compute_now(), updated_at = compute_now()
-        WHERE id = ${row.id} RETURNING *`);
+        WHERE id = ${row.id} RETURNING *`,
+      );
       await ctx.events.publish(tx, {
         type: "vps.instance.requested",
         subject: `vps/instances/${row.id}`,
         data: { action: "delete", desired: "deleted" },
       });
-      return toInstance(updated.rows[0] as unknown as InstanceRow);
+      return toInstance(updated!);
     },
   });
 
   const history = defineMethod({
     name: "vps.instances.history",
-    action: "vps.instances.history",
     readOnly: true,
     resource: (input) => `vps/instances/${input.instance}`,
     description: "Every provider call the reconciler made for an instance and its outcome, oldest first, paged",
@@ -467,13 +484,14 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     handler: async (ctx, input, tx) => {
       await loadInstance(ctx, tx, input.instance);
       // Ordered by h.id, the number: a bare "id" would be the text column of the select list ("100" < "87").
-      const rows = await tx.execute(sql`
+      const found = await rows<{ id: string; at: string; call: string; outcome: "ok" | "error"; detail: Record<string, unknown> }>(
+        tx,
+        sql`
         SELECT h.id::text AS id, h.at, h.call, h.outcome, h.detail FROM vps_instance_history h
         WHERE h.instance_id = ${input.instance} AND (${input.after ?? null}::bigint IS NULL OR h.id > ${input.after ?? null}::bigint)
-        ORDER BY h.id LIMIT ${input.limit}`);
-      const entries = (
-        rows.rows as { id: string; at: string; call: string; outcome: "ok" | "error"; detail: Record<string, unknown> }[]
-      ).map((r) => ({ id: r.id, at: iso(r.at), call: r.call, outcome: r.outcome, detail: r.detail }));
+        ORDER BY h.id LIMIT ${input.limit}`,
+      );
+      const entries = found.map((r) => ({ id: r.id, at: iso(r.at), call: r.call, outcome: r.outcome, detail: r.detail }));
       return { entries, next: entries.length === input.limit ? entries.at(-1)!.id : null };
     },
   });
@@ -482,7 +500,6 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
   const consoles = new WeakMap<object, z.infer<typeof consoleView>>();
   const consoleTail = defineMethod({
     name: "vps.instances.console",
-    action: "vps.instances.console",
     readOnly: true,
     resource: (input) => `vps/instances/${input.id}`,
     description:

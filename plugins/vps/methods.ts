@@ -11,6 +11,8 @@ import {
   invalidConfig,
   isSecretRef,
   notFound,
+  one,
+  rows,
   schemaIssues,
   type MethodContext,
   type ModuleContext,
@@ -58,8 +60,7 @@ export const isoOrNull = (v: unknown) => (v === null || v === undefined ? null :
 export type Scope = { tenant: string } | { tenant?: undefined };
 
 export async function scopeOf(ctx: MethodContext, tx: Tx): Promise<Scope> {
-  const found = (await tx.execute(sql`SELECT tenant_id FROM vps_tenant_members WHERE principal = ${ctx.principal.id}`)).rows[0] as
-    { tenant_id: string } | undefined;
+  const found = await one<{ tenant_id: string }>(tx, sql`SELECT tenant_id FROM vps_tenant_members WHERE principal = ${ctx.principal.id}`);
   if (found) return { tenant: found.tenant_id };
   // A tenant's key that was never added (or was removed) must not act as an operator.
   if (ctx.principal.roles.includes(TENANT_ROLE))
@@ -164,7 +165,7 @@ export async function openAccount(ctx: ModuleContext, account: AccountRow, fetch
 }
 
 export async function loadAccount(db: Db | Tx, id: string): Promise<AccountRow> {
-  const found = (await db.execute(sql`SELECT * FROM vps_accounts WHERE id = ${id}`)).rows[0] as AccountRow | undefined;
+  const found = await one<AccountRow>(db, sql`SELECT * FROM vps_accounts WHERE id = ${id}`);
   if (!found) throw notFound(`account ${id} does not exist`);
   return found;
 }
@@ -194,9 +195,7 @@ export function refuseOtherFields(what: string, id: string, stored: Record<strin
 /** Refuses while instances that are not deleted match `where`. */
 export async function refuseLiveInstances(tx: Tx, where: SQL, what: string): Promise<void> {
   const live = (
-    (await tx.execute(sql`SELECT id FROM vps_instances WHERE ${where} AND state <> 'deleted' ORDER BY id LIMIT 20`)).rows as {
-      id: string;
-    }[]
+    await rows<{ id: string }>(tx, sql`SELECT id FROM vps_instances WHERE ${where} AND state <> 'deleted' ORDER BY id LIMIT 20`)
   ).map((r) => r.id);
   if (live.length)
     throw new ComputeError("FAILED_PRECONDITION", `${what} still has instances (${live.join(", ")}): delete them first`, {

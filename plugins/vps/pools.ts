@@ -11,7 +11,9 @@ import {
   defineMethod,
   invalidArgument,
   notFound,
+  one,
   resourceId,
+  rows,
   type Db,
   type MethodContext,
   type MethodDefinition,
@@ -86,17 +88,18 @@ export interface PoolRow {
 }
 
 async function findPools(tx: Tx, filter: { id?: string; account?: string }) {
-  const rows = (
-    await tx.execute(sql`
+  const found = await rows<PoolRow>(
+    tx,
+    sql`
       SELECT p.*, a.provider,
              (SELECT count(*)::int FROM vps_flavors f WHERE f.pool_id = p.id) AS flavors,
              (SELECT count(*)::int FROM vps_instances i WHERE i.pool_id = p.id AND i.state <> 'deleted') AS instances
       FROM vps_pools p LEFT JOIN vps_accounts a ON a.id = p.account_id
       WHERE (${filter.id ?? null}::text IS NULL OR p.id = ${filter.id ?? null})
         AND (${filter.account ?? null}::text IS NULL OR p.account_id = ${filter.account ?? null})
-      ORDER BY p.id LIMIT 1000`)
-  ).rows as unknown as PoolRow[];
-  return rows.map((r) => ({
+      ORDER BY p.id LIMIT 1000`,
+  );
+  return found.map((r) => ({
     id: r.id,
     account: r.account_id,
     provider: r.provider,
@@ -140,19 +143,22 @@ const toFlavor = (r: FlavorRow) => ({
 
 /** Flavors, of pools offered to the tenant when one is named (it has a quota there). */
 async function findFlavors(tx: Tx, filter: { id?: string; pool?: string; tenant?: string }) {
-  const rows = await tx.execute(sql`
+  const found = await rows<FlavorRow>(
+    tx,
+    sql`
     SELECT f.* FROM vps_flavors f
     WHERE (${filter.id ?? null}::text IS NULL OR f.id = ${filter.id ?? null})
       AND (${filter.pool ?? null}::text IS NULL OR f.pool_id = ${filter.pool ?? null})
       AND (${filter.tenant ?? null}::text IS NULL
            OR EXISTS (SELECT 1 FROM vps_quotas q WHERE q.pool_id = f.pool_id AND q.tenant_id = ${filter.tenant ?? null}))
-    ORDER BY f.pool_id, f.id LIMIT 1000`);
-  return (rows.rows as unknown as FlavorRow[]).map(toFlavor);
+    ORDER BY f.pool_id, f.id LIMIT 1000`,
+  );
+  return found.map(toFlavor);
 }
 
 /** The pool's row; NOT_FOUND when there is none. */
 export async function loadPool(db: Db | Tx, poolId: string): Promise<PoolRow> {
-  const found = (await db.execute(sql`SELECT * FROM vps_pools WHERE id = ${poolId}`)).rows[0] as PoolRow | undefined;
+  const found = await one<PoolRow>(db, sql`SELECT * FROM vps_pools WHERE id = ${poolId}`);
   if (!found) throw notFound(`pool ${poolId} does not exist`);
   return found;
 }
@@ -186,7 +192,6 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
 
   const poolsCreate = defineMethod({
     name: "vps.pools.create",
-    action: "vps.pools.create",
     resource: (input) => `vps/pools/${input.id}`,
     description:
       "Create a pool: of provider instances on an account (and a location; agent bcd makes each instance join as a node), or with class host of tenant VMs on the deployment's hosts whose labels include hosts.labels. Idempotent: other fields are CONFLICT naming them",
@@ -233,8 +238,7 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
         VALUES (${input.id}, ${input.account}, ${input.class}, ${input.agent}, ${wanted.location})
         ON CONFLICT DO NOTHING RETURNING id`);
       if (inserted.rows.length === 0) {
-        const stored = (await tx.execute(sql`SELECT account_id, class, agent, location FROM vps_pools WHERE id = ${input.id}`))
-          .rows[0] as Record<string, unknown>;
+        const stored = (await one(tx, sql`SELECT account_id, class, agent, location FROM vps_pools WHERE id = ${input.id}`))!;
         refuseOtherFields("pool", input.id, stored, wanted);
         return { ...(await findPools(tx, { id: input.id }))[0]!, created: false };
       }
@@ -277,9 +281,10 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
               ${JSON.stringify(wanted.overcommit)}::jsonb, ${wanted.strategy}, ${wanted.image})
       ON CONFLICT DO NOTHING RETURNING id`);
     if (inserted.rows.length === 0) {
-      const stored = (
-        await tx.execute(sql`SELECT class, host_labels, runtime, overcommit, strategy, image FROM vps_pools WHERE id = ${input.id}`)
-      ).rows[0] as Record<string, unknown>;
+      const stored = (await one(
+        tx,
+        sql`SELECT class, host_labels, runtime, overcommit, strategy, image FROM vps_pools WHERE id = ${input.id}`,
+      ))!;
       refuseOtherFields("pool", input.id, stored, wanted);
       return { ...(await findPools(tx, { id: input.id }))[0]!, created: false };
     }
@@ -293,7 +298,6 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
 
   const poolsList = defineMethod({
     name: "vps.pools.list",
-    action: "vps.pools.list",
     readOnly: true,
     description: "The pools (of one account)",
     input: z.object({ account: resourceId.optional() }),
@@ -303,7 +307,6 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
 
   const poolsGet = defineMethod({
     name: "vps.pools.get",
-    action: "vps.pools.get",
     readOnly: true,
     resource: (input) => `vps/pools/${input.id}`,
     input: z.object({ id: resourceId }),
@@ -317,7 +320,6 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
 
   const poolsDelete = defineMethod({
     name: "vps.pools.delete",
-    action: "vps.pools.delete",
     resource: (input) => `vps/pools/${input.id}`,
     description: "Delete a pool with no instance left (deleted ones aside); its flavors and quotas go with it",
     input: z.object({ id: resourceId }),
@@ -334,7 +336,6 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
 
   const flavorsCreate = defineMethod({
     name: "vps.flavors.create",
-    action: "vps.flavors.create",
     resource: (input) => `vps/flavors/${input.id}`,
     description:
       "Map a flavor of a provider pool onto the provider's offer and image (both checked against the provider's offers now; its sizes are the offer's), or give a host pool's flavor its sizes (vcpus, memoryMiB, diskGiB)",
@@ -406,8 +407,7 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
         VALUES (${input.id}, ${input.pool}, ${wanted.name}, ${input.offer!}, ${input.image!}, ${offer.vcpus}, ${offer.memoryMiB}, ${offer.diskGiB})
         ON CONFLICT DO NOTHING RETURNING id`);
       if (inserted.rows.length === 0) {
-        const stored = (await tx.execute(sql`SELECT pool_id, name, offer, image FROM vps_flavors WHERE id = ${input.id}`))
-          .rows[0] as Record<string, unknown>;
+        const stored = (await one(tx, sql`SELECT pool_id, name, offer, image FROM vps_flavors WHERE id = ${input.id}`))!;
         refuseOtherFields("flavor", input.id, stored, wanted);
         return { ...(await findFlavors(tx, { id: input.id }))[0]!, created: false };
       }
@@ -438,8 +438,7 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
       VALUES (${input.id}, ${input.pool}, ${wanted.name}, NULL, NULL, ${input.vcpus}, ${input.memoryMiB}, ${input.diskGiB})
       ON CONFLICT DO NOTHING RETURNING id`);
     if (inserted.rows.length === 0) {
-      const stored = (await tx.execute(sql`SELECT pool_id, name, vcpus, memory_mib, disk_gib FROM vps_flavors WHERE id = ${input.id}`))
-        .rows[0] as Record<string, unknown>;
+      const stored = (await one(tx, sql`SELECT pool_id, name, vcpus, memory_mib, disk_gib FROM vps_flavors WHERE id = ${input.id}`))!;
       refuseOtherFields("flavor", input.id, stored, wanted);
       return { ...(await findFlavors(tx, { id: input.id }))[0]!, created: false };
     }
@@ -453,7 +452,6 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
 
   const flavorsList = defineMethod({
     name: "vps.flavors.list",
-    action: "vps.flavors.list",
     readOnly: true,
     description: "The flavors (of one pool); a tenant sees those of the pools offered to it",
     input: z.object({ pool: resourceId.optional() }),
@@ -466,7 +464,6 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
 
   const flavorsGet = defineMethod({
     name: "vps.flavors.get",
-    action: "vps.flavors.get",
     readOnly: true,
     resource: (input) => `vps/flavors/${input.id}`,
     input: z.object({ id: resourceId }),
@@ -481,7 +478,6 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
 
   const flavorsDelete = defineMethod({
     name: "vps.flavors.delete",
-    action: "vps.flavors.delete",
     resource: (input) => `vps/flavors/${input.id}`,
     description: "Delete a flavor no instance uses (deleted ones aside)",
     input: z.object({ id: resourceId }),

@@ -10,7 +10,7 @@
 // for the server stamped with the instance's id before it ever calls create(), and adopts it.
 import { sql } from "drizzle-orm";
 import type { Reconciler } from "better-compute";
-import { ComputeError, type ModuleContext } from "better-compute/core";
+import { ComputeError, one, rows, type ModuleContext } from "better-compute/core";
 import { failureOf, type Operation, type ProviderDefinition, type ProviderServer, type ServerStatus } from "./contracts.ts";
 import type { InstanceRow, InstanceState } from "./instances.ts";
 import { defaultFetch, loadAccount, openAccount, scrub, type OpenAccount, type VpsOptions } from "./methods.ts";
@@ -42,20 +42,22 @@ export function instancesReconciler(options: VpsOptions): Reconciler {
     async run(ctx) {
       // Accounts whose provider this deployment does not register are left alone (accounts.list shows registered: false).
       const registered = ctx.registered.extensions<ProviderDefinition>("provider").map((p) => `${p.id}@${p.version}`);
-      const due = await ctx.store.db.execute(sql`
+      const due = await rows<{ id: string; account: string }>(
+        ctx.store.db,
+        sql`
         SELECT i.id, a.id AS account FROM vps_instances i JOIN vps_pools p ON p.id = i.pool_id JOIN vps_accounts a ON a.id = p.account_id
         WHERE p.class = 'provider' AND i.state <> 'deleted' AND (i.state <> 'failed' OR i.desired = 'deleted')
           AND (i.next_attempt_at IS NULL OR i.next_attempt_at <= compute_now())
           AND (i.lease_until IS NULL OR i.lease_until < compute_now())
           AND (a.paused_until IS NULL OR a.paused_until <= compute_now())
           AND a.provider || '@' || a.provider_version IN (SELECT jsonb_array_elements_text(${JSON.stringify(registered)}::jsonb))
-        ORDER BY i.next_attempt_at NULLS FIRST, i.id LIMIT ${BATCH}`);
+        ORDER BY i.next_attempt_at NULLS FIRST, i.id LIMIT ${BATCH}`,
+      );
       const accounts = new Map<string, Promise<OpenAccount>>();
       // One account's instances one after another (its rate limit is one window, and a spent one
       // pauses the rest), different accounts side by side: a slow provider does not hold up the others.
       const byAccount = new Map<string, string[]>();
-      for (const { id, account } of due.rows as { id: string; account: string }[])
-        byAccount.set(account, [...(byAccount.get(account) ?? []), id]);
+      for (const { id, account } of due) byAccount.set(account, [...(byAccount.get(account) ?? []), id]);
       let changed = 0;
       await Promise.all(
         [...byAccount.values()].map(async (ids) => {
@@ -150,21 +152,24 @@ const NOTHING = { recorded: false, again: false };
 
 async function claim(ctx: ModuleContext, id: string): Promise<Claimed | undefined> {
   const claimed = await ctx.store.transaction(async (tx) => {
-    const rows = await tx.execute(sql`
+    return one<InstanceRow & { lease: string; reboot_seen: string | null }>(
+      tx,
+      sql`
       UPDATE vps_instances SET lease_until = compute_now() + make_interval(secs => ${LEASE_SECONDS})
       WHERE id = ${id} AND state <> 'deleted' AND (state <> 'failed' OR desired = 'deleted')
         AND (lease_until IS NULL OR lease_until < compute_now())
         -- Host pools' instances are the host reconciler's (host-instances.ts).
         AND pool_id IN (SELECT id FROM vps_pools WHERE class = 'provider')
-      RETURNING *, lease_until::text AS lease, reboot_requested_at::text AS reboot_seen`);
-    return rows.rows[0] as (InstanceRow & { lease: string; reboot_seen: string | null }) | undefined;
+      RETURNING *, lease_until::text AS lease, reboot_requested_at::text AS reboot_seen`,
+    );
   });
   if (!claimed) return undefined;
-  const pool = (
-    await ctx.store.db.execute(sql`
+  const pool = await one<Pick<Claimed, "agent" | "location" | "account_id" | "offer" | "image">>(
+    ctx.store.db,
+    sql`
       SELECT p.agent, p.location, p.account_id, f.offer, f.image
-      FROM vps_pools p LEFT JOIN vps_flavors f ON f.id = ${claimed.flavor_id} AND f.pool_id = p.id WHERE p.id = ${claimed.pool_id}`)
-  ).rows[0] as Pick<Claimed, "agent" | "location" | "account_id" | "offer" | "image"> | undefined;
+      FROM vps_pools p LEFT JOIN vps_flavors f ON f.id = ${claimed.flavor_id} AND f.pool_id = p.id WHERE p.id = ${claimed.pool_id}`,
+  );
   if (!pool) {
     // Pools with instances cannot be deleted; a row edited by hand can still get here.
     await ctx.store.db.execute(
@@ -185,10 +190,13 @@ async function step(ctx: ModuleContext, id: string, options: ReconcileOptions & 
 
   /** Keeps the lease for the next call; a step that lost it stops before calling. */
   const renew = async () => {
-    const renewed = await ctx.store.db.execute(sql`
+    const renewed = await one<{ lease: string }>(
+      ctx.store.db,
+      sql`
       UPDATE vps_instances SET lease_until = compute_now() + make_interval(secs => ${LEASE_SECONDS})
-      WHERE id = ${id} AND lease_until = ${lease}::timestamptz RETURNING lease_until::text AS lease`);
-    const next = (renewed.rows[0] as { lease: string } | undefined)?.lease;
+      WHERE id = ${id} AND lease_until = ${lease}::timestamptz RETURNING lease_until::text AS lease`,
+    );
+    const next = renewed?.lease;
     if (!next) throw new LeaseLost();
     lease = next;
   };
@@ -269,11 +277,12 @@ async function step(ctx: ModuleContext, id: string, options: ReconcileOptions & 
 
   let outcome: Outcome;
   try {
-    const paused = (
-      await ctx.store.db.execute(sql`
+    const paused = await one<{ seconds: number }>(
+      ctx.store.db,
+      sql`
         SELECT greatest(0, ceil(extract(epoch FROM paused_until - compute_now())))::int AS seconds FROM vps_accounts
-        WHERE id = ${row.account_id} AND paused_until > compute_now()`)
-    ).rows[0] as { seconds: number } | undefined;
+        WHERE id = ${row.account_id} AND paused_until > compute_now()`,
+    );
     if (paused) {
       await ctx.store.db.execute(sql`
         UPDATE vps_instances SET lease_until = NULL, next_attempt_at = compute_now() + make_interval(secs => ${paused.seconds})
@@ -488,8 +497,11 @@ function errorOf(err: unknown, provider: string, call: string, secrets: string[]
 
 /** The instance's create jobs that ended failed so far (its history). */
 async function failedCreateJobs(ctx: ModuleContext, id: string): Promise<number> {
-  const found = await ctx.store.db.execute(sql`
+  const found = await one<{ n: number }>(
+    ctx.store.db,
+    sql`
     SELECT count(*)::int AS n FROM vps_instance_history
-    WHERE instance_id = ${id} AND call = 'operation' AND detail->>'of' = 'create' AND detail->>'state' = 'failed'`);
-  return (found.rows[0] as { n: number }).n;
+    WHERE instance_id = ${id} AND call = 'operation' AND detail->>'of' = 'create' AND detail->>'state' = 'failed'`,
+  );
+  return found!.n;
 }

@@ -3,7 +3,7 @@
 // member sees and acts on its own tenant only; what belongs to another tenant is NOT_FOUND.
 import { sql } from "drizzle-orm";
 import { z } from "zod";
-import { conflict, defineMethod, notFound, resourceId, type MethodDefinition, type Tx } from "better-compute/core";
+import { conflict, defineMethod, notFound, one, resourceId, rows, type MethodDefinition, type Tx } from "better-compute/core";
 import { iso, refuseLiveInstances, refuseOtherFields, scopeOf, slug, tenantFor } from "./methods.ts";
 
 const tenant = z.object({
@@ -29,14 +29,15 @@ const principal = z
   .regex(/^(apikey:[0-9a-f]{16}|jwt:[^\s]+)$/, 'a principal is "apikey:<16 hex id>" (iam.apiKeys.create answers the id) or "jwt:<sub>"');
 
 async function findTenants(tx: Tx, id?: string) {
-  const rows = (
-    await tx.execute(sql`
+  const found = await rows<{ id: string; name: string; created_at: string; members: string[] | string; instances: number }>(
+    tx,
+    sql`
       SELECT t.id, t.name, t.created_at,
              coalesce((SELECT array_agg(m.principal ORDER BY m.principal) FROM vps_tenant_members m WHERE m.tenant_id = t.id), '{}') AS members,
              (SELECT count(*)::int FROM vps_instances i WHERE i.tenant_id = t.id AND i.state <> 'deleted') AS instances
-      FROM vps_tenants t WHERE (${id ?? null}::text IS NULL OR t.id = ${id ?? null}) ORDER BY t.id LIMIT 1000`)
-  ).rows as { id: string; name: string; created_at: string; members: string[] | string; instances: number }[];
-  return rows.map((r) => ({
+      FROM vps_tenants t WHERE (${id ?? null}::text IS NULL OR t.id = ${id ?? null}) ORDER BY t.id LIMIT 1000`,
+  );
+  return found.map((r) => ({
     id: r.id,
     name: r.name,
     members: pgTextArray(r.members),
@@ -57,12 +58,13 @@ export function pgTextArray(value: string[] | string | null): string[] {
 
 /** What the tenant's instances in the pool hold: every instance not deleted (a failed one too, until deleted). */
 export async function usageOf(tx: Tx, tenantId: string, poolId: string): Promise<Sizes> {
-  const row = (
-    await tx.execute(sql`
+  const row = (await one<{ instances: number; vcpus: number; memory_mib: number; disk_gib: number }>(
+    tx,
+    sql`
       SELECT count(*)::int AS instances, coalesce(sum(vcpus), 0)::int AS vcpus,
              coalesce(sum(memory_mib), 0)::int AS memory_mib, coalesce(sum(disk_gib), 0)::int AS disk_gib
-      FROM vps_instances WHERE tenant_id = ${tenantId} AND pool_id = ${poolId} AND state <> 'deleted'`)
-  ).rows[0] as { instances: number; vcpus: number; memory_mib: number; disk_gib: number };
+      FROM vps_instances WHERE tenant_id = ${tenantId} AND pool_id = ${poolId} AND state <> 'deleted'`,
+  ))!;
   return { instances: row.instances, vcpus: row.vcpus, memoryMiB: row.memory_mib, diskGiB: row.disk_gib };
 }
 
@@ -83,15 +85,16 @@ export const quotaSizes = (q: QuotaRow): Sizes => ({
 });
 
 async function findQuotas(tx: Tx, filter: { tenant?: string; pool?: string }) {
-  const rows = (
-    await tx.execute(sql`
+  const found = await rows<QuotaRow>(
+    tx,
+    sql`
       SELECT * FROM vps_quotas
       WHERE (${filter.tenant ?? null}::text IS NULL OR tenant_id = ${filter.tenant ?? null})
         AND (${filter.pool ?? null}::text IS NULL OR pool_id = ${filter.pool ?? null})
-      ORDER BY tenant_id, pool_id LIMIT 1000`)
-  ).rows as unknown as QuotaRow[];
+      ORDER BY tenant_id, pool_id LIMIT 1000`,
+  );
   const out = [];
-  for (const q of rows)
+  for (const q of found)
     out.push({ tenant: q.tenant_id, pool: q.pool_id, quota: quotaSizes(q), usage: await usageOf(tx, q.tenant_id, q.pool_id) });
   return out;
 }
@@ -150,7 +153,6 @@ const publicKey = z
 export function tenantMethods(): MethodDefinition<any, any>[] {
   const tenantsCreate = defineMethod({
     name: "vps.tenants.create",
-    action: "vps.tenants.create",
     resource: (input) => `vps/tenants/${input.id}`,
     description: "Create a tenant; the same fields again is idempotent (created: false), other fields are CONFLICT naming them",
     input: z.object({ id: slug, name: z.string().min(1).max(200).optional() }),
@@ -161,7 +163,7 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
         sql`INSERT INTO vps_tenants (id, name) VALUES (${input.id}, ${name}) ON CONFLICT DO NOTHING RETURNING id`,
       );
       if (inserted.rows.length === 0) {
-        const stored = (await tx.execute(sql`SELECT name FROM vps_tenants WHERE id = ${input.id}`)).rows[0] as { name: string };
+        const stored = (await one<{ name: string }>(tx, sql`SELECT name FROM vps_tenants WHERE id = ${input.id}`))!;
         refuseOtherFields("tenant", input.id, stored, { name });
         return { ...(await findTenants(tx, input.id))[0]!, created: false };
       }
@@ -172,7 +174,6 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
 
   const tenantsList = defineMethod({
     name: "vps.tenants.list",
-    action: "vps.tenants.list",
     readOnly: true,
     description: "The tenants, with their members and instance counts",
     input: z.object({}),
@@ -182,7 +183,6 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
 
   const tenantsGet = defineMethod({
     name: "vps.tenants.get",
-    action: "vps.tenants.get",
     readOnly: true,
     resource: (input) => `vps/tenants/${input.id}`,
     input: z.object({ id: resourceId }),
@@ -196,7 +196,6 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
 
   const tenantsDelete = defineMethod({
     name: "vps.tenants.delete",
-    action: "vps.tenants.delete",
     resource: (input) => `vps/tenants/${input.id}`,
     description: "Delete a tenant with no instance left (deleted ones aside); its members, quotas and SSH keys go with it",
     input: z.object({ id: resourceId }),
@@ -213,7 +212,6 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
 
   const addMember = defineMethod({
     name: "vps.tenants.addMember",
-    action: "vps.tenants.addMember",
     resource: (input) => `vps/tenants/${input.tenant}`,
     description:
       "Let a principal act for a tenant (an API key with the vps-tenant role: iam.apiKeys.create, then this); a principal is in one tenant at most",
@@ -226,9 +224,10 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
         INSERT INTO vps_tenant_members (principal, tenant_id) VALUES (${input.principal}, ${input.tenant})
         ON CONFLICT DO NOTHING RETURNING principal`);
       if (inserted.rows.length === 0) {
-        const other = (await tx.execute(sql`SELECT tenant_id FROM vps_tenant_members WHERE principal = ${input.principal}`)).rows[0] as {
-          tenant_id: string;
-        };
+        const other = (await one<{ tenant_id: string }>(
+          tx,
+          sql`SELECT tenant_id FROM vps_tenant_members WHERE principal = ${input.principal}`,
+        ))!;
         if (other.tenant_id !== input.tenant)
           throw conflict(`${input.principal} is a member of tenant ${other.tenant_id}: remove it there first`, {
             principal: input.principal,
@@ -246,7 +245,6 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
 
   const removeMember = defineMethod({
     name: "vps.tenants.removeMember",
-    action: "vps.tenants.removeMember",
     resource: (input) => `vps/tenants/${input.tenant}`,
     description: "Stop a principal acting for a tenant (a key that keeps the vps-tenant role then sees nothing)",
     input: z.object({ tenant: resourceId, principal }),
@@ -268,7 +266,6 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
 
   const quotasSet = defineMethod({
     name: "vps.quotas.set",
-    action: "vps.quotas.set",
     resource: (input) => `vps/tenants/${input.tenant}`,
     description:
       "Set what a tenant may hold in a pool (instances, vCPUs, memory, disk): this offers the pool to the tenant. A quota below the usage stops new instances only",
@@ -299,7 +296,6 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
 
   const quotasList = defineMethod({
     name: "vps.quotas.list",
-    action: "vps.quotas.list",
     readOnly: true,
     description: "Quotas with their current usage; a tenant sees its own (the pools offered to it)",
     input: z.object({ tenant: resourceId.optional(), pool: resourceId.optional() }),
@@ -313,7 +309,6 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
 
   const sshKeysCreate = defineMethod({
     name: "vps.sshKeys.create",
-    action: "vps.sshKeys.create",
     description:
       "Add an OpenSSH public key to a tenant under a name instances are created with; the same key again is idempotent, another key under the name is CONFLICT",
     input: z.object({ tenant: resourceId.optional(), name: slug, publicKey }),
@@ -321,16 +316,17 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
     handler: async (ctx, input, tx) => {
       const tenantId = await tenantFor(ctx, tx, input.tenant);
       const id = `k-${crypto.randomUUID().slice(0, 8)}`;
-      const inserted = await tx.execute(sql`
+      const row = await one<SshKeyRow>(
+        tx,
+        sql`
         INSERT INTO vps_ssh_keys (id, tenant_id, name, public_key) VALUES (${id}, ${tenantId}, ${input.name}, ${input.publicKey})
-        ON CONFLICT (tenant_id, name) DO NOTHING RETURNING *`);
-      const row = inserted.rows[0] as SshKeyRow | undefined;
+        ON CONFLICT (tenant_id, name) DO NOTHING RETURNING *`,
+      );
       if (row) {
         await ctx.events.publish(tx, { type: "vps.sshKey.created", subject: `vps/tenants/${tenantId}`, data: { name: input.name } });
         return { ...toSshKey(row), created: true };
       }
-      const stored = (await tx.execute(sql`SELECT * FROM vps_ssh_keys WHERE tenant_id = ${tenantId} AND name = ${input.name}`))
-        .rows[0] as unknown as SshKeyRow;
+      const stored = (await one<SshKeyRow>(tx, sql`SELECT * FROM vps_ssh_keys WHERE tenant_id = ${tenantId} AND name = ${input.name}`))!;
       if (stored.public_key !== input.publicKey)
         throw conflict(`SSH key ${input.name} exists with another public key: delete it first, or pick another name`, { name: input.name });
       return { ...toSshKey(stored), created: false };
@@ -339,7 +335,6 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
 
   const sshKeysList = defineMethod({
     name: "vps.sshKeys.list",
-    action: "vps.sshKeys.list",
     readOnly: true,
     description: "SSH keys; a tenant sees its own, an operator every tenant's (or one's)",
     input: z.object({ tenant: resourceId.optional() }),
@@ -348,15 +343,17 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
       const scope = await scopeOf(ctx, tx);
       if (scope.tenant !== undefined && input.tenant !== undefined && input.tenant !== scope.tenant) return { sshKeys: [] };
       const tenantId = scope.tenant ?? input.tenant ?? null;
-      const rows = await tx.execute(sql`
-        SELECT * FROM vps_ssh_keys WHERE (${tenantId}::text IS NULL OR tenant_id = ${tenantId}) ORDER BY tenant_id, name LIMIT 1000`);
-      return { sshKeys: (rows.rows as unknown as SshKeyRow[]).map(toSshKey) };
+      const found = await rows<SshKeyRow>(
+        tx,
+        sql`
+        SELECT * FROM vps_ssh_keys WHERE (${tenantId}::text IS NULL OR tenant_id = ${tenantId}) ORDER BY tenant_id, name LIMIT 1000`,
+      );
+      return { sshKeys: found.map(toSshKey) };
     },
   });
 
   const sshKeysDelete = defineMethod({
     name: "vps.sshKeys.delete",
-    action: "vps.sshKeys.delete",
     description: "Remove a tenant's SSH key by name (instances created with it keep it)",
     input: z.object({ tenant: resourceId.optional(), name: resourceId }),
     output: z.object({ name: z.string(), deleted: z.literal(true) }),

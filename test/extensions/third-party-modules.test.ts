@@ -14,7 +14,6 @@ const widget = z.object({ id: z.string(), name: z.string(), color: z.string() })
 
 const widgetsCreate = defineMethod({
   name: "widgets.create",
-  action: "widgets.create",
   resource: (input) => `widgets/${input.id}`,
   input: z.object({ id: z.string().regex(/^[a-z0-9-]+$/), name: z.string().min(1), color: z.enum(["red", "blue"]) }),
   output: widget,
@@ -28,7 +27,6 @@ const widgetsCreate = defineMethod({
 
 const widgetsGet = defineMethod({
   name: "widgets.get",
-  action: "widgets.get",
   readOnly: true,
   resource: (input) => `widgets/${input.id}`,
   input: z.object({ id: z.string() }),

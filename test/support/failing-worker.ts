@@ -9,7 +9,6 @@ import { deploymentEntry } from "../../workers/api/entry.ts";
 
 const explode = defineMethod({
   name: "acme.explode",
-  action: "acme.explode",
   input: z.object({}),
   output: z.object({}),
   handler: async (ctx) => {

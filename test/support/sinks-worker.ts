@@ -13,7 +13,6 @@ import { deploymentEntry } from "../../workers/api/entry.ts";
 
 const ping = defineMethod({
   name: "acme.sinks.ping",
-  action: "acme.sinks.ping",
   input: z.object({ label: z.string().regex(/^[a-z0-9-]{1,40}$/) }),
   output: z.object({ eventId: z.string() }),
   handler: async (ctx, input, tx) => ({

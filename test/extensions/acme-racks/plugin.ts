@@ -17,7 +17,6 @@ const rack = z.object({
 
 const racksCreate = defineMethod({
   name: "racks.create",
-  action: "racks.create",
   resource: (input) => `racks/${input.id}`,
   input: z.object({
     id: resourceId,
@@ -39,7 +38,6 @@ const racksCreate = defineMethod({
 
 const racksGet = defineMethod({
   name: "racks.get",
-  action: "racks.get",
   readOnly: true,
   resource: (input) => `racks/${input.id}`,
   // Unbounded on purpose: the plugin forgot resourceId.

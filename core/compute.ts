@@ -9,21 +9,8 @@ import { coreModule } from "./core-module.ts";
 import { checkSinks } from "./events/dispatch.ts";
 import { sinksModule } from "./events/module.ts";
 import { watchRoutes } from "./events/watch.ts";
-import {
-  databaseClock,
-  databaseCommands,
-  databaseEvents,
-  databaseNodes,
-  databaseSecrets,
-  databaseWork,
-  type ApprovalsPort,
-  type Approvers,
-  type CapacityPort,
-  type Clock,
-  type PlatformContext,
-  type RegisteredView,
-  type SecretStore,
-} from "./context.ts";
+import type { ApprovalsPort, Approvers, CapacityPort, Clock, PlatformContext, RegisteredView, SecretStore } from "./context.ts";
+import { databaseClock, databaseCommands, databaseEvents, databaseNodes, databaseSecrets, databaseWork } from "./store/ports.ts";
 import { frameBudgets, type FrameBudgets } from "./agents/frame-budget.ts";
 import { gatewayRoutes, joinRoutes } from "./agents/join.ts";
 import { agentsModule } from "./agents/module.ts";

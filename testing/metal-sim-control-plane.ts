@@ -13,7 +13,7 @@ import { AgentError, type AgentTransport } from "../agent/client.ts";
 import { BufferedSocket } from "../agent/socket.ts";
 import { verifyCredential } from "../core/agents/credentials.ts";
 import { nextDelivery, recordConnected, recordDisconnected, recordResult, waitingObject } from "../core/agents/sessions.ts";
-import { databaseSecrets } from "../core/context.ts";
+import { databaseSecrets } from "../core/store/ports.ts";
 import { base64url } from "../core/encoding.ts";
 import {
   CloseCode,

@@ -10,7 +10,7 @@ import { ComputeError, clip, invalidArgument, notFound, schemaIssues } from "../
 import { canonicalJson, MAX_SPEC_BYTES, type NodeSpec, type NodeStatus } from "../protocol.ts";
 import { resourceId } from "../schemas.ts";
 import { one, type Db, type Store, type Tx } from "../store/database.ts";
-import { databaseEvents } from "../context.ts";
+import { databaseEvents } from "../store/ports.ts";
 import type { SessionRef } from "./sessions.ts";
 
 /** An entry's key: an instance id, a key's name... (it becomes a file's comment on the node: no spaces). */

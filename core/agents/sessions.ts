@@ -3,7 +3,8 @@
 // function is one guarded write with its events, so running it twice changes nothing twice; the
 // command path's (results, delivery) are one statement each, not a transaction of several.
 import { sql } from "drizzle-orm";
-import { databaseEvents, pgArray, type NodeSpecView, type SecretRef, type SecretStore } from "../context.ts";
+import type { NodeSpecView, SecretRef, SecretStore } from "../context.ts";
+import { databaseEvents, pgArray } from "../store/ports.ts";
 import { CloseCode, FrameError, resultMessage, verifyMessage, type CommandFrame, type HelloFrame, type ResultFrame } from "../protocol.ts";
 import { one, rows, type Store } from "../store/database.ts";
 import type { BudgetSummary } from "./frame-budget.ts";

@@ -1,7 +1,7 @@
 // The store contract: what every module relies on from the system of record. Each case
 // works in tables of its own (bc_conf_<random>) and drops them, so it runs beside live data.
 import { sql } from "drizzle-orm";
-import { databaseClock, databaseEvents, databaseSecrets, databaseWork } from "../context.ts";
+import { databaseClock, databaseEvents, databaseSecrets, databaseWork } from "../store/ports.ts";
 import { isComputeError } from "../errors.ts";
 import { fromPostgresError, one, rows, type Store, type Tx } from "../store/database.ts";
 import { applyMigrations } from "../store/migrate.ts";

@@ -9,6 +9,7 @@
 // an `error` frame and the connection stays up.
 import { z } from "zod";
 import { base64url, sha256Hex, unbase64url, utf8 } from "./encoding.ts";
+import { slugId } from "./schemas.ts";
 
 export const PROTOCOL_VERSION = 1;
 export const MAX_FRAME_BYTES = 64 * 1024;
@@ -265,7 +266,7 @@ const sizeText = (unit: string) => z.string().regex(new RegExp(`^[1-9][0-9]{0,11
  * or as numbers, vcpus as digits, rebootCount left out (0).
  */
 export const instanceEntry = z.strictObject({
-  name: z.string().regex(/^[a-z0-9-]{1,63}$/),
+  name: slugId,
   runtime: z.string().regex(/^[a-z0-9][a-z0-9.-]{0,127}$/),
   desired: z.enum(["running", "stopped"]),
   vcpus: z.number().int().min(1),

@@ -48,7 +48,7 @@ export type { IamPort, Principal, ResolvedCatalog } from "./iam.ts";
 export type { Logger } from "./log.ts";
 export type { DatabasePort, Db, Runner, Store, Tx } from "./store/database.ts";
 export { literal, one, rows, sendWithCommit } from "./store/database.ts";
-export { isSecretRef, MAX_ID_LENGTH, resourceId, SECRET_REF } from "./schemas.ts";
+export { isSecretRef, MAX_ID_LENGTH, resourceId, SECRET_REF, slugId } from "./schemas.ts";
 export { sha256Hex } from "./encoding.ts";
 export { canonicalJson, instanceEntry, type InstanceEntry } from "./protocol.ts";
 export { objectOrigin, originObject } from "./agents/notify.ts";

@@ -13,6 +13,17 @@ export const resourceId = z
   .regex(/^[^\u0000-\u001f\u007f]+$/, "must not contain control characters");
 
 /** A secret reference, "secret://<id>": how a secret travels in rows, commands, events and bodies, never its value. */
+/**
+ * An id chosen at create time that also names things on hosts (an instance's guest, a host name):
+ * a DNS label, lower-case letters, digits and dashes, starting and ending with a letter or digit.
+ */
+export const slugId = z
+  .string()
+  .regex(
+    /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/,
+    "lower-case letters, digits and dashes, at most 63, starting and ending with a letter or digit",
+  );
+
 export const SECRET_REF = /^secret:\/\/[\w-]+$/;
 
 export const isSecretRef = (value: string): value is SecretRef => SECRET_REF.test(value);

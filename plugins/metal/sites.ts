@@ -13,13 +13,14 @@ import {
   one,
   resourceId,
   rows,
+  slugId,
   type MethodDefinition,
   type Tx,
 } from "better-compute/core";
 import { siteAgentOf } from "./steps.ts";
 
 /** An id the operator chooses at create time. */
-export const slug = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "lower-case letters, digits and dashes");
+export const slug = slugId;
 
 export const policy = z.object({
   hardwareProfile: z.string(),

@@ -14,6 +14,7 @@ import {
   one,
   rows,
   schemaIssues,
+  slugId,
   type MethodContext,
   type ModuleContext,
   type Db,
@@ -49,7 +50,7 @@ export const defaultFetch: Fetch = (input, init) => globalThis.fetch(input, init
 export const TENANT_ROLE = "vps-tenant";
 
 /** An id an operator or a tenant chooses at create time. */
-export const slug = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "lower-case letters, digits and dashes, at most 63");
+export const slug = slugId;
 
 export const iso = (v: unknown) => new Date(v as string).toISOString();
 export const isoOrNull = (v: unknown) => (v === null || v === undefined ? null : iso(v));

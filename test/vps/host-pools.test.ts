@@ -137,6 +137,8 @@ describe("host pools: the operator's setup", () => {
     expect((await refused("vps.pools.create", { ...pool, strategy: "pack" }, "CONFLICT")).details!.fields).toEqual(["strategy"]);
     await refused("vps.pools.create", { ...pool, id: `${id}-x`, account: "acct" }, "INVALID_ARGUMENT");
     await refused("vps.pools.create", { id: `${id}-y`, runtime: "qemu-microvm" }, "INVALID_ARGUMENT");
+    // An id names a guest on a host: a DNS label, so a trailing dash is refused here, not on the host.
+    await refused("vps.pools.create", { ...pool, id: `${id}-` }, "INVALID_ARGUMENT");
     // The runtime is a registered runtime driver (the built-in ones are listed with the drivers).
     expect((await refused("vps.pools.create", { id: `${id}-k`, class: "host", runtime: "kata" }, "INVALID_ARGUMENT")).message).toContain(
       "registered: qemu-microvm, firecracker",
@@ -227,6 +229,13 @@ describe("host pools: placement", () => {
     const missing = await refused("vps.instances.create", { pool: w.id, flavor: w.small, name: "bare" }, "INVALID_ARGUMENT", w.key);
     expect(missing.message).toContain("userData");
     await refused("vps.instances.create", { pool: w.id, flavor: w.small, name: "bare", userData: "" }, "INVALID_ARGUMENT", w.key);
+    // The id names the guest on the host, whose runtime refuses a name ending in a dash: refused here instead.
+    await refused(
+      "vps.instances.create",
+      { pool: w.id, flavor: w.small, name: "dash", id: "web-", userData: "x" },
+      "INVALID_ARGUMENT",
+      w.key,
+    );
     await refused(
       "vps.instances.create",
       { pool: w.id, flavor: w.small, name: "big", userData: "x".repeat(32 * 1024 + 1) },

@@ -1,10 +1,12 @@
-// Network boot for the site agent: the iPXE script that boots a machine into a kernel and
-// initrd (the provisioning ramdisk). Runtime-neutral.
+// Network boot for the site agent: the iPXE scripts it serves each machine: boot a kernel with
+// its initrds (the provisioning ramdisk), or leave network boot for the next boot device (the
+// machine's disk). Runtime-neutral.
 import { AgentError } from "../contracts.ts";
 
 export interface IpxeBoot {
   kernelUrl: string;
-  initrdUrl: string;
+  /** One initrd, or several (the kernel unpacks them in order). */
+  initrdUrl: string | string[];
   /** Kernel command line, e.g. "console=ttyS0 ip=dhcp". */
   cmdline: string;
 }
@@ -14,15 +16,25 @@ const HTTP_URL = /^https?:\/\/\S+$/i;
 // A newline would start a new iPXE command: a value could inject `chain`, `shell`...
 const CONTROL = /[\x00-\x1f\x7f]/;
 
-/** `#!ipxe`, kernel, initrd, boot. Refuses values that could change the script's shape. */
+/** `#!ipxe`, kernel, initrd(s), boot. Refuses values that could change the script's shape. */
 export function ipxeScript({ kernelUrl, initrdUrl, cmdline }: IpxeBoot): string {
-  for (const [name, value] of Object.entries({ kernelUrl, initrdUrl, cmdline })) {
+  const initrds = typeof initrdUrl === "string" ? [initrdUrl] : initrdUrl;
+  if (initrds.length === 0) throw new AgentError("INVALID_ARGUMENT", "initrdUrl names no initrd");
+  for (const [name, value] of [["kernelUrl", kernelUrl], ["cmdline", cmdline], ...initrds.map((u) => ["initrdUrl", u])] as const) {
     if (typeof value !== "string" || CONTROL.test(value)) throw new AgentError("INVALID_ARGUMENT", `${name} must be one line of text`);
   }
-  for (const [name, value] of Object.entries({ kernelUrl, initrdUrl })) {
+  for (const [name, value] of [["kernelUrl", kernelUrl], ...initrds.map((u) => ["initrdUrl", u])] as const) {
     if (!HTTP_URL.test(value)) throw new AgentError("INVALID_ARGUMENT", `${name} must be an http(s) URL without spaces`);
   }
-  // initrd=<name> lets an EFI-stub kernel find the initrd iPXE loaded under that name.
-  const args = ["initrd=initrd", cmdline.trim()].filter(Boolean).join(" ");
-  return ["#!ipxe", `kernel ${kernelUrl} ${args}`, `initrd --name initrd ${initrdUrl}`, "boot", ""].join("\n");
+  // initrd=<name> lets an EFI-stub kernel find the initrds iPXE loaded under those names (UEFI
+  // iPXE needs it: without it the kernel finds no root file system).
+  const names = initrds.map((_, i) => (initrds.length === 1 ? "initrd" : `initrd${i}`));
+  const args = [...names.map((n) => `initrd=${n}`), cmdline.trim()].filter(Boolean).join(" ");
+  return ["#!ipxe", `kernel ${kernelUrl} ${args}`, ...initrds.map((url, i) => `initrd --name ${names[i]} ${url}`), "boot", ""].join("\n");
 }
+
+/**
+ * Leaves network boot: the firmware goes on to the next boot device (the disk). `exit` must be the
+ * top-level script's: one chained from another returns to its parent (PXE.md).
+ */
+export const IPXE_EXIT = "#!ipxe\nexit\n";

@@ -8,10 +8,14 @@ const NODE_SUITES = [
   "test/metal/**/*.test.ts",
 ];
 import { cloudflareTest } from "@cloudflare/vitest-plugin";
-import { defineConfig } from "vitest/config";
+import { configDefaults, defineConfig } from "vitest/config";
+
+// BC_TEST_DURATIONS=FILE: each test file's duration is written to FILE as well (.ci/run's lanes).
+const durations = process.env.BC_TEST_DURATIONS;
 
 export default defineConfig({
   test: {
+    ...(durations ? { reporters: [...configDefaults.reporters, ["./test/support/file-durations.ts", { outputFile: durations }]] } : {}),
     projects: [
       {
         plugins: [
@@ -41,6 +45,8 @@ export default defineConfig({
           name: "node",
           include: NODE_SUITES,
           environment: "node",
+          // One local stack for the files that can share it, started when the first asks (test/support/shared-stack.ts).
+          globalSetup: ["test/support/stack-broker.ts"],
           testTimeout: 60_000,
         },
       },

@@ -2,8 +2,10 @@
 // from the live /openapi.json, flags from each method's input schema, tables or --json, typed
 // errors with their request id and a non-zero exit, tokens shown once, finding a running local
 // stack, and metal enroll/deploy waiting on the machine with each step of its workflow shown.
-// One stack for the file (wrangler dev takes ~15 s). SIMULATED: the machines, disks and BMCs
-// (createMetalSim's site, its agents over real WebSockets to the stack).
+// The stack is the node project's shared one (test/support/shared-stack.ts; docs.test.ts uses it
+// too): this file reads only what it made (its site, pool and machine), and docs.test.ts joins no
+// site agent and starts no workflow. SIMULATED: the machines, disks and BMCs (createMetalSim's
+// site, its agents over real WebSockets to the stack).
 import { execFile } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
@@ -22,7 +24,7 @@ import type { JsonSchema } from "../../cli/api.ts";
 import { buildBody, flagTakesValue, splitArgs } from "../../cli/args.ts";
 import { workflowLines, type WorkflowView } from "../../cli/progress.ts";
 import { openNodeStore, repoRoot, type NodeStore } from "../../local/node-store.ts";
-import { startStack, type Stack } from "../../local/stack.ts";
+import { sharedStack, type SharedStack } from "../support/shared-stack.ts";
 
 interface Run {
   code: number;
@@ -200,7 +202,7 @@ describe("the workflow progress view", () => {
 });
 
 describe("better-compute against the local stack", () => {
-  let stack: Stack;
+  let stack: SharedStack;
   let sim: MetalSim;
   let images: { url: string; stop(): Promise<void> };
   let pluginApi: { url: string; stop(): Promise<void> };
@@ -209,7 +211,7 @@ describe("better-compute against the local stack", () => {
   const connected = () => ({ BC_URL: stack.url, BC_API_KEY: stack.adminKey });
 
   beforeAll(async () => {
-    stack = await startStack({ dataDir: tempDir("bc-cli-stack-") });
+    stack = await sharedStack();
     images = await cache.serve();
     sim = await createMetalSim({ stack, machines: 1, siteId: "cli-site" });
     pluginApi = await servePluginApi(stack);
@@ -218,7 +220,6 @@ describe("better-compute against the local stack", () => {
     await pluginApi?.stop();
     await sim?.stop();
     await images?.stop();
-    await stack?.stop();
   });
 
   it("lists the API's methods as commands, with their summaries and flags", async () => {
@@ -432,10 +433,9 @@ describe("better-compute against the local stack", () => {
  * The default deployment plus a third-party plugin with a method the CLI has never heard of,
  * served from this process (the real API: hono, zod, IAM, Postgres) on the stack's database.
  */
-async function servePluginApi(stack: Stack): Promise<{ url: string; stop(): Promise<void> }> {
+async function servePluginApi(stack: SharedStack): Promise<{ url: string; stop(): Promise<void> }> {
   const paint = defineMethod({
     name: "widgets.paint",
-    action: "widgets.paint",
     readOnly: true,
     description: "Paint a widget (answers what it was asked)",
     input: z.object({

@@ -5,11 +5,10 @@
 // (a path under test/) or is one this file accepts (DEPLOYS).
 import { spawn } from "node:child_process";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { repoRoot } from "../../local/node-store.ts";
-import { freePort, startStack, type Stack } from "../../local/stack.ts";
+import { sharedStack, type SharedStack } from "../support/shared-stack.ts";
 
 const DOCUMENTED_URL = "http://127.0.0.1:8787";
 /** Reasons accepted without a test: what needs a Cloudflare account or a machine this is not. */
@@ -75,17 +74,13 @@ describe("every shell block in the docs", () => {
     }
   });
 
+  // The node project's shared stack (cli.test.ts uses it too): the blocks make what they read.
   describe("runs against a started stack", () => {
-    let stack: Stack;
-    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-docs-"));
+    let stack: SharedStack;
 
     beforeAll(async () => {
-      stack = await startStack({ dataDir, port: await freePort() });
+      stack = await sharedStack();
     }, 120_000);
-    afterAll(async () => {
-      await stack?.stop();
-      fs.rmSync(dataDir, { recursive: true, force: true });
-    });
 
     for (const [file, blocks] of blocksByFile) {
       const runnable = blocks.filter((b) => !b.skipped);
@@ -99,7 +94,12 @@ describe("every shell block in the docs", () => {
           `better-compute() { node ${JSON.stringify(path.join(repoRoot, "scripts", "better-compute.mjs"))} "$@"; }`,
           ...runnable.map((b) => `echo "::block ${b.file}:${b.line}" >&2\n${b.text.replaceAll(DOCUMENTED_URL, stack.url)}`),
         ].join("\n");
-        const result = await runBash(script, { KEY: stack.adminKey, BC_URL: stack.url, BC_API_KEY: stack.adminKey, BC_DATA_DIR: dataDir });
+        const result = await runBash(script, {
+          KEY: stack.adminKey,
+          BC_URL: stack.url,
+          BC_API_KEY: stack.adminKey,
+          BC_DATA_DIR: stack.dataDir,
+        });
         const failedAt = [...result.stderr.matchAll(/::block (\S+)/g)].pop()?.[1];
         expect(
           result.code,

@@ -37,24 +37,20 @@ export class FileState implements AgentStateStore {
     this.specFile = path.join(dir, "spec.json");
   }
 
-  async loadKey(): Promise<JsonWebKey | null> {
-    await this.#load();
-    return readJson<JsonWebKey>(this.keyFile);
+  loadKey(): Promise<JsonWebKey | null> {
+    return this.#read<JsonWebKey>(this.keyFile);
   }
 
-  async saveKey(privateJwk: JsonWebKey): Promise<void> {
-    await this.#load();
-    await writeAtomic(this.keyFile, JSON.stringify(privateJwk));
+  saveKey(privateJwk: JsonWebKey): Promise<void> {
+    return this.#write(this.keyFile, JSON.stringify(privateJwk));
   }
 
-  async loadIdentity(): Promise<AgentIdentity | null> {
-    await this.#load();
-    return readJson<AgentIdentity>(this.identityFile);
+  loadIdentity(): Promise<AgentIdentity | null> {
+    return this.#read<AgentIdentity>(this.identityFile);
   }
 
-  async saveIdentity(identity: AgentIdentity): Promise<void> {
-    await this.#load();
-    await writeAtomic(this.identityFile, `${JSON.stringify(identity, null, 2)}\n`);
+  saveIdentity(identity: AgentIdentity): Promise<void> {
+    return this.#write(this.identityFile, `${JSON.stringify(identity, null, 2)}\n`);
   }
 
   async journal(key: string): Promise<JournalRecord | null> {
@@ -82,14 +78,12 @@ export class FileState implements AgentStateStore {
     return [...this.#journal.values()];
   }
 
-  async loadDesiredSpec(): Promise<NodeSpec | null> {
-    await this.#load();
-    return readJson<NodeSpec>(this.specFile);
+  loadDesiredSpec(): Promise<NodeSpec | null> {
+    return this.#read<NodeSpec>(this.specFile);
   }
 
-  async saveDesiredSpec(spec: NodeSpec): Promise<void> {
-    await this.#load();
-    await writeAtomic(this.specFile, JSON.stringify(spec));
+  saveDesiredSpec(spec: NodeSpec): Promise<void> {
+    return this.#write(this.specFile, JSON.stringify(spec));
   }
 
   /** Release the journal's file handle (the store reopens it if used again). */
@@ -103,6 +97,18 @@ export class FileState implements AgentStateStore {
 
   #load(): Promise<void> {
     return (this.#ready ??= this.#open());
+  }
+
+  /** One of the directory's JSON files (key, identity, spec), or null when it is not there. */
+  async #read<T>(file: string): Promise<T | null> {
+    await this.#load();
+    return readJson<T>(file);
+  }
+
+  /** Replaces one of the directory's files atomically (writeAtomic). */
+  async #write(file: string, content: string): Promise<void> {
+    await this.#load();
+    await writeAtomic(file, content);
   }
 
   async #open(): Promise<void> {

@@ -2,8 +2,8 @@
 // the previous one answered, over keep-alive connections (Node's fetch keeps them open and
 // pools them per origin by default). It runs in a worker thread so that its event loop does
 // not share a thread with what the bench process hosts itself (PGlite and the WS bridge).
-import fs from "node:fs";
 import { isMainThread, parentPort, Worker, workerData } from "node:worker_threads";
+import { processStats } from "./proc.ts";
 
 export interface LoadTarget {
   /** How the figure is labelled, e.g. "POST /v1/iam.whoami". */
@@ -150,41 +150,7 @@ export type CpuSnapshot = Map<number, { name: string; seconds: number }>;
 
 /** CPU time (user + system, in seconds) of this process and each of its descendants, by pid. Linux only; empty elsewhere. */
 export function cpuSnapshot(root = process.pid): CpuSnapshot {
-  const out: CpuSnapshot = new Map();
-  let entries: string[];
-  try {
-    entries = fs.readdirSync("/proc").filter((e) => /^\d+$/.test(e));
-  } catch {
-    return out;
-  }
-  const stats = new Map<number, { ppid: number; name: string; seconds: number }>();
-  for (const pid of entries) {
-    try {
-      const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
-      // pid (comm) state ppid … utime(14) stime(15); comm may contain spaces and parentheses.
-      const close = stat.lastIndexOf(")");
-      const name = stat.slice(stat.indexOf("(") + 1, close);
-      const fields = stat.slice(close + 2).split(" ");
-      stats.set(Number(pid), { ppid: Number(fields[1]), name, seconds: (Number(fields[11]) + Number(fields[12])) / CLOCK_TICKS });
-    } catch {
-      // gone meanwhile
-    }
-  }
-  const include = new Set([root]);
-  for (let grew = true; grew;) {
-    grew = false;
-    for (const [pid, s] of stats) {
-      if (!include.has(pid) && include.has(s.ppid)) {
-        include.add(pid);
-        grew = true;
-      }
-    }
-  }
-  for (const pid of include) {
-    const s = stats.get(pid);
-    if (s) out.set(pid, { name: pid === root ? "bench (node)" : s.name, seconds: s.seconds });
-  }
-  return out;
+  return new Map(processStats(root).map((p) => [p.pid, { name: p.pid === root ? "bench (node)" : p.name, seconds: p.cpuSeconds }]));
 }
 
 /** CPU per process name between two snapshots, busiest first, leaving out those under 1%. */
@@ -206,6 +172,3 @@ export function cpuLine(shares: CpuShare[]): string {
   const total = shares.reduce((sum, share) => sum + share.percent, 0);
   return [...shares.map((share) => `${share.name} ${share.percent.toFixed(0)}%`), `total ${total.toFixed(0)}%`].join(", ");
 }
-
-/** USER_HZ: 100 on every Linux this runs on (glibc and musl alike). */
-const CLOCK_TICKS = 100;

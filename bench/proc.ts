@@ -5,30 +5,43 @@ import fs from "node:fs";
 import v8 from "node:v8";
 import vm from "node:vm";
 
-export interface ProcessInfo {
+export interface ProcessStat {
   pid: number;
   ppid: number;
   /** The kernel's short name (comm): "node", "workerd", ... */
   name: string;
+  /** CPU time so far, user + system, in seconds. */
+  cpuSeconds: number;
+}
+
+export interface ProcessInfo extends ProcessStat {
   /** Resident set size in bytes (VmRSS); 0 when unreadable (a zombie, gone meanwhile). */
   rssBytes: number;
 }
 
-/** This process and all its descendants (children, their children, ...). */
-export function processTree(root = process.pid): ProcessInfo[] {
+/** USER_HZ: 100 on every Linux this runs on (glibc and musl alike). */
+const CLOCK_TICKS = 100;
+
+/** This process and all its descendants (children, their children, ...) as /proc/<pid>/stat shows them. */
+export function processStats(root = process.pid): ProcessStat[] {
   let entries: string[];
   try {
     entries = fs.readdirSync("/proc").filter((e) => /^\d+$/.test(e));
   } catch {
     return [];
   }
-  const all = new Map<number, { ppid: number; name: string }>();
+  const all = new Map<number, Omit<ProcessStat, "pid">>();
   for (const pid of entries) {
     try {
       const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
-      // pid (comm) state ppid …; comm may contain spaces and parentheses.
+      // pid (comm) state ppid … utime(14) stime(15); comm may contain spaces and parentheses.
       const close = stat.lastIndexOf(")");
-      all.set(Number(pid), { ppid: Number(stat.slice(close + 2).split(" ")[1]), name: stat.slice(stat.indexOf("(") + 1, close) });
+      const fields = stat.slice(close + 2).split(" ");
+      all.set(Number(pid), {
+        ppid: Number(fields[1]),
+        name: stat.slice(stat.indexOf("(") + 1, close),
+        cpuSeconds: (Number(fields[11]) + Number(fields[12])) / CLOCK_TICKS,
+      });
     } catch {
       // gone meanwhile
     }
@@ -43,7 +56,12 @@ export function processTree(root = process.pid): ProcessInfo[] {
       }
     }
   }
-  return [...include].filter((pid) => all.has(pid)).map((pid) => ({ pid, ...all.get(pid)!, rssBytes: rssOf(pid) }));
+  return [...include].filter((pid) => all.has(pid)).map((pid) => ({ pid, ...all.get(pid)! }));
+}
+
+/** This process and all its descendants, with the memory each holds. */
+export function processTree(root = process.pid): ProcessInfo[] {
+  return processStats(root).map((p) => ({ ...p, rssBytes: rssOf(p.pid) }));
 }
 
 /** The summed RSS of this process's descendants with this name (e.g. "workerd"), and how many there are. */

@@ -133,27 +133,18 @@ function localStackEnv(env: NodeJS.ProcessEnv): { file: string; vars: Record<str
 
 async function checkConfig(configPath: string, findings: Finding[]): Promise<Compute | undefined> {
   const name = relative(configPath);
-  if (!fs.existsSync(configPath)) {
-    findings.push({
-      check: "config",
-      severity: "error",
-      message: `${name} does not exist`,
-      fix: "pass --config with the deployment's config (the file that calls betterCompute({...}))",
-    });
+  /** The config cannot be used: an error, and no deployment for the checks that need one. */
+  const unusable = (message: string, fix: string) => {
+    findings.push({ check: "config", severity: "error", message, fix });
     return undefined;
-  }
+  };
+  if (!fs.existsSync(configPath))
+    return unusable(`${name} does not exist`, "pass --config with the deployment's config (the file that calls betterCompute({...}))");
   try {
     const mod = (await import(pathToFileURL(configPath).href)) as { compute?: Compute; default?: Compute };
     const compute = mod.compute ?? mod.default;
-    if (!compute || typeof compute.migrations !== "function") {
-      findings.push({
-        check: "config",
-        severity: "error",
-        message: `${name} exports no deployment`,
-        fix: "export const compute = betterCompute({...}) from it",
-      });
-      return undefined;
-    }
+    if (!compute || typeof compute.migrations !== "function")
+      return unusable(`${name} exports no deployment`, "export const compute = betterCompute({...}) from it");
     const { modules, methods } = compute.registry;
     findings.push({
       check: "config",
@@ -163,16 +154,12 @@ async function checkConfig(configPath: string, findings: Finding[]): Promise<Com
     return compute;
   } catch (err) {
     const { code, message } = err as { code?: unknown; message?: unknown };
-    findings.push({
-      check: "config",
-      severity: "error",
-      message:
-        code === "INVALID_CONFIG"
-          ? `${name} is refused: INVALID_CONFIG ${String(message)}`
-          : `${name} does not load: ${err instanceof Error ? err.message : String(err)}`,
-      fix: `fix what the message names in ${name}, then run doctor again`,
-    });
-    return undefined;
+    return unusable(
+      code === "INVALID_CONFIG"
+        ? `${name} is refused: INVALID_CONFIG ${String(message)}`
+        : `${name} does not load: ${err instanceof Error ? err.message : String(err)}`,
+      `fix what the message names in ${name}, then run doctor again`,
+    );
   }
 }
 

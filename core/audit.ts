@@ -4,6 +4,7 @@ import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineMethod, defineModule, type Module } from "./contracts.ts";
 import { invalidArgument } from "./errors.ts";
+import { nextCursor, recordPage, recordPageInput } from "./paging.ts";
 import { resourceId } from "./schemas.ts";
 import { rows } from "./store/database.ts";
 
@@ -39,13 +40,8 @@ export function auditModule(): Module {
       from: z.iso.datetime({ offset: true }).optional(),
       /** Before this time (ISO 8601). */
       to: z.iso.datetime({ offset: true }).optional(),
-      /** The next of the previous page: rows after this one, in the listing's order. */
-      after: z
-        .string()
-        .regex(/^\d{1,18}$/, "an audit row id (digits) from a previous page")
-        .optional(),
-      order: z.enum(["asc", "desc"]).default("asc"),
-      limit: z.number().int().min(1).max(500).default(100),
+      /** after: the next of the previous page: rows after this one, in the listing's order. */
+      ...recordPageInput("an audit row id (digits) from a previous page"),
     }),
     output: z.object({ entries: z.array(entry), next: z.string().nullable() }),
     handler: async (_ctx, input, tx) => {
@@ -56,8 +52,7 @@ export function auditModule(): Module {
       const action = actionPrefix === undefined ? input.action : undefined;
       const resourcePrefix = input.resource?.endsWith("/*") ? input.resource.slice(0, -1) : undefined;
       const resource = resourcePrefix === undefined ? input.resource : undefined;
-      const newestFirst = input.order === "desc";
-      const after = input.after ?? null;
+      const page = recordPage(sql`id`, input);
       const found = await rows<Record<string, any>>(
         tx,
         sql`
@@ -69,8 +64,8 @@ export function auditModule(): Module {
           AND (${resourcePrefix ?? null}::text IS NULL OR starts_with(resource, ${resourcePrefix ?? null}))
           AND (${input.from ?? null}::timestamptz IS NULL OR at >= ${input.from ?? null}::timestamptz)
           AND (${input.to ?? null}::timestamptz IS NULL OR at < ${input.to ?? null}::timestamptz)
-          AND (${after}::bigint IS NULL OR ${newestFirst ? sql`id < ${after}::bigint` : sql`id > ${after}::bigint`})
-        ORDER BY id ${newestFirst ? sql`DESC` : sql`ASC`} LIMIT ${input.limit}`,
+          AND ${page.after}
+        ${page.orderLimit}`,
       );
       const entries = found.map((r) => ({
         id: String(r.id),
@@ -81,7 +76,7 @@ export function auditModule(): Module {
         requestId: r.request_id,
         at: new Date(r.at).toISOString(),
       }));
-      return { entries, next: entries.length === input.limit ? entries.at(-1)!.id : null };
+      return { entries, next: nextCursor(entries, input.limit, (e) => e.id) };
     },
   });
 

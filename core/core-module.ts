@@ -3,6 +3,8 @@ import { desc, eq, sql, type SQL } from "drizzle-orm";
 import { z } from "zod";
 import { defineMethod, defineModule, type DriverDefinition, type Module } from "./contracts.ts";
 import { notFound } from "./errors.ts";
+import { defineListMethod } from "./methods.ts";
+import { nextCursor, recordPage, recordPageInput } from "./paging.ts";
 import { mintApiKey, type IamPort } from "./iam.ts";
 import { jsonSchema } from "./openapi.ts";
 import type { Registry } from "./registry.ts";
@@ -11,19 +13,12 @@ import { rows } from "./store/database.ts";
 import { apiKeys } from "./store/schema.ts";
 
 export function coreModule(deps: { registry: () => Registry; iam: () => IamPort }): Module {
-  const modulesList = defineMethod({
+  const modulesList = defineListMethod({
     name: "modules.list",
-    readOnly: true,
     description: "The modules and plugins this deployment registered, with their methods",
-    input: z.object({}),
-    output: z.object({
-      modules: z.array(z.object({ id: z.string(), version: z.string(), kind: z.enum(["module", "plugin"]), methods: z.array(z.string()) })),
-    }),
-    handler: async () => ({
-      modules: deps
-        .registry()
-        .modules.map((m) => ({ id: m.id, version: m.version, kind: m.contract, methods: (m.api ?? []).map((x) => x.name) })),
-    }),
+    items: { modules: z.object({ id: z.string(), version: z.string(), kind: z.enum(["module", "plugin"]), methods: z.array(z.string()) }) },
+    find: async () =>
+      deps.registry().modules.map((m) => ({ id: m.id, version: m.version, kind: m.contract, methods: (m.api ?? []).map((x) => x.name) })),
   });
 
   const whoami = defineMethod({
@@ -61,23 +56,19 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     },
   });
 
-  const keysList = defineMethod({
+  const keysList = defineListMethod({
     name: "iam.apiKeys.list",
-    readOnly: true,
-    input: z.object({}),
-    output: z.object({ keys: z.array(apiKey) }),
-    handler: async (_ctx, _input, tx) => {
+    items: { keys: apiKey },
+    find: async (tx) => {
       const rows = await tx.select().from(apiKeys).orderBy(desc(apiKeys.createdAt));
-      return {
-        keys: rows.map((r) => ({
-          id: r.id,
-          name: r.name,
-          roles: r.roles,
-          createdBy: r.createdBy,
-          createdAt: r.createdAt.toISOString(),
-          revoked: r.revokedAt !== null,
-        })),
-      };
+      return rows.map((r) => ({
+        id: r.id,
+        name: r.name,
+        roles: r.roles,
+        createdBy: r.createdBy,
+        createdAt: r.createdAt.toISOString(),
+        revoked: r.revokedAt !== null,
+      }));
     },
   });
 
@@ -98,25 +89,21 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
     },
   });
 
-  const driversList = defineMethod({
+  const driversList = defineListMethod({
     name: "drivers.list",
-    readOnly: true,
     description: "The registered drivers: what they drive, where they run, and the JSON schema of a binding (manifest)",
-    input: z.object({}),
-    output: z.object({
-      drivers: z.array(
-        z.object({
-          id: z.string(),
-          version: z.string(),
-          kinds: z.array(z.string()),
-          runsOn: z.string(),
-          secretFields: z.array(z.string()),
-          manifest: z.unknown().nullable(),
-        }),
-      ),
-    }),
-    handler: async (ctx) => ({
-      drivers: ctx.registered.extensions<DriverDefinition>("driver").map((d) => ({
+    items: {
+      drivers: z.object({
+        id: z.string(),
+        version: z.string(),
+        kinds: z.array(z.string()),
+        runsOn: z.string(),
+        secretFields: z.array(z.string()),
+        manifest: z.unknown().nullable(),
+      }),
+    },
+    find: async (_tx, _input, ctx) =>
+      ctx.registered.extensions<DriverDefinition>("driver").map((d) => ({
         id: d.id,
         version: d.version,
         kinds: d.kinds,
@@ -124,7 +111,6 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
         secretFields: d.secretFields ?? [],
         manifest: d.manifest ? jsonSchema(d.manifest, "input") : null,
       })),
-    }),
   });
 
   const eventsList = defineMethod({
@@ -137,27 +123,22 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
       subject: resourceId.optional(),
       /** Exactly this type, or every type under a prefix: metal.node.* */
       type: eventTypeFilter.optional(),
-      /** The next of the previous page, or an event's position: events after it, in the listing's order. */
-      after: z
-        .string()
-        .regex(/^\d{1,18}$/, "an event's position (digits), e.g. the previous page's next")
-        .optional(),
-      order: z.enum(["asc", "desc"]).default("asc"),
-      limit: z.number().int().min(1).max(500).default(100),
+      /** after: the next of the previous page, or an event's position: events after it, in the listing's order. */
+      ...recordPageInput("an event's position (digits), e.g. the previous page's next"),
     }),
     output: z.object({ events: z.array(event), next: z.string().nullable() }),
     handler: async (_ctx, input, tx) => {
-      const newestFirst = input.order === "desc";
+      const page = recordPage(sql`outbox_seq`, input);
       const found = await rows(
         tx,
         sql`
         SELECT * FROM bc_events
         WHERE ${eventMatches(input)}
-          AND (${input.after ?? null}::bigint IS NULL OR ${newestFirst ? sql`outbox_seq < ${input.after ?? null}::bigint` : sql`outbox_seq > ${input.after ?? null}::bigint`})
-        ORDER BY outbox_seq ${newestFirst ? sql`DESC` : sql`ASC`} LIMIT ${input.limit}`,
+          AND ${page.after}
+        ${page.orderLimit}`,
       );
       const events = found.map(eventFromRow);
-      return { events, next: events.length === input.limit ? events.at(-1)!.position : null };
+      return { events, next: nextCursor(events, input.limit, (e) => e.position) };
     },
   });
 

@@ -1,5 +1,15 @@
 // better-compute/core: methods, ports and errors, for module and plugin authors.
 export { defineMethod, type MethodDeclaration, type MethodDefinition } from "./contracts.ts";
+export {
+  createOnce,
+  defineDeleteMethod,
+  defineGetMethod,
+  defineListMethod,
+  differingFields,
+  refuseOtherFields,
+  type CreateOnce,
+} from "./methods.ts";
+export { newestFirst, nextCursor, pageLimit } from "./paging.ts";
 export type {
   ApprovalsPort,
   CapacityPort,

@@ -10,23 +10,15 @@ import type { Compute } from "../core/compute.ts";
 import { drainSinks } from "../core/events/dispatch.ts";
 import { SINKS_MODULE } from "../core/events/module.ts";
 import { createLogger } from "../core/log.ts";
-import type { Store } from "../core/store/database.ts";
 import { setAlarm } from "./alarm.ts";
+import { PassStore } from "./pass-store.ts";
 import { SerialBatches } from "./serial.ts";
-
-/** After a failed drain (the database unreachable), try again this soon. */
-const RETRY_MS = 5_000;
 
 export function sinkObject(compute: Compute) {
   return class SinkDO extends DurableObject<Bindings> implements WakeableObject {
-    #store: Store | undefined;
+    readonly #db = new PassStore(() => compute.openStore(this.env), createLogger({ component: "sink-do" }));
     /** One drain at a time; alarms that arrive meanwhile share the next one. */
     readonly #drains = new SerialBatches(() => this.drain());
-    readonly #log = createLogger({ component: "sink-do" });
-
-    private get store(): Store {
-      return (this.#store ??= compute.openStore(this.env));
-    }
 
     /** Something was written to the outbox: drain now (the alarm runs it, so the caller does not wait for the sinks). */
     async wake(): Promise<void> {
@@ -38,15 +30,10 @@ export function sinkObject(compute: Compute) {
     }
 
     private async drain(): Promise<void> {
-      let next: number | null;
-      try {
-        const { nextInMs } = await drainSinks(compute.moduleContext(SINKS_MODULE, this.env, this.store));
-        next = nextInMs === null ? null : Date.now() + nextInMs;
-      } catch (err) {
-        this.#log.warn("draining the sinks failed; retrying", { error: err instanceof Error ? err.message : String(err) });
-        this.#store = undefined;
-        next = Date.now() + RETRY_MS;
-      }
+      const next = await this.#db.next(
+        async (store) => (await drainSinks(compute.moduleContext(SINKS_MODULE, this.env, store))).nextInMs,
+        "draining the sinks failed; retrying",
+      );
       // Caught up: no alarm of its own, but one a wake-up set during the drain stays (a sooner one too).
       if (next !== null) await setAlarm(this.ctx.storage, next, { keepSooner: true });
     }

@@ -6,24 +6,16 @@ import { DurableObject } from "cloudflare:workers";
 import type { Bindings, WakeableObject } from "../core/bindings.ts";
 import type { Compute } from "../core/compute.ts";
 import { createLogger } from "../core/log.ts";
-import type { Store } from "../core/store/database.ts";
 import { advance } from "../plugins/provision/engine.ts";
 import { setAlarm } from "./alarm.ts";
+import { PassStore } from "./pass-store.ts";
 import { SerialBatches } from "./serial.ts";
-
-/** After a failed pass (the database unreachable), try again this soon. */
-const RETRY_MS = 5_000;
 
 export function workflowObject(compute: Compute) {
   return class WorkflowDO extends DurableObject<Bindings> implements WakeableObject {
-    #store: Store | undefined;
+    readonly #db = new PassStore(() => compute.openStore(this.env), createLogger({ component: "workflow-do" }));
     /** One advance at a time; wake-ups that arrive meanwhile share the next one (it reads the record afresh). */
     readonly #passes = new SerialBatches(() => this.advanceOnce());
-    readonly #log = createLogger({ component: "workflow-do" });
-
-    private get store(): Store {
-      return (this.#store ??= compute.openStore(this.env));
-    }
 
     /** Someone changed the workflow (started it, recorded a result it waits for): advance it now. */
     wake(): Promise<void> {
@@ -41,21 +33,16 @@ export function workflowObject(compute: Compute) {
     private async advanceOnce(): Promise<void> {
       const workflowId = this.workflowId();
       if (!workflowId) return;
-      let next: number | null;
-      try {
-        const ctx = compute.moduleContext("provision", this.env, this.store);
-        const result = await advance(ctx, workflowId);
-        next = result.wakeInMs === null ? null : Date.now() + result.wakeInMs;
-        // The workflow ended: whoever started it (metal's lifecycle) moves on now, not at the next cron.
-        if (result.wakeInMs === null && result.state !== "missing") await compute.reconcile(this.env, this.store);
-      } catch (err) {
-        this.#log.warn("advancing the workflow failed; retrying", {
-          workflow: workflowId,
-          error: err instanceof Error ? err.message : String(err),
-        });
-        this.#store = undefined;
-        next = Date.now() + RETRY_MS;
-      }
+      const next = await this.#db.next(
+        async (store) => {
+          const result = await advance(compute.moduleContext("provision", this.env, store), workflowId);
+          // The workflow ended: whoever started it (metal's lifecycle) moves on now, not at the next cron.
+          if (result.wakeInMs === null && result.state !== "missing") await compute.reconcile(this.env, store);
+          return result.wakeInMs;
+        },
+        "advancing the workflow failed; retrying",
+        { workflow: workflowId },
+      );
       await setAlarm(this.ctx.storage, next);
     }
 

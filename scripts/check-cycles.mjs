@@ -11,7 +11,7 @@
 import { existsSync, readFileSync, realpathSync, statSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { CODE_EXT, stripComments, walk } from "./check-deps.mjs";
+import { CODE_EXT, ownPackage, stripComments, walk } from "./check-deps.mjs";
 
 const TRY_EXT = [".ts", ".mts", ".tsx", ".js", ".mjs", ".cjs"];
 
@@ -89,11 +89,7 @@ function exportTarget(exportsField, sub) {
  *   each cycle as its edges in order, the last one leading back to the first file
  */
 export function checkCycles(root) {
-  let pkg = {};
-  try {
-    pkg = JSON.parse(readFileSync(path.join(root, "package.json"), "utf8"));
-  } catch {}
-  const name = pkg.name ?? "better-compute";
+  const { pkg, name } = ownPackage(root);
   const files = walk(root, "", CODE_EXT).filter((f) => !f.endsWith(".d.ts"));
   const rel = (abs) => path.relative(root, abs).split(path.sep).join("/");
 

@@ -140,15 +140,23 @@ const isDir = (p) => {
 };
 
 /**
- * Check every code file under root.
- * @returns {{ violations: { file: string, line: number, importer: string, specifier: string, rule: string }[], filesChecked: number }}
+ * The package.json at root ({} when there is none) and the name its files import it by.
+ * @returns {{ pkg: { name?: string, exports?: unknown }, name: string }}
  */
-export function checkDeps(root) {
+export function ownPackage(root) {
   let pkg = {};
   try {
     pkg = JSON.parse(readFileSync(path.join(root, "package.json"), "utf8"));
   } catch {}
-  const name = pkg.name ?? "better-compute";
+  return { pkg, name: pkg.name ?? "better-compute" };
+}
+
+/**
+ * Check every code file under root.
+ * @returns {{ violations: { file: string, line: number, importer: string, specifier: string, rule: string }[], filesChecked: number }}
+ */
+export function checkDeps(root) {
+  const { pkg, name } = ownPackage(root);
   const files = walk(root, "", CODE_EXT);
   const violations = [];
 

@@ -127,24 +127,19 @@ class FirecrackerFake {
       throw invalid;
     }
     if (method !== "PUT" || raw.length === 0) throw invalid;
-    switch (resource) {
-      case "actions":
-        if (id === undefined) return this.action(parse(InstanceActionInfo, raw));
-        break;
-      case "boot-source":
-        if (id === undefined) return this.putBootSource(parse(BootSource, raw));
-        break;
-      case "machine-config":
-        if (id === undefined) return this.putMachineConfig(parse(MachineConfiguration, raw));
-        break;
-      case "logger":
-        if (id === undefined) return this.putLogger(parse(Logger, raw));
-        break;
-      case "drives":
-        return this.putDrive(checkedId(id), parse(Drive, raw));
-      case "network-interfaces":
-        return this.putInterface(checkedId(id), parse(NetworkInterface, raw));
+    // The VM's singletons, PUT without an id; a drive or a network interface is named by one.
+    const singletons: Record<string, () => unknown> = {
+      actions: () => this.action(parse(InstanceActionInfo, raw)),
+      "boot-source": () => this.putBootSource(parse(BootSource, raw)),
+      "machine-config": () => this.putMachineConfig(parse(MachineConfiguration, raw)),
+      logger: () => this.putLogger(parse(Logger, raw)),
+    };
+    if (Object.hasOwn(singletons, resource)) {
+      if (id === undefined) return singletons[resource]!();
+      throw invalid;
     }
+    if (resource === "drives") return this.putDrive(checkedId(id), parse(Drive, raw));
+    if (resource === "network-interfaces") return this.putInterface(checkedId(id), parse(NetworkInterface, raw));
     throw invalid;
   }
 

@@ -5,18 +5,10 @@
 // Authorization header) is written. Plain http, and every request when a fetch is given (a test
 // seam: the tls block is then not applied), goes through fetch. Node only.
 import { request as httpsRequest } from "node:https";
-import { isIP } from "node:net";
-import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import type { FetchLike } from "../contracts.ts";
-import { spkiSha256 } from "./tls-pin.ts";
+import { certificateRefusal, connectTls, readAnswer, type CertificateRefusal, type TlsTrust } from "./tls-pin.ts";
 
-/** How to trust an https server's certificate; neither given: the system's CAs. Both given: both are checked. */
-export interface TlsTrust {
-  /** base64 SHA-256 of the certificate's SubjectPublicKeyInfo (see spkiSha256). */
-  spkiSha256?: string;
-  /** PEM of the CA (or the self-signed certificate itself) to trust instead of the system's. */
-  caBundle?: string;
-}
+export type { CertificateRefusal, TlsTrust } from "./tls-pin.ts";
 
 export interface HttpRequest {
   method: string;
@@ -36,10 +28,6 @@ export interface HttpAnswer {
 
 /** One request, its answer; rejects when no answer came (with CertificateRefused when the certificate is not trusted). */
 export type HttpTransport = (url: string, request: HttpRequest) => Promise<HttpAnswer>;
-
-/** Why a certificate was not trusted: its key is not the pinned one, or no CA trusted vouches for it. */
-export type CertificateRefusal =
-  { kind: "pin"; pin: string; presented: string | undefined } | { kind: "untrusted"; by: "caBundle" | "system"; reason: string };
 
 /** The server's certificate was refused; nothing was sent. Another attempt meets the same certificate. */
 export class CertificateRefused extends Error {
@@ -88,14 +76,7 @@ function viaHttps(tls: TlsTrust | undefined, url: string, request: HttpRequest):
     };
     const fail = (e: Error) => finish(() => reject(e));
     const onAbort = () => fail(new Error("aborted"));
-    // With rejectUnauthorized off the connection completes either way; authorized says whether it verified (chain and name).
-    const socket: TLSSocket = tlsConnect({
-      host,
-      port,
-      servername: isIP(host) ? undefined : host,
-      ca: tls?.caBundle,
-      rejectUnauthorized: false,
-    });
+    const socket = connectTls(host, port, tls);
     if (request.signal.aborted) return onAbort();
     request.signal.addEventListener("abort", onAbort, { once: true });
     socket.once("secureConnect", () => {
@@ -104,22 +85,18 @@ function viaHttps(tls: TlsTrust | undefined, url: string, request: HttpRequest):
       const req = httpsRequest(target, { method: request.method, headers: request.headers, createConnection: () => socket });
       req.on("error", fail);
       req.on("response", (res) => {
-        const chunks: Buffer[] = [];
-        let size = 0;
-        res.on("data", (chunk: Buffer) => {
-          size += chunk.byteLength;
-          if (size > MAX_ANSWER_BYTES) fail(new Error(`the answer is larger than ${MAX_ANSWER_BYTES} bytes`));
-          else chunks.push(chunk);
-        });
-        res.on("error", fail);
         res.on("aborted", () => fail(new Error("the answer broke off")));
-        res.on("end", () => {
-          const body = Buffer.concat(chunks).toString("utf8");
-          const header = (name: string) => {
-            const v = res.headers[name.toLowerCase()];
-            return Array.isArray(v) ? v.join(", ") : v;
-          };
-          finish(() => resolve({ status: res.statusCode ?? 0, statusText: res.statusMessage ?? "", header, body }));
+        readAnswer(res, MAX_ANSWER_BYTES, {
+          fail,
+          tooLarge: () => new Error(`the answer is larger than ${MAX_ANSWER_BYTES} bytes`),
+          end: (bytes) => {
+            const header = (name: string) => {
+              const v = res.headers[name.toLowerCase()];
+              return Array.isArray(v) ? v.join(", ") : v;
+            };
+            const body = bytes.toString("utf8");
+            finish(() => resolve({ status: res.statusCode ?? 0, statusText: res.statusMessage ?? "", header, body }));
+          },
         });
       });
       req.end(request.body);
@@ -128,23 +105,4 @@ function viaHttps(tls: TlsTrust | undefined, url: string, request: HttpRequest):
     // After a complete answer this is a no-op; before one, the server hung up.
     socket.on("close", () => fail(new Error("the connection closed before a complete answer")));
   });
-}
-
-/** Why the server's certificate is not trusted under `tls`, or undefined. */
-function certificateRefusal(socket: TLSSocket, tls: TlsTrust | undefined): CertificateRefusal | undefined {
-  const pin = tls?.spkiSha256;
-  if (pin !== undefined) {
-    let presented: string | undefined;
-    try {
-      const peer = socket.getPeerCertificate();
-      presented = peer?.raw ? spkiSha256(peer.raw) : undefined;
-    } catch {
-      // an unreadable certificate: no pin matches it
-    }
-    if (presented !== pin) return { kind: "pin", pin, presented };
-    // The pin names the key: no CA vouches for a self-signed certificate, nor for the name in it.
-    if (tls?.caBundle === undefined) return undefined;
-  }
-  if (socket.authorized) return undefined;
-  return { kind: "untrusted", by: tls?.caBundle === undefined ? "system" : "caBundle", reason: String(socket.authorizationError) };
 }

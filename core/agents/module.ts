@@ -4,8 +4,10 @@ import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineMethod, defineModule, type Module } from "../contracts.ts";
 import { ComputeError, notFound } from "../errors.ts";
+import { defineGetMethod, defineListMethod } from "../methods.ts";
+import { newestFirst, nextCursor, pageLimit } from "../paging.ts";
 import { resourceId } from "../schemas.ts";
-import { one, rows } from "../store/database.ts";
+import { one, rows, type Tx } from "../store/database.ts";
 import { builtinAttestors } from "./attestors.ts";
 import { accessSection, nodeSpecActions, nodeSpecMethods, type SectionOwners } from "./node-specs.ts";
 import { MAX_TOKEN_TTL_SECONDS, mintJoinToken } from "./tokens.ts";
@@ -88,6 +90,12 @@ function toNode(r: Record<string, any>): z.infer<typeof node> {
     disconnectedAt: iso(r.disconnected_at),
     revoked: r.revoked_at !== null,
   };
+}
+
+/** The node of that id as the API shows it, or undefined. */
+async function findNode(tx: Tx, id: string): Promise<z.infer<typeof node> | undefined> {
+  const found = await one(tx, sql`SELECT * FROM bc_nodes WHERE id = ${id}`);
+  return found && toNode(found);
 }
 
 function toJoinToken(r: Record<string, any>): z.infer<typeof joinToken> {
@@ -178,24 +186,16 @@ export function agentsModule(deps: { sections: () => SectionOwners }): Module {
     input: z.object({
       role: role.optional(),
       state: z.enum(TOKEN_STATES).optional(),
-      limit: z.number().int().min(1).max(500).default(100),
+      limit: pageLimit,
       after: resourceId.optional(),
     }),
     output: z.object({ tokens: z.array(joinToken), next: z.string().nullable() }),
     handler: async (_ctx, input, tx) => {
-      if (input.after && (await tx.execute(sql`SELECT 1 FROM bc_join_tokens WHERE id = ${input.after}`)).rows.length === 0)
-        throw notFound(`join token ${input.after} does not exist (after is a token id from a previous page)`);
-      const found = await rows(
-        tx,
-        sql`
-        SELECT * FROM ${TOKEN_ROWS}
-        WHERE (${input.role ?? null}::text IS NULL OR role = ${input.role ?? null})
-          AND (${input.state ?? null}::text IS NULL OR state = ${input.state ?? null})
-          AND (${input.after ?? null}::text IS NULL OR (created_at, id) < (SELECT created_at, id FROM bc_join_tokens WHERE id = ${input.after ?? null}))
-        ORDER BY created_at DESC, id DESC LIMIT ${input.limit}`,
-      );
-      const tokens = found.map(toJoinToken);
-      return { tokens, next: tokens.length === input.limit ? tokens.at(-1)!.id : null };
+      const where = sql`(${input.role ?? null}::text IS NULL OR role = ${input.role ?? null})
+        AND (${input.state ?? null}::text IS NULL OR state = ${input.state ?? null})`;
+      const missing = `join token ${input.after} does not exist (after is a token id from a previous page)`;
+      const tokens = (await newestFirst(tx, { from: TOKEN_ROWS, table: "bc_join_tokens", where, missing }, input)).map(toJoinToken);
+      return { tokens, next: nextCursor(tokens, input.limit, (t) => t.id) };
     },
   });
 
@@ -231,12 +231,11 @@ export function agentsModule(deps: { sections: () => SectionOwners }): Module {
     },
   });
 
-  const nodesList = defineMethod({
+  const nodesList = defineListMethod({
     name: "nodes.list",
-    readOnly: true,
     input: z.object({ role: role.optional(), state: node.shape.state.optional() }),
-    output: z.object({ nodes: z.array(node) }),
-    handler: async (_ctx, input, tx) => {
+    items: { nodes: node },
+    find: async (tx, input) => {
       const found = await rows(
         tx,
         sql`
@@ -245,22 +244,11 @@ export function agentsModule(deps: { sections: () => SectionOwners }): Module {
           AND (${input.state ?? null}::text IS NULL OR state = ${input.state ?? null})
         ORDER BY joined_at, id`,
       );
-      return { nodes: found.map(toNode) };
+      return found.map(toNode);
     },
   });
 
-  const nodesGet = defineMethod({
-    name: "nodes.get",
-    readOnly: true,
-    resource: (input) => `nodes/${input.node}`,
-    input: z.object({ node: resourceId }),
-    output: node,
-    handler: async (_ctx, input, tx) => {
-      const found = await one(tx, sql`SELECT * FROM bc_nodes WHERE id = ${input.node}`);
-      if (!found) throw notFound(`node ${input.node} does not exist`);
-      return toNode(found);
-    },
-  });
+  const nodesGet = defineGetMethod({ name: "nodes.get", what: "node", collection: "nodes", key: "node", output: node, find: findNode });
 
   const nodesRevoke = defineMethod({
     name: "nodes.revoke",
@@ -270,9 +258,9 @@ export function agentsModule(deps: { sections: () => SectionOwners }): Module {
     output: node,
     handler: async (ctx, input, tx) => {
       await ctx.nodes.revoke(tx, { nodeId: input.node }, `revoked by ${ctx.principal.id}`);
-      const found = await one(tx, sql`SELECT * FROM bc_nodes WHERE id = ${input.node}`);
+      const found = await findNode(tx, input.node);
       if (!found) throw notFound(`node ${input.node} does not exist`);
-      return toNode(found);
+      return found;
     },
   });
 

@@ -7,6 +7,7 @@ import { z } from "zod";
 import type { EventsPort, NodeSpecsPort, NodeSpecView, WakePort } from "../context.ts";
 import { defineMethod, type NodeSpecSection } from "../contracts.ts";
 import { ComputeError, clip, invalidArgument, notFound, schemaIssues } from "../errors.ts";
+import { defineGetMethod } from "../methods.ts";
 import { canonicalJson, MAX_SPEC_BYTES, type NodeSpec, type NodeStatus } from "../protocol.ts";
 import { resourceId } from "../schemas.ts";
 import { one, type Db, type Store, type Tx } from "../store/database.ts";
@@ -246,18 +247,18 @@ function operatorView(sections: NodeSpec["sections"], owners: SectionOwners): No
 
 /** The operator's view of NodeSpecs (read-only) and the writers of the access section. */
 export function nodeSpecMethods(owners: () => SectionOwners) {
-  const get = defineMethod({
+  const get = defineGetMethod({
     name: "nodes.spec.get",
-    readOnly: true,
-    resource: (input) => `nodes/${input.node}`,
+    what: "node",
+    collection: "nodes",
+    key: "node",
     description: "A node's NodeSpec: the desired sections and generation, and the agent's last observed status",
-    input: z.object({ node: resourceId }),
     output: specView,
-    handler: async (_ctx, input, tx) => {
-      await existingNode(tx, input.node);
-      const spec = await readNodeSpec(tx, input.node);
-      if (!spec) return { node: input.node, generation: 0, sections: {}, updatedAt: null, observed: null };
-      return { node: input.node, ...spec, sections: operatorView(spec.sections, owners()) };
+    find: async (tx, node) => {
+      await existingNode(tx, node);
+      const spec = await readNodeSpec(tx, node);
+      if (!spec) return { node, generation: 0, sections: {}, updatedAt: null, observed: null };
+      return { node, ...spec, sections: operatorView(spec.sections, owners()) };
     },
   });
 

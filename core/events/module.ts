@@ -4,6 +4,8 @@ import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineMethod, defineModule, type Module } from "../contracts.ts";
 import { ComputeError, notFound } from "../errors.ts";
+import { defineListMethod } from "../methods.ts";
+import { nextCursor, pageLimit } from "../paging.ts";
 import { one, rows } from "../store/database.ts";
 import { deliverOne, drainSinks, registeredSinks, sinkLag, type SinkSource } from "./dispatch.ts";
 
@@ -64,13 +66,11 @@ function deadLetterRow(r: Record<string, any>): z.input<typeof deadLetterView> {
   };
 }
 
-const sinksList = defineMethod({
+const sinksList = defineListMethod({
   name: "events.sinks.list",
-  readOnly: true,
   description: "The registered event and audit sinks: cursor, lag, retry state, last error and open dead letters",
-  input: z.object({}),
-  output: z.object({ sinks: z.array(sinkView) }),
-  handler: async (ctx, _input, tx) => {
+  items: { sinks: sinkView },
+  find: async (tx, _input, ctx) => {
     const sinks = [];
     for (const sink of registeredSinks(ctx)) {
       const row = (await one<Record<string, any>>(
@@ -100,7 +100,7 @@ const sinksList = defineMethod({
         deadLetters: Number(row.dead),
       });
     }
-    return { sinks };
+    return sinks;
   },
 });
 
@@ -114,7 +114,7 @@ const deadLettersList = defineMethod({
     replayed: z.boolean().default(false),
     all: z.boolean().default(false),
     after: deadLetterId.optional(),
-    limit: z.number().int().min(1).max(500).default(100),
+    limit: pageLimit,
   }),
   output: z.object({ deadLetters: z.array(deadLetterView), next: z.string().nullable() }),
   handler: async (_ctx, input, tx) => {
@@ -132,7 +132,7 @@ const deadLettersList = defineMethod({
       ORDER BY id LIMIT ${input.limit}`,
     );
     const deadLetters = found.map(deadLetterRow);
-    return { deadLetters, next: deadLetters.length === input.limit ? deadLetters.at(-1)!.id : null };
+    return { deadLetters, next: nextCursor(deadLetters, input.limit, (d) => d.id) };
   },
 });
 

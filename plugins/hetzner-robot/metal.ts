@@ -11,7 +11,7 @@ import { z } from "zod";
 import { defineDriver, defineModule, type Module } from "better-compute";
 import { ComputeError, SECRET_REF, type SecretRef } from "better-compute/core";
 import type { HardwareProfile } from "better-compute/metal";
-import { defineProfile, defineStep, StepError, stepNotReady, type StepContext } from "better-compute/provision";
+import { defineProfile, defineStep, StepError, stepNotReady, type ControlPlaneStep, type StepContext } from "better-compute/provision";
 import { failureOf, type Fetch, type ProviderHttp } from "better-compute/vps";
 import { armRescue, powerOf, PROVIDER, robotHttp, typesOf, type RobotReset, type RobotServer } from "./provider.ts";
 
@@ -126,80 +126,81 @@ async function setPower(robot: Robot, action: "on" | "off" | "cycle"): Promise<{
 
 const machineInput = z.object({ machine: z.string(), bmc: robotBinding });
 
+/** A control-plane step over the machine's binding: `call` makes its Robot calls (callRobot). */
+interface RobotStep<I extends typeof machineInput> extends Pick<ControlPlaneStep<I>, "id" | "retry" | "pollSeconds" | "deadlineSeconds"> {
+  description: string;
+  input?: I;
+  call: (robot: Robot, input: z.output<I>) => Promise<unknown>;
+}
+
 export function robotSteps(fetch: Fetch) {
-  const inspect = defineStep({
+  const robotStep = <I extends typeof machineInput = typeof machineInput>({ call, input, ...def }: RobotStep<I>) =>
+    defineStep({
+      ...def,
+      runsOn: "control-plane",
+      input: input ?? (machineInput as I),
+      run: (ctx, stepInput: z.output<I>) => callRobot(ctx, stepInput.bmc, fetch, (robot) => call(robot, stepInput)),
+    });
+
+  const inspect = robotStep({
     id: "robot.inspect",
-    runsOn: "control-plane",
     description: "Read the server's facts from Robot (product, datacenter, IP addresses, power) for metal.recordInventory",
-    input: machineInput,
-    run: (ctx, input) =>
-      callRobot(ctx, input.bmc, fetch, async (robot) => {
-        const res = await robot.http.request<{ server: RobotServer & { server_ipv6_net?: string } }>("GET", `/server/${robot.n}`, {
-          accept: [404],
-        });
-        if (res.status === 404) throw refused(`server ${robot.n} is not in this Robot account`, "not_found", robot.n);
-        const s = res.body.server;
-        return {
-          manufacturer: "Hetzner",
-          model: s.product,
-          serverNumber: s.server_number,
-          datacenter: s.dc,
-          addresses: s.ip?.length ? s.ip : s.server_ip ? [s.server_ip] : [],
-          ...(s.server_ipv6_net ? { ipv6Net: s.server_ipv6_net } : {}),
-          power: powerOf(await readReset(robot)),
-        };
-      }),
+    call: async (robot) => {
+      const res = await robot.http.request<{ server: RobotServer & { server_ipv6_net?: string } }>("GET", `/server/${robot.n}`, {
+        accept: [404],
+      });
+      if (res.status === 404) throw refused(`server ${robot.n} is not in this Robot account`, "not_found", robot.n);
+      const s = res.body.server;
+      return {
+        manufacturer: "Hetzner",
+        model: s.product,
+        serverNumber: s.server_number,
+        datacenter: s.dc,
+        addresses: s.ip?.length ? s.ip : s.server_ip ? [s.server_ip] : [],
+        ...(s.server_ipv6_net ? { ipv6Net: s.server_ipv6_net } : {}),
+        power: powerOf(await readReset(robot)),
+      };
+    },
   });
 
-  const power = defineStep({
+  const power = robotStep({
     id: "robot.setPower",
-    runsOn: "control-plane",
     description: "Power the server on (power button or wake-on-LAN), off (power_long) or cycle it (hw reset) through Robot",
     input: machineInput.extend({ action: z.enum(["on", "off", "cycle"]) }),
     retry: { attempts: 3, backoffSeconds: 5, maxBackoffSeconds: 60 },
-    run: (ctx, input) =>
-      callRobot(ctx, input.bmc, fetch, async (robot) => ({ action: input.action, ...(await setPower(robot, input.action)) })),
+    call: async (robot, input) => ({ action: input.action, ...(await setPower(robot, input.action)) }),
   });
 
-  const arm = defineStep({
+  const arm = robotStep({
     id: "robot.rescue.arm",
-    runsOn: "control-plane",
     description: "Arm Hetzner's rescue system (Linux) with the binding's SSH keys; the next boot starts it",
-    input: machineInput,
-    run: (ctx, input) =>
-      callRobot(ctx, input.bmc, fetch, async ({ http, n }) => {
-        if (!(await armRescue(http, n, input.bmc.rescueKeys)))
-          throw refused(`server ${n}: another boot option stays active`, "BOOT_ALREADY_ENABLED", n);
-        return { os: "linux", keys: input.bmc.rescueKeys };
-      }),
+    call: async ({ http, n }, input) => {
+      if (!(await armRescue(http, n, input.bmc.rescueKeys)))
+        throw refused(`server ${n}: another boot option stays active`, "BOOT_ALREADY_ENABLED", n);
+      return { os: "linux", keys: input.bmc.rescueKeys };
+    },
   });
 
-  const disarm = defineStep({
+  const disarm = robotStep({
     id: "robot.rescue.disarm",
-    runsOn: "control-plane",
     description: "Disarm a rescue boot still pending, so the next boot starts the disks",
-    input: machineInput,
-    run: (ctx, input) =>
-      callRobot(ctx, input.bmc, fetch, async ({ http, n }) => {
-        await http.request("DELETE", `/boot/${n}/rescue`, { accept: [404] });
-        return { disarmed: true };
-      }),
+    call: async ({ http, n }) => {
+      await http.request("DELETE", `/boot/${n}/rescue`, { accept: [404] });
+      return { disarmed: true };
+    },
   });
 
-  const rescueBooted = defineStep({
+  const rescueBooted = robotStep({
     id: "robot.rescue.booted",
-    runsOn: "control-plane",
     description: "Wait until the server booted the armed rescue system (Robot clears the rescue flag at that boot)",
-    input: machineInput,
     // Real rescue boots take minutes; the flag flips at the boot, not when SSH answers.
     pollSeconds: 10,
     deadlineSeconds: 900,
-    run: (ctx, input) =>
-      callRobot(ctx, input.bmc, fetch, async ({ http, n }) => {
-        const res = await http.request<{ rescue: { active: boolean } }>("GET", `/boot/${n}/rescue`);
-        if (res.body.rescue.active) stepNotReady(`server ${n} has not booted its rescue system yet`);
-        return { booted: "rescue" };
-      }),
+    call: async ({ http, n }) => {
+      const res = await http.request<{ rescue: { active: boolean } }>("GET", `/boot/${n}/rescue`);
+      if (res.body.rescue.active) stepNotReady(`server ${n} has not booted its rescue system yet`);
+      return { booted: "rescue" };
+    },
   });
 
   return [inspect, power, arm, disarm, rescueBooted];

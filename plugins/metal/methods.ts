@@ -7,6 +7,8 @@ import type { DriverDefinition } from "better-compute";
 import {
   ComputeError,
   conflict,
+  defineGetMethod,
+  defineListMethod,
   defineMethod,
   invalidArgument,
   invalidConfig,
@@ -16,9 +18,11 @@ import {
   resourceId,
   rows,
   schemaIssues,
+  type MethodContext,
   type MethodDefinition,
   type ModuleContext,
   type SecretRef,
+  type Tx,
 } from "better-compute/core";
 import type { ProfileDefinition, StepDefinition } from "better-compute/provision";
 import { bmcTls } from "./bmc-address.ts";
@@ -131,26 +135,25 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     },
   });
 
-  const nodesGet = defineMethod({
+  const nodesGet = defineGetMethod({
     name: "metal.nodes.get",
-    readOnly: true,
-    resource: (input) => `metal/nodes/${input.node}`,
-    input: z.object({ node: resourceId }),
+    what: "metal node",
+    collection: "metal/nodes",
+    key: "node",
     output: metalNode,
-    handler: async (_ctx, input, tx) => toNode(await loadNode(tx, input.node)),
+    find: async (tx, id) => toNode(await loadNode(tx, id)),
   });
 
-  const nodesList = defineMethod({
+  const nodesList = defineListMethod({
     name: "metal.nodes.list",
-    readOnly: true,
     input: z.object({
       pool: resourceId.optional(),
       site: resourceId.optional(),
       state: z.enum(METAL_STATES).optional(),
       maintenance: z.boolean().optional(),
     }),
-    output: z.object({ nodes: z.array(metalNode) }),
-    handler: async (_ctx, input, tx) => {
+    items: { nodes: metalNode },
+    find: async (tx, input) => {
       const nodes = await rows<NodeRow>(
         tx,
         sql`
@@ -161,7 +164,7 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
           AND (${input.maintenance ?? null}::boolean IS NULL OR n.maintenance = ${input.maintenance ?? null})
         ORDER BY n.created_at, n.id LIMIT 1000`,
       );
-      return { nodes: nodes.map(toNode) };
+      return nodes.map(toNode);
     },
   });
 
@@ -206,21 +209,47 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     },
   });
 
-  const undeploy = defineMethod({
+  /**
+   * A method that moves a machine by a lifecycle event and starts the workflow its hardware
+   * profile names for it (`profile`): under the machine's row lock, `refuse` may say no first,
+   * then the lifecycle table does (assertCan), then `before` readies it. Answers the machine and
+   * its workflow.
+   */
+  const lifecycleMethod = (def: {
+    name: string;
+    action?: string;
+    description: string;
+    event: "undeploy" | "rescue" | "unrescue";
+    profile: "release" | "rescue" | "unrescue";
+    refuse?: (node: NodeRow, profile: string) => void;
+    before?: (ctx: MethodContext, tx: Tx, node: NodeRow) => Promise<unknown>;
+  }) =>
+    defineMethod({
+      name: def.name,
+      action: def.action,
+      resource: (input) => `metal/nodes/${input.node}`,
+      description: def.description,
+      input: z.object({ node: resourceId }),
+      output: z.object({ node: z.string(), workflow: z.string() }),
+      handler: async (ctx, input, tx) => {
+        const node = await loadNode(tx, input.node, true);
+        const profile = profileFor(node, def.profile);
+        def.refuse?.(node, profile);
+        assertCan(node, def.event);
+        await def.before?.(ctx, tx, node);
+        const wf = await runLifecycle(ctx, tx, hardwareProfiles, node, def.event, profile, {}, { createdBy: ctx.principal.id });
+        return { node: node.id, workflow: wf.id };
+      },
+    });
+
+  const undeploy = lifecycleMethod({
     name: "metal.undeploy",
-    resource: (input) => `metal/nodes/${input.node}`,
     description: "Release a deployed machine: its disks are wiped (attested) before it is ready again",
-    input: z.object({ node: resourceId }),
-    output: z.object({ node: z.string(), workflow: z.string() }),
-    handler: async (ctx, input, tx) => {
-      const node = await loadNode(tx, input.node, true);
-      assertCan(node, "undeploy");
-      // The installed system's agent goes with its disks: it can no longer renew or reconnect.
-      await ctx.nodes.revoke(tx, { role: "node", labels: { "bc.dev/machine": node.id } }, `metal node ${node.id} is being released`);
-      const profile = profileFor(node, "release");
-      const wf = await runLifecycle(ctx, tx, hardwareProfiles, node, "undeploy", profile, {}, { createdBy: ctx.principal.id });
-      return { node: node.id, workflow: wf.id };
-    },
+    event: "undeploy",
+    profile: "release",
+    // The installed system's agent goes with its disks: it can no longer renew or reconnect.
+    before: (ctx, tx, node) =>
+      ctx.nodes.revoke(tx, { role: "node", labels: { "bc.dev/machine": node.id } }, `metal node ${node.id} is being released`),
   });
 
   const recommission = defineMethod({
@@ -245,43 +274,29 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     },
   });
 
-  const rescue = defineMethod({
+  const rescue = lifecycleMethod({
     name: "metal.rescue",
-    resource: (input) => `metal/nodes/${input.node}`,
     description:
       "Boot a deployed machine into the ramdisk (its disk untouched) for an operator to look into; metal.unrescue boots it from its disk again",
-    input: z.object({ node: resourceId }),
-    output: z.object({ node: z.string(), workflow: z.string() }),
-    handler: async (ctx, input, tx) => {
-      const node = await loadNode(tx, input.node, true);
-      const profile = profileFor(node, "rescue");
-      // metal.rescue boots the ramdisk; a hardware profile may rescue without one (hetzner-robot: Hetzner's rescue system).
+    event: "rescue",
+    profile: "rescue",
+    // metal.rescue boots the ramdisk; a hardware profile may rescue without one (hetzner-robot: Hetzner's rescue system).
+    refuse: (node, profile) => {
       if (node.pool_agent === "none" && profile === TRANSITIONS.rescue.profile)
         throw new ComputeError(
           "UNSUPPORTED",
           `pool ${node.pool_id} is agentless (agent: none): no ramdisk can boot on metal node ${node.id} to rescue it`,
         );
-      assertCan(node, "rescue");
-      const wf = await runLifecycle(ctx, tx, hardwareProfiles, node, "rescue", profile, {}, { createdBy: ctx.principal.id });
-      return { node: node.id, workflow: wf.id };
     },
   });
 
-  const unrescue = defineMethod({
+  const unrescue = lifecycleMethod({
     name: "metal.unrescue",
     action: "metal.rescue",
-    resource: (input) => `metal/nodes/${input.node}`,
     description: "Boot a rescued machine from its disk again; the rescue ramdisk is revoked",
-    input: z.object({ node: resourceId }),
-    output: z.object({ node: z.string(), workflow: z.string() }),
-    handler: async (ctx, input, tx) => {
-      const node = await loadNode(tx, input.node, true);
-      assertCan(node, "unrescue");
-      await revokeRamdisks(ctx, tx, node, `metal node ${node.id} leaves rescue`);
-      const profile = profileFor(node, "unrescue");
-      const wf = await runLifecycle(ctx, tx, hardwareProfiles, node, "unrescue", profile, {}, { createdBy: ctx.principal.id });
-      return { node: node.id, workflow: wf.id };
-    },
+    event: "unrescue",
+    profile: "unrescue",
+    before: (ctx, tx, node) => revokeRamdisks(ctx, tx, node, `metal node ${node.id} leaves rescue`),
   });
 
   const retire = defineMethod({

@@ -4,10 +4,14 @@
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import {
-  canonicalJson,
   ComputeError,
   conflict,
+  createOnce,
+  defineDeleteMethod,
+  defineGetMethod,
+  defineListMethod,
   defineMethod,
+  differingFields,
   invalidArgument,
   notFound,
   one,
@@ -134,37 +138,13 @@ const normalisedPolicy = (stored: unknown): Record<string, unknown> => {
   return parsed.success ? parsed.data : (stored as Record<string, unknown>);
 };
 
-/** The fields whose values differ (a policy by its keys: "policy.<key>"). */
-function differingFields(stored: Record<string, unknown>, wanted: Record<string, unknown>): string[] {
-  const fields: string[] = [];
-  for (const key of Object.keys(wanted)) {
-    if (canonicalJson(stored[key] ?? null) === canonicalJson(wanted[key] ?? null)) continue;
-    if (key === "policy")
-      fields.push(
-        ...policyKeysDiffering(stored.policy as Record<string, unknown>, wanted.policy as Record<string, unknown>).map(
-          (k) => `policy.${k}`,
-        ),
-      );
-    else fields.push(key);
-  }
-  return fields;
-}
-
-function policyKeysDiffering(stored: Record<string, unknown>, wanted: Record<string, unknown>): string[] {
-  const keys = [...new Set([...Object.keys(stored), ...Object.keys(wanted)])].sort();
-  return keys.filter((k) => canonicalJson(stored[k] ?? null) !== canonicalJson(wanted[k] ?? null));
-}
-
-/** Create of something that exists: same fields is idempotent, other fields a CONFLICT naming them. */
-function existing(
-  what: string,
-  id: string,
-  stored: Record<string, unknown>,
-  wanted: Record<string, unknown>,
-): { id: string; created: false } {
-  const fields = differingFields(stored, wanted);
-  if (fields.length > 0) throw conflict(`${what} ${id} exists with other fields: ${fields.join(", ")}`, { [what]: id, fields });
-  return { id, created: false };
+/**
+ * Create of a pool that exists: the same fields is idempotent, other fields a CONFLICT naming them
+ * in the order the create gives them (site, class, agent, then the policy by its keys).
+ */
+function refuseOtherPool(id: string, stored: Record<string, unknown>, wanted: Record<string, unknown>): void {
+  const fields = Object.keys(wanted).flatMap((key) => differingFields({ [key]: stored[key] }, { [key]: wanted[key] }));
+  if (fields.length > 0) throw conflict(`pool ${id} exists with other fields: ${fields.join(", ")}`, { pool: id, fields });
 }
 
 export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): MethodDefinition<any, any>[] {
@@ -188,34 +168,29 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
     output: z.object({ id: z.string(), created: z.boolean() }),
     handler: async (ctx, input, tx) => {
       const description = input.description ?? null;
-      const inserted = await tx.execute(
-        sql`INSERT INTO metal_sites (id, description) VALUES (${input.id}, ${description}) ON CONFLICT DO NOTHING RETURNING id`,
-      );
-      if (inserted.rows.length === 0) {
-        const stored = (await one<{ description: string | null }>(tx, sql`SELECT description FROM metal_sites WHERE id = ${input.id}`))!;
-        return existing("site", input.id, stored, { description });
-      }
-      await ctx.events.publish(tx, { type: "metal.site.created", subject: `metal/sites/${input.id}` });
-      return { id: input.id, created: true };
+      const created = await createOnce(ctx, tx, "site", input.id, {
+        insert: sql`INSERT INTO metal_sites (id, description) VALUES (${input.id}, ${description}) ON CONFLICT DO NOTHING RETURNING id`,
+        stored: sql`SELECT description FROM metal_sites WHERE id = ${input.id}`,
+        wanted: { description },
+        event: { type: "metal.site.created", subject: `metal/sites/${input.id}` },
+      });
+      return { id: input.id, created };
     },
   });
 
-  const sitesList = defineMethod({
+  const sitesList = defineListMethod({
     name: "metal.sites.list",
-    readOnly: true,
     description: "The sites, with their pool and machine counts and their agent",
-    input: z.object({}),
-    output: z.object({ sites: z.array(site) }),
-    handler: async (_ctx, _input, tx) => ({ sites: await findSites(tx) }),
+    items: { sites: site },
+    find: (tx) => findSites(tx),
   });
 
-  const sitesGet = defineMethod({
+  const sitesGet = defineGetMethod({
     name: "metal.sites.get",
-    readOnly: true,
-    resource: (input) => `metal/sites/${input.id}`,
-    input: z.object({ id: resourceId }),
+    what: "site",
+    collection: "metal/sites",
     output: site,
-    handler: async (_ctx, input, tx) => getSite(tx, input.id),
+    find: async (tx, id) => (await findSites(tx, id))[0],
   });
 
   const sitesUpdate = defineMethod({
@@ -238,34 +213,27 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
     },
   });
 
-  const sitesDelete = defineMethod({
+  const sitesDelete = defineDeleteMethod({
     name: "metal.sites.delete",
-    resource: (input) => `metal/sites/${input.id}`,
+    what: "site",
+    collection: "metal/sites",
     description: "Delete a site that has no pools and no live site agent",
-    input: z.object({ id: resourceId }),
-    output: z.object({ id: z.string(), deleted: z.literal(true) }),
-    handler: async (ctx, input, tx) => {
-      const found = await tx.execute(sql`SELECT id FROM metal_sites WHERE id = ${input.id} FOR UPDATE`);
-      if (found.rows.length === 0) throw notFound(`site ${input.id} does not exist`);
-      const pools = (await rows<{ id: string }>(tx, sql`SELECT id FROM metal_pools WHERE site_id = ${input.id} ORDER BY id`)).map(
-        (r) => r.id,
-      );
+    table: "metal_sites",
+    event: "metal.site.deleted",
+    refuse: async (tx, id) => {
+      const pools = (await rows<{ id: string }>(tx, sql`SELECT id FROM metal_pools WHERE site_id = ${id} ORDER BY id`)).map((r) => r.id);
       if (pools.length)
-        throw new ComputeError("FAILED_PRECONDITION", `site ${input.id} still has pools (${pools.join(", ")}): delete them first`, {
-          site: input.id,
+        throw new ComputeError("FAILED_PRECONDITION", `site ${id} still has pools (${pools.join(", ")}): delete them first`, {
+          site: id,
           pools,
         });
       // Its agent would keep serving a site that no longer exists (and serve a new one of the same name).
-      const agent = await siteAgentOf(tx, input.id);
+      const agent = await siteAgentOf(tx, id);
       if (agent)
-        throw new ComputeError(
-          "FAILED_PRECONDITION",
-          `site ${input.id} still has a site agent (${agent}): revoke it first (nodes.revoke)`,
-          { site: input.id, agent },
-        );
-      await tx.execute(sql`DELETE FROM metal_sites WHERE id = ${input.id}`);
-      await ctx.events.publish(tx, { type: "metal.site.deleted", subject: `metal/sites/${input.id}` });
-      return { id: input.id, deleted: true as const };
+        throw new ComputeError("FAILED_PRECONDITION", `site ${id} still has a site agent (${agent}): revoke it first (nodes.revoke)`, {
+          site: id,
+          agent,
+        });
     },
   });
 
@@ -291,12 +259,12 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
         ON CONFLICT DO NOTHING RETURNING id`);
       if (inserted.rows.length === 0) {
         const stored = (await one(tx, sql`SELECT site_id AS site, class, agent, policy FROM metal_pools WHERE id = ${input.id}`))!;
-        return existing(
-          "pool",
+        refuseOtherPool(
           input.id,
           { ...stored, policy: normalisedPolicy(stored.policy) },
           { site: input.site, class: input.class, agent: input.agent, policy: input.policy },
         );
+        return { id: input.id, created: false };
       }
       await ctx.events.publish(tx, {
         type: "metal.pool.created",
@@ -307,22 +275,20 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
     },
   });
 
-  const poolsList = defineMethod({
+  const poolsList = defineListMethod({
     name: "metal.pools.list",
-    readOnly: true,
     description: "The pools (of one site), with their policy and machine counts",
     input: z.object({ site: resourceId.optional() }),
-    output: z.object({ pools: z.array(pool) }),
-    handler: async (_ctx, input, tx) => ({ pools: await findPools(tx, { site: input.site }) }),
+    items: { pools: pool },
+    find: (tx, input) => findPools(tx, { site: input.site }),
   });
 
-  const poolsGet = defineMethod({
+  const poolsGet = defineGetMethod({
     name: "metal.pools.get",
-    readOnly: true,
-    resource: (input) => `metal/pools/${input.id}`,
-    input: z.object({ id: resourceId }),
+    what: "pool",
+    collection: "metal/pools",
     output: pool,
-    handler: async (_ctx, input, tx) => getPool(tx, input.id),
+    find: async (tx, id) => (await findPools(tx, { id }))[0],
   });
 
   const poolsUpdate = defineMethod({
@@ -339,7 +305,7 @@ export function siteAndPoolMethods(hardwareProfiles: Record<string, unknown>): M
       );
       if (!stored) throw notFound(`pool ${input.id} does not exist`);
       checkPolicy(stored.agent, input.policy);
-      const changed = policyKeysDiffering(normalisedPolicy(stored.policy), input.policy);
+      const changed = differingFields(normalisedPolicy(stored.policy), input.policy);
       if (changed.length === 0) return getPool(tx, input.id);
       if (changed.includes("hardwareProfile")) {
         // Its machines were commissioned (BIOS, RAID) and their BMC bindings checked under the old profile.

@@ -169,6 +169,7 @@ async function advanceStep(
     return undefined;
   }
   if (!attempt) return beginAttempt(ctx, pass, wf, profile, step);
+  const at: AtStep = { wf, profile, step, attempt, name };
 
   switch (attempt.state) {
     case "scheduled":
@@ -188,18 +189,27 @@ async function advanceStep(
         );
       // The agent it waits for has connected: look now, not at the next poll.
       if (attempt.wait_ms! > 0 && wf.agent_wait !== "fired") return attempt.wait_ms!;
-      return runControlPlane(ctx, pass, wf, profile, step, attempt, name);
+      return runControlPlane(ctx, pass, at);
     case "ready":
-      if (step.runsOn === "control-plane") return runControlPlane(ctx, pass, wf, profile, step, attempt, name);
-      return sendCommand(ctx, pass, wf, step, attempt, name);
+      if (step.runsOn === "control-plane") return runControlPlane(ctx, pass, at);
+      return sendCommand(ctx, pass, at);
     case "waiting":
-      return checkCommand(ctx, pass, wf, profile, step, attempt, name);
+      return checkCommand(ctx, pass, at);
     case "succeeded":
     case "failed":
       // A finished attempt whose workflow did not move on (a crash between the two cannot
       // happen: they share a transaction). Nothing to do but look again.
       return WAITING_RECHECK_MS;
   }
+}
+
+/** Where a pass is: the workflow, its profile, the current step (its definition and its name in the profile) and its attempt. */
+interface AtStep {
+  wf: WorkflowRow;
+  profile: ProfileDefinition;
+  step: StepDefinition;
+  attempt: AttemptRow;
+  name: string;
 }
 
 /** A step's first attempt, its input computed (and checked against the step's schema) but not yet written. */
@@ -293,15 +303,7 @@ async function beginAttempt(
   return undefined;
 }
 
-async function runControlPlane(
-  ctx: EngineContext,
-  pass: Pass,
-  wf: WorkflowRow,
-  profile: ProfileDefinition,
-  step: StepDefinition,
-  attempt: AttemptRow,
-  name: string,
-): Promise<number | undefined> {
+async function runControlPlane(ctx: EngineContext, pass: Pass, { wf, profile, step, attempt, name }: AtStep): Promise<number | undefined> {
   if (step.runsOn !== "control-plane") return undefined;
   let output: unknown;
   const stepCtx = await stepContext(ctx, pass, wf, step, attempt, name);
@@ -326,14 +328,7 @@ async function runControlPlane(
   return undefined;
 }
 
-async function sendCommand(
-  ctx: EngineContext,
-  pass: Pass,
-  wf: WorkflowRow,
-  step: StepDefinition,
-  attempt: AttemptRow,
-  name: string,
-): Promise<undefined> {
+async function sendCommand(ctx: EngineContext, pass: Pass, { wf, step, attempt, name }: AtStep): Promise<undefined> {
   if (step.runsOn === "control-plane") return undefined;
   const stepCtx = await stepContext(ctx, pass, wf, step, attempt, name);
   let target: string;
@@ -387,15 +382,7 @@ async function sendCommand(
   return undefined;
 }
 
-async function checkCommand(
-  ctx: EngineContext,
-  pass: Pass,
-  wf: WorkflowRow,
-  profile: ProfileDefinition,
-  step: StepDefinition,
-  attempt: AttemptRow,
-  name: string,
-): Promise<number | undefined> {
+async function checkCommand(ctx: EngineContext, pass: Pass, { wf, profile, step, attempt, name }: AtStep): Promise<number | undefined> {
   const command = attempt.command;
   if (command?.state === "succeeded") {
     await succeedStep(ctx, pass, wf, profile, attempt, name, command.result);

@@ -6,10 +6,14 @@ import { z } from "zod";
 import { defineModule, type Module } from "better-compute";
 import {
   ComputeError,
+  defineGetMethod,
   defineMethod,
   invalidArgument,
+  newestFirst,
+  nextCursor,
   notFound,
   one,
+  pageLimit,
   resourceId,
   rows,
   schemaIssues,
@@ -158,6 +162,44 @@ const toWorkflowRow = (wf: Record<string, any>): z.infer<typeof workflowRow> => 
   finishedAt: iso(wf.finished_at),
 });
 
+/** A workflow with its steps, every attempt and its quorum, or undefined. */
+async function findWorkflow(tx: Tx, id: string): Promise<z.input<typeof workflow> | undefined> {
+  const wf = await one<Record<string, any>>(
+    tx,
+    sql`
+      SELECT w.*, q.digest, q.kinds, q.threshold, q.approved_at,
+             array(SELECT approver FROM workflow_approvals a WHERE a.workflow_id = w.id ORDER BY a.created_at, a.approver) AS approvals
+      FROM workflows w LEFT JOIN workflow_quorum q ON q.workflow_id = w.id WHERE w.id = ${id}`,
+  );
+  if (!wf) return undefined;
+  const attempts = await rows<Record<string, any>>(
+    tx,
+    sql`SELECT * FROM workflow_steps WHERE workflow_id = ${id} ORDER BY position, attempt`,
+  );
+  type Attempt = z.infer<typeof attempt>;
+  const steps = new Map<number, { position: number; name: string; step: string; attempts: Attempt[] }>();
+  for (const r of attempts) {
+    const entry = steps.get(r.position) ?? { position: r.position, name: r.name, step: r.step_id, attempts: [] as Attempt[] };
+    entry.attempts.push({
+      attempt: r.attempt,
+      state: r.state,
+      inputDigest: r.input_digest,
+      output: r.output,
+      error: r.error,
+      commandId: r.command_id === null ? null : String(r.command_id),
+      polls: r.polls,
+      startedAt: iso(r.started_at),
+      finishedAt: iso(r.finished_at),
+    });
+    steps.set(r.position, entry);
+  }
+  const quorum =
+    wf.digest === null
+      ? null
+      : { digest: wf.digest, kinds: wf.kinds, threshold: wf.threshold, approvals: wf.approvals, approvedAt: iso(wf.approved_at) };
+  return { ...toWorkflowRow(wf), steps: [...steps.values()], quorum };
+}
+
 export function provisionModule(): Module {
   const validate = defineMethod({
     name: "profiles.validate",
@@ -187,49 +229,13 @@ export function provisionModule(): Module {
     handler: (ctx, input, tx) => startWorkflow(ctx, tx, { ...input, createdBy: ctx.principal.id }),
   });
 
-  const get = defineMethod({
+  const get = defineGetMethod({
     name: "workflows.get",
-    readOnly: true,
-    resource: (input) => `workflows/${input.id}`,
+    what: "workflow",
+    collection: "workflows",
     description: "A workflow with its steps, every attempt, their states and timings",
-    input: z.object({ id: resourceId }),
     output: workflow,
-    handler: async (_ctx, input, tx) => {
-      const wf = await one<Record<string, any>>(
-        tx,
-        sql`
-        SELECT w.*, q.digest, q.kinds, q.threshold, q.approved_at,
-               array(SELECT approver FROM workflow_approvals a WHERE a.workflow_id = w.id ORDER BY a.created_at, a.approver) AS approvals
-        FROM workflows w LEFT JOIN workflow_quorum q ON q.workflow_id = w.id WHERE w.id = ${input.id}`,
-      );
-      if (!wf) throw notFound(`workflow ${input.id} does not exist`);
-      const attempts = await rows<Record<string, any>>(
-        tx,
-        sql`SELECT * FROM workflow_steps WHERE workflow_id = ${input.id} ORDER BY position, attempt`,
-      );
-      type Attempt = z.infer<typeof attempt>;
-      const steps = new Map<number, { position: number; name: string; step: string; attempts: Attempt[] }>();
-      for (const r of attempts) {
-        const entry = steps.get(r.position) ?? { position: r.position, name: r.name, step: r.step_id, attempts: [] as Attempt[] };
-        entry.attempts.push({
-          attempt: r.attempt,
-          state: r.state,
-          inputDigest: r.input_digest,
-          output: r.output,
-          error: r.error,
-          commandId: r.command_id === null ? null : String(r.command_id),
-          polls: r.polls,
-          startedAt: iso(r.started_at),
-          finishedAt: iso(r.finished_at),
-        });
-        steps.set(r.position, entry);
-      }
-      const quorum =
-        wf.digest === null
-          ? null
-          : { digest: wf.digest, kinds: wf.kinds, threshold: wf.threshold, approvals: wf.approvals, approvedAt: iso(wf.approved_at) };
-      return { ...toWorkflowRow(wf), steps: [...steps.values()], quorum };
-    },
+    find: findWorkflow,
   });
 
   const list = defineMethod({
@@ -241,26 +247,18 @@ export function provisionModule(): Module {
       target: resourceId.optional(),
       state: z.enum(WORKFLOW_STATES).optional(),
       profile: resourceId.optional(),
-      limit: z.number().int().min(1).max(500).default(100),
+      limit: pageLimit,
       /** The next of the previous page: workflows older than this one. */
       after: resourceId.optional(),
     }),
     output: z.object({ workflows: z.array(workflowRow), next: z.string().nullable() }),
     handler: async (_ctx, input, tx) => {
-      if (input.after && (await tx.execute(sql`SELECT 1 FROM workflows WHERE id = ${input.after}`)).rows.length === 0)
-        throw notFound(`workflow ${input.after} does not exist (after is a workflow id from a previous page)`);
-      const found = await rows(
-        tx,
-        sql`
-        SELECT * FROM workflows
-        WHERE (${input.target ?? null}::text IS NULL OR target = ${input.target ?? null})
-          AND (${input.state ?? null}::text IS NULL OR state = ${input.state ?? null})
-          AND (${input.profile ?? null}::text IS NULL OR profile_id = ${input.profile ?? null})
-          AND (${input.after ?? null}::text IS NULL OR (created_at, id) < (SELECT created_at, id FROM workflows WHERE id = ${input.after ?? null}))
-        ORDER BY created_at DESC, id DESC LIMIT ${input.limit}`,
-      );
-      const workflows = found.map(toWorkflowRow);
-      return { workflows, next: workflows.length === input.limit ? workflows.at(-1)!.id : null };
+      const where = sql`(${input.target ?? null}::text IS NULL OR target = ${input.target ?? null})
+        AND (${input.state ?? null}::text IS NULL OR state = ${input.state ?? null})
+        AND (${input.profile ?? null}::text IS NULL OR profile_id = ${input.profile ?? null})`;
+      const missing = `workflow ${input.after} does not exist (after is a workflow id from a previous page)`;
+      const workflows = (await newestFirst(tx, { from: sql`workflows`, table: "workflows", where, missing }, input)).map(toWorkflowRow);
+      return { workflows, next: nextCursor(workflows, input.limit, (w) => w.id) };
     },
   });
 

@@ -9,10 +9,15 @@ import { sql } from "drizzle-orm";
 import { z } from "zod";
 import {
   ComputeError,
+  defineDeleteMethod,
+  defineGetMethod,
+  defineListMethod,
   defineMethod,
+  differingFields,
   invalidArgument,
   notFound,
   one,
+  refuseOtherFields,
   resourceId,
   rows,
   type MethodDefinition,
@@ -22,14 +27,12 @@ import {
 import type { ProviderOffers } from "./contracts.ts";
 import {
   defaultFetch,
-  differingFields,
   iso,
   isoOrNull,
   loadAccount,
   manifestRefusal,
   openAccount,
   providerOf,
-  refuseOtherFields,
   resolvedConfig,
   slug,
   type AccountRow,
@@ -89,31 +92,26 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
   /** Offers the provider gave in admission, for the handler of the same call. */
   const fetched = new WeakMap<object, ProviderOffers>();
 
-  const providersList = defineMethod({
+  const providersList = defineListMethod({
     name: "vps.providers.list",
-    readOnly: true,
     description: "The registered VPS providers: the JSON schema of an account's config (manifest) and its secret fields",
-    input: z.object({}),
-    output: z.object({
-      providers: z.array(
-        z.object({
-          id: z.string(),
-          version: z.string(),
-          description: z.string().nullable(),
-          secretFields: z.array(z.string()),
-          manifest: z.unknown(),
-        }),
-      ),
-    }),
-    handler: async (ctx) => ({
-      providers: ctx.registered.extensions<NonNullable<ReturnType<typeof providerOf>>>("provider").map((p) => ({
+    items: {
+      providers: z.object({
+        id: z.string(),
+        version: z.string(),
+        description: z.string().nullable(),
+        secretFields: z.array(z.string()),
+        manifest: z.unknown(),
+      }),
+    },
+    find: async (_tx, _input, ctx) =>
+      ctx.registered.extensions<NonNullable<ReturnType<typeof providerOf>>>("provider").map((p) => ({
         id: p.id,
         version: p.version,
         description: p.description ?? null,
         secretFields: p.secretFields,
         manifest: manifestSchema(p.manifest),
       })),
-    }),
   });
 
   const accountsCreate = defineMethod({
@@ -165,26 +163,19 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
     },
   });
 
-  const accountsList = defineMethod({
+  const accountsList = defineListMethod({
     name: "vps.accounts.list",
-    readOnly: true,
     description: "The provider accounts (secret fields by reference only)",
-    input: z.object({}),
-    output: z.object({ accounts: z.array(account) }),
-    handler: async (ctx, _input, tx) => ({ accounts: await findAccounts(ctx, tx) }),
+    items: { accounts: account },
+    find: (tx, _input, ctx) => findAccounts(ctx, tx),
   });
 
-  const accountsGet = defineMethod({
+  const accountsGet = defineGetMethod({
     name: "vps.accounts.get",
-    readOnly: true,
-    resource: (input) => `vps/accounts/${input.id}`,
-    input: z.object({ id: resourceId }),
+    what: "account",
+    collection: "vps/accounts",
     output: account,
-    handler: async (ctx, input, tx) => {
-      const [found] = await findAccounts(ctx, tx, input.id);
-      if (!found) throw notFound(`account ${input.id} does not exist`);
-      return found;
-    },
+    find: async (tx, id, ctx) => (await findAccounts(ctx, tx, id))[0],
   });
 
   const accountsUpdate = defineMethod({
@@ -231,26 +222,20 @@ export function accountMethods(options: VpsOptions): MethodDefinition<any, any>[
     },
   });
 
-  const accountsDelete = defineMethod({
+  const accountsDelete = defineDeleteMethod({
     name: "vps.accounts.delete",
-    resource: (input) => `vps/accounts/${input.id}`,
+    what: "account",
+    collection: "vps/accounts",
     description: "Delete an account no pool uses",
-    input: z.object({ id: resourceId }),
-    output: z.object({ id: z.string(), deleted: z.literal(true) }),
-    handler: async (ctx, input, tx) => {
-      const found = await tx.execute(sql`SELECT 1 FROM vps_accounts WHERE id = ${input.id} FOR UPDATE`);
-      if (found.rows.length === 0) throw notFound(`account ${input.id} does not exist`);
-      const pools = (await rows<{ id: string }>(tx, sql`SELECT id FROM vps_pools WHERE account_id = ${input.id} ORDER BY id`)).map(
-        (r) => r.id,
-      );
+    table: "vps_accounts",
+    event: "vps.account.deleted",
+    refuse: async (tx, id) => {
+      const pools = (await rows<{ id: string }>(tx, sql`SELECT id FROM vps_pools WHERE account_id = ${id} ORDER BY id`)).map((r) => r.id);
       if (pools.length)
-        throw new ComputeError("FAILED_PRECONDITION", `account ${input.id} is used by pools (${pools.join(", ")}): delete them first`, {
-          account: input.id,
+        throw new ComputeError("FAILED_PRECONDITION", `account ${id} is used by pools (${pools.join(", ")}): delete them first`, {
+          account: id,
           pools,
         });
-      await tx.execute(sql`DELETE FROM vps_accounts WHERE id = ${input.id}`);
-      await ctx.events.publish(tx, { type: "vps.account.deleted", subject: `vps/accounts/${input.id}` });
-      return { id: input.id, deleted: true as const };
     },
   });
 

@@ -9,10 +9,14 @@ import { z } from "zod";
 import {
   ComputeError,
   conflict,
+  defineGetMethod,
   defineMethod,
   invalidArgument,
+  nextCursor,
   notFound,
   one,
+  pageLimit,
+  refuseOtherFields,
   rows,
   sha256Hex,
   resourceId,
@@ -32,7 +36,7 @@ import {
   readConsole,
   rebootHost,
 } from "./host-instances.ts";
-import { iso, isoOrNull, refuseOtherFields, scopeOf, slug, tenantFor } from "./methods.ts";
+import { iso, isoOrNull, scopeOf, slug, tenantFor } from "./methods.ts";
 import { pgTextArray, quotaSizes, usageOf, type Sizes } from "./tenants.ts";
 
 export const INSTANCE_STATES = [
@@ -296,15 +300,14 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     },
   });
 
-  const get = defineMethod({
+  const get = defineGetMethod({
     name: "vps.instances.get",
-    readOnly: true,
-    resource: (input) => `vps/instances/${input.id}`,
-    input: z.object({ id: resourceId }),
+    what: "instance",
+    collection: "vps/instances",
     /** nodeId: the node an agent: bcd pool's instance joined as (bcd's provisioned join), until it is revoked. */
     output: instance.extend({ nodeId: z.string().nullable() }),
-    handler: async (ctx, input, tx) => {
-      const row = await loadInstance(ctx, tx, input.id);
+    find: async (tx, id, ctx) => {
+      const row = await loadInstance(ctx, tx, id);
       const node = await one<{ id: string }>(
         tx,
         sql`
@@ -323,7 +326,7 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
       tenant: resourceId.optional(),
       pool: resourceId.optional(),
       state: z.enum(INSTANCE_STATES).optional(),
-      limit: z.number().int().min(1).max(500).default(100),
+      limit: pageLimit,
       after: resourceId.optional(),
     }),
     output: z.object({ instances: z.array(instance), next: z.string().nullable() }),
@@ -343,60 +346,63 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
         ORDER BY id LIMIT ${input.limit}`,
       );
       const instances = found.map(toInstance);
-      return { instances, next: instances.length === input.limit ? instances.at(-1)!.id : null };
+      return { instances, next: nextCursor(instances, input.limit, (i) => i.id) };
     },
   });
 
-  /** Sets what the instance should be; the reconciler takes it up at once (reconcile: true) or at its next pass. */
-  const desire = (name: "start" | "stop", desired: "running" | "stopped") =>
+  /**
+   * A request on one instance (start, stop, reboot, delete), under its row's lock: `act` answers
+   * the instance as it is now and, when it asked for something new, what (the data of the
+   * vps.instance.requested event). The reconciler takes it up at once (reconcile: true) or at its next pass.
+   */
+  const request = (
+    name: string,
+    description: string,
+    act: (ctx: MethodContext, tx: Tx, row: InstanceRow) => Promise<{ row: InstanceRow; requested?: Record<string, unknown> }>,
+  ) =>
     defineMethod({
-      name: `vps.instances.${name}`,
+      name,
       reconcile: true,
       resource: (input) => `vps/instances/${input.id}`,
-      description:
-        name === "start"
-          ? "Power an instance on (and keep it running); the reconciler does it"
-          : "Power an instance off (and keep it off); the reconciler does it",
+      description,
       input: z.object({ id: resourceId }),
       output: instance,
       handler: async (ctx, input, tx) => {
-        const row = await loadInstance(ctx, tx, input.id, true);
-        refuseIfGone(row, name);
-        // A tenant's stop while a drain stops the instance to move it wins: it stays stopped (desireHost clears the mark).
-        if (row.desired === desired && row.drain_restart_at == null) return toInstance(row);
-        if (row.pool_class === "host") {
-          const after = await desireHost(ctx, tx, row, desired);
-          await ctx.events.publish(tx, {
-            type: "vps.instance.requested",
-            subject: `vps/instances/${row.id}`,
-            data: { action: name, desired },
-          });
-          return toInstance(after);
-        }
-        const updated = await one<InstanceRow>(
-          tx,
-          sql`
-          UPDATE vps_instances SET desired = ${desired}, reboot_requested_at = NULL, next_attempt_at = compute_now(), updated_at = compute_now()
-          WHERE id = ${row.id} RETURNING *`,
-        );
-        await ctx.events.publish(tx, {
-          type: "vps.instance.requested",
-          subject: `vps/instances/${row.id}`,
-          data: { action: name, desired },
-        });
-        return toInstance(updated!);
+        const { row, requested } = await act(ctx, tx, await loadInstance(ctx, tx, input.id, true));
+        if (requested)
+          await ctx.events.publish(tx, { type: "vps.instance.requested", subject: `vps/instances/${row.id}`, data: requested });
+        return toInstance(row);
       },
     });
 
-  const reboot = defineMethod({
-    name: "vps.instances.reboot",
-    reconcile: true,
-    resource: (input) => `vps/instances/${input.id}`,
-    description: "Reboot a running instance once (asked again before it happened, still once)",
-    input: z.object({ id: resourceId }),
-    output: instance,
-    handler: async (ctx, input, tx) => {
-      const row = await loadInstance(ctx, tx, input.id, true);
+  /** Sets what the instance should be. */
+  const desire = (name: "start" | "stop", desired: "running" | "stopped") =>
+    request(
+      `vps.instances.${name}`,
+      name === "start"
+        ? "Power an instance on (and keep it running); the reconciler does it"
+        : "Power an instance off (and keep it off); the reconciler does it",
+      async (ctx, tx, row) => {
+        refuseIfGone(row, name);
+        // A tenant's stop while a drain stops the instance to move it wins: it stays stopped (desireHost clears the mark).
+        if (row.desired === desired && row.drain_restart_at == null) return { row };
+        const after =
+          row.pool_class === "host"
+            ? await desireHost(ctx, tx, row, desired)
+            : (await one<InstanceRow>(
+                tx,
+                sql`
+                UPDATE vps_instances SET desired = ${desired}, reboot_requested_at = NULL, next_attempt_at = compute_now(), updated_at = compute_now()
+                WHERE id = ${row.id} RETURNING *`,
+              ))!;
+        return { row: after, requested: { action: name, desired } };
+      },
+    );
+
+  const reboot = request(
+    "vps.instances.reboot",
+    "Reboot a running instance once (asked again before it happened, still once)",
+    async (ctx, tx, row) => {
       refuseIfGone(row, "reboot");
       if (row.desired !== "running")
         throw new ComputeError("FAILED_PRECONDITION", `instance ${row.id} is kept ${row.desired}: start it (vps.instances.start)`, {
@@ -405,56 +411,36 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
         });
       if (row.pool_class === "host") {
         const after = await rebootHost(ctx, tx, row);
-        if (after !== row)
-          await ctx.events.publish(tx, { type: "vps.instance.requested", subject: `vps/instances/${row.id}`, data: { action: "reboot" } });
-        return toInstance(after);
+        return { row: after, requested: after !== row ? { action: "reboot" } : undefined };
       }
-      if (row.reboot_requested_at !== null) return toInstance(row);
+      if (row.reboot_requested_at !== null) return { row };
       const updated = await one<InstanceRow>(
         tx,
         sql`
-        UPDATE vps_instances SET reboot_requested_at = compute_now(), next_attempt_at = compute_now(), updated_at = compute_now()
-        WHERE id = ${row.id} RETURNING *`,
+      UPDATE vps_instances SET reboot_requested_at = compute_now(), next_attempt_at = compute_now(), updated_at = compute_now()
+      WHERE id = ${row.id} RETURNING *`,
       );
-      await ctx.events.publish(tx, { type: "vps.instance.requested", subject: `vps/instances/${row.id}`, data: { action: "reboot" } });
-      return toInstance(updated!);
+      return { row: updated!, requested: { action: "reboot" } };
     },
-  });
+  );
 
-  const remove = defineMethod({
-    name: "vps.instances.delete",
-    reconcile: true,
-    resource: (input) => `vps/instances/${input.id}`,
-    description:
-      "Delete an instance in any state: the reconciler deletes its server (one still being created is deleted once its create ended); the quota is freed when it is deleted",
-    input: z.object({ id: resourceId }),
-    output: instance,
-    handler: async (ctx, input, tx) => {
-      const row = await loadInstance(ctx, tx, input.id, true);
-      if (row.desired === "deleted" || row.state === "deleted") return toInstance(row);
-      if (row.pool_class === "host") {
-        const after = await deleteHost(ctx, tx, row);
-        await ctx.events.publish(tx, {
-          type: "vps.instance.requested",
-          subject: `vps/instances/${row.id}`,
-          data: { action: "delete", desired: "deleted" },
-        });
-        return toInstance(after);
-      }
-      const updated = await one<InstanceRow>(
-        tx,
-        sql`
-        UPDATE vps_instances SET desired = 'deleted', reboot_requested_at = NULL, next_attempt_at = compute_now(), updated_at = compute_now()
-        WHERE id = ${row.id} RETURNING *`,
-      );
-      await ctx.events.publish(tx, {
-        type: "vps.instance.requested",
-        subject: `vps/instances/${row.id}`,
-        data: { action: "delete", desired: "deleted" },
-      });
-      return toInstance(updated!);
+  const remove = request(
+    "vps.instances.delete",
+    "Delete an instance in any state: the reconciler deletes its server (one still being created is deleted once its create ended); the quota is freed when it is deleted",
+    async (ctx, tx, row) => {
+      if (row.desired === "deleted" || row.state === "deleted") return { row };
+      const after =
+        row.pool_class === "host"
+          ? await deleteHost(ctx, tx, row)
+          : (await one<InstanceRow>(
+              tx,
+              sql`
+              UPDATE vps_instances SET desired = 'deleted', reboot_requested_at = NULL, next_attempt_at = compute_now(), updated_at = compute_now()
+              WHERE id = ${row.id} RETURNING *`,
+            ))!;
+      return { row: after, requested: { action: "delete", desired: "deleted" } };
     },
-  });
+  );
 
   const history = defineMethod({
     name: "vps.instances.history",
@@ -463,7 +449,7 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
     description: "Every provider call the reconciler made for an instance and its outcome, oldest first, paged",
     input: z.object({
       instance: resourceId,
-      limit: z.number().int().min(1).max(500).default(100),
+      limit: pageLimit,
       after: z
         .string()
         .regex(/^\d{1,18}$/, "a history entry's id")
@@ -492,7 +478,7 @@ export function instanceMethods(): MethodDefinition<any, any>[] {
         ORDER BY h.id LIMIT ${input.limit}`,
       );
       const entries = found.map((r) => ({ id: r.id, at: iso(r.at), call: r.call, outcome: r.outcome, detail: r.detail }));
-      return { entries, next: entries.length === input.limit ? entries.at(-1)!.id : null };
+      return { entries, next: nextCursor(entries, input.limit, (e) => e.id) };
     },
   });
 

@@ -1,12 +1,11 @@
 // What the vps method files (accounts.ts, tenants.ts, instances.ts) and the reconciler share: the
 // module's options, who a caller acts for (a tenant or an operator), the provider an account
-// names and a client for the account, and idempotent create's comparison.
+// names and a client for the account, and what a delete refuses (idempotent create's comparison
+// is better-compute/core's refuseOtherFields).
 import { sql, type SQL } from "drizzle-orm";
 import { z } from "zod";
 import {
-  canonicalJson,
   ComputeError,
-  conflict,
   invalidArgument,
   invalidConfig,
   isSecretRef,
@@ -171,27 +170,7 @@ export async function loadAccount(db: Db | Tx, id: string): Promise<AccountRow> 
   return found;
 }
 
-// ---------------------------------------------------------------- idempotent create
-
-/** The fields whose values differ (nested objects by their keys: "config.region"). */
-export function differingFields(stored: Record<string, unknown>, wanted: Record<string, unknown>, prefix = ""): string[] {
-  const fields: string[] = [];
-  for (const key of [...new Set([...Object.keys(stored), ...Object.keys(wanted)])].sort()) {
-    const [a, b] = [stored[key] ?? null, wanted[key] ?? null];
-    if (canonicalJson(a) === canonicalJson(b)) continue;
-    const nested = (v: unknown) => typeof v === "object" && v !== null && !Array.isArray(v);
-    if (nested(a) && nested(b))
-      fields.push(...differingFields(a as Record<string, unknown>, b as Record<string, unknown>, `${prefix}${key}.`));
-    else fields.push(`${prefix}${key}`);
-  }
-  return fields;
-}
-
-/** Create of something that exists: the same fields is idempotent, other fields a CONFLICT naming them (never their values). */
-export function refuseOtherFields(what: string, id: string, stored: Record<string, unknown>, wanted: Record<string, unknown>): void {
-  const fields = differingFields(stored, wanted);
-  if (fields.length > 0) throw conflict(`${what} ${id} exists with other fields: ${fields.join(", ")}`, { [what]: id, fields });
-}
+// ---------------------------------------------------------------- deletes
 
 /** Refuses while instances that are not deleted match `where`. */
 export async function refuseLiveInstances(tx: Tx, where: SQL, what: string): Promise<void> {

@@ -8,12 +8,17 @@ import { sql } from "drizzle-orm";
 import { z } from "zod";
 import {
   ComputeError,
+  createOnce,
+  defineDeleteMethod,
+  defineGetMethod,
+  defineListMethod,
   defineMethod,
   invalidArgument,
   notFound,
   one,
   resourceId,
   rows,
+  type CreateOnce,
   type Db,
   type MethodContext,
   type MethodDefinition,
@@ -22,17 +27,7 @@ import {
 import type { DriverDefinition } from "better-compute";
 import type { ProviderOffers } from "./contracts.ts";
 import { DEFAULT_IMAGE, DEFAULT_RUNTIME } from "./host-instances.ts";
-import {
-  defaultFetch,
-  iso,
-  loadAccount,
-  openAccount,
-  refuseLiveInstances,
-  refuseOtherFields,
-  scopeOf,
-  slug,
-  type VpsOptions,
-} from "./methods.ts";
+import { defaultFetch, iso, loadAccount, openAccount, refuseLiveInstances, scopeOf, slug, type VpsOptions } from "./methods.ts";
 
 const labels = z.record(z.string().min(1).max(253), z.string().max(253));
 const overcommit = z.object({ cpu: z.number(), memory: z.number() });
@@ -185,6 +180,9 @@ type HostPoolInput = {
   image?: string;
 };
 
+/** What creating a pool or a flavor of one class writes (createOnce), and the data of its created event. */
+type PoolOrFlavorWrite = Omit<CreateOnce, "event"> & { data: Record<string, unknown> };
+
 export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
   const fetch = options.fetch ?? defaultFetch;
   /** Offers the provider gave in admission, for the handler of the same call. */
@@ -222,41 +220,44 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
     }),
     output: pool.extend({ created: z.boolean() }),
     handler: async (ctx, input, tx) => {
-      if (input.class === "host") return createHostPool(ctx, input, tx);
-      const hostOnly = (["hosts", "runtime", "overcommit", "strategy", "image"] as const).filter((f) => input[f] !== undefined);
-      if (hostOnly.length) throw invalidArgument(`${hostOnly.join(", ")} are for pools of class host`, { fields: hostOnly });
-      if (!input.account) throw invalidArgument("a provider pool names its account");
-      await loadAccount(tx, input.account);
-      if (input.agent === "bcd" && !options.agentUrl)
-        throw new ComputeError(
-          "FAILED_PRECONDITION",
-          "an agent: bcd pool needs the URL its instances join at: set vps({ agentUrl }) in the deployment's config",
-        );
-      const wanted = { account_id: input.account, class: input.class, agent: input.agent, location: input.location ?? null };
-      const inserted = await tx.execute(sql`
-        INSERT INTO vps_pools (id, account_id, class, agent, location)
-        VALUES (${input.id}, ${input.account}, ${input.class}, ${input.agent}, ${wanted.location})
-        ON CONFLICT DO NOTHING RETURNING id`);
-      if (inserted.rows.length === 0) {
-        const stored = (await one(tx, sql`SELECT account_id, class, agent, location FROM vps_pools WHERE id = ${input.id}`))!;
-        refuseOtherFields("pool", input.id, stored, wanted);
-        return { ...(await findPools(tx, { id: input.id }))[0]!, created: false };
-      }
-      await ctx.events.publish(tx, {
-        type: "vps.pool.created",
-        subject: `vps/pools/${input.id}`,
-        data: { account: input.account, agent: input.agent, location: wanted.location },
-      });
-      return { ...(await findPools(tx, { id: input.id }))[0]!, created: true };
+      const { data, ...write } = input.class === "host" ? hostPool(ctx, input) : await providerPool(input, tx);
+      const event = { type: "vps.pool.created", subject: `vps/pools/${input.id}`, data };
+      const created = await createOnce(ctx, tx, "pool", input.id, { ...write, event });
+      return { ...(await findPools(tx, { id: input.id }))[0]!, created };
     },
   });
 
+  /** A pool of provider instances: an account (and a location; agent bcd makes each instance join as a node). */
+  async function providerPool(
+    input: HostPoolInput & { id: string; class: "provider" | "host"; account?: string; agent: "none" | "bcd"; location?: string },
+    tx: Tx,
+  ): Promise<PoolOrFlavorWrite> {
+    const hostOnly = (["hosts", "runtime", "overcommit", "strategy", "image"] as const).filter((f) => input[f] !== undefined);
+    if (hostOnly.length) throw invalidArgument(`${hostOnly.join(", ")} are for pools of class host`, { fields: hostOnly });
+    if (!input.account) throw invalidArgument("a provider pool names its account");
+    await loadAccount(tx, input.account);
+    if (input.agent === "bcd" && !options.agentUrl)
+      throw new ComputeError(
+        "FAILED_PRECONDITION",
+        "an agent: bcd pool needs the URL its instances join at: set vps({ agentUrl }) in the deployment's config",
+      );
+    const wanted = { account_id: input.account, class: input.class, agent: input.agent, location: input.location ?? null };
+    return {
+      insert: sql`
+        INSERT INTO vps_pools (id, account_id, class, agent, location)
+        VALUES (${input.id}, ${input.account}, ${input.class}, ${input.agent}, ${wanted.location})
+        ON CONFLICT DO NOTHING RETURNING id`,
+      stored: sql`SELECT account_id, class, agent, location FROM vps_pools WHERE id = ${input.id}`,
+      wanted,
+      data: { account: input.account, agent: input.agent, location: wanted.location },
+    };
+  }
+
   /** A pool of class host: no account, no location, no agent (the hosts run the guests). */
-  async function createHostPool(
+  function hostPool(
     ctx: MethodContext,
     input: HostPoolInput & { id: string; account?: string; agent: string; location?: string },
-    tx: Tx,
-  ) {
+  ): PoolOrFlavorWrite {
     const providerOnly: string[] = (["account", "location"] as const).filter((f) => input[f] !== undefined);
     if (input.agent !== "none") providerOnly.push("agent");
     if (providerOnly.length)
@@ -275,63 +276,42 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
         runtime: wanted.runtime,
         registered: runtimes,
       });
-    const inserted = await tx.execute(sql`
-      INSERT INTO vps_pools (id, account_id, class, agent, location, host_labels, runtime, overcommit, strategy, image)
-      VALUES (${input.id}, NULL, 'host', 'none', NULL, ${JSON.stringify(wanted.host_labels)}::jsonb, ${wanted.runtime},
-              ${JSON.stringify(wanted.overcommit)}::jsonb, ${wanted.strategy}, ${wanted.image})
-      ON CONFLICT DO NOTHING RETURNING id`);
-    if (inserted.rows.length === 0) {
-      const stored = (await one(
-        tx,
-        sql`SELECT class, host_labels, runtime, overcommit, strategy, image FROM vps_pools WHERE id = ${input.id}`,
-      ))!;
-      refuseOtherFields("pool", input.id, stored, wanted);
-      return { ...(await findPools(tx, { id: input.id }))[0]!, created: false };
-    }
-    await ctx.events.publish(tx, {
-      type: "vps.pool.created",
-      subject: `vps/pools/${input.id}`,
+    return {
+      insert: sql`
+        INSERT INTO vps_pools (id, account_id, class, agent, location, host_labels, runtime, overcommit, strategy, image)
+        VALUES (${input.id}, NULL, 'host', 'none', NULL, ${JSON.stringify(wanted.host_labels)}::jsonb, ${wanted.runtime},
+                ${JSON.stringify(wanted.overcommit)}::jsonb, ${wanted.strategy}, ${wanted.image})
+        ON CONFLICT DO NOTHING RETURNING id`,
+      stored: sql`SELECT class, host_labels, runtime, overcommit, strategy, image FROM vps_pools WHERE id = ${input.id}`,
+      wanted,
       data: { class: "host", hosts: { labels: wanted.host_labels }, runtime: wanted.runtime, strategy: wanted.strategy },
-    });
-    return { ...(await findPools(tx, { id: input.id }))[0]!, created: true };
+    };
   }
 
-  const poolsList = defineMethod({
+  const poolsList = defineListMethod({
     name: "vps.pools.list",
-    readOnly: true,
     description: "The pools (of one account)",
     input: z.object({ account: resourceId.optional() }),
-    output: z.object({ pools: z.array(pool) }),
-    handler: async (_ctx, input, tx) => ({ pools: await findPools(tx, { account: input.account }) }),
+    items: { pools: pool },
+    find: (tx, input) => findPools(tx, { account: input.account }),
   });
 
-  const poolsGet = defineMethod({
+  const poolsGet = defineGetMethod({
     name: "vps.pools.get",
-    readOnly: true,
-    resource: (input) => `vps/pools/${input.id}`,
-    input: z.object({ id: resourceId }),
+    what: "pool",
+    collection: "vps/pools",
     output: pool,
-    handler: async (_ctx, input, tx) => {
-      const [found] = await findPools(tx, { id: input.id });
-      if (!found) throw notFound(`pool ${input.id} does not exist`);
-      return found;
-    },
+    find: async (tx, id) => (await findPools(tx, { id }))[0],
   });
 
-  const poolsDelete = defineMethod({
+  const poolsDelete = defineDeleteMethod({
     name: "vps.pools.delete",
-    resource: (input) => `vps/pools/${input.id}`,
+    what: "pool",
+    collection: "vps/pools",
     description: "Delete a pool with no instance left (deleted ones aside); its flavors and quotas go with it",
-    input: z.object({ id: resourceId }),
-    output: z.object({ id: z.string(), deleted: z.literal(true) }),
-    handler: async (ctx, input, tx) => {
-      const found = await tx.execute(sql`SELECT 1 FROM vps_pools WHERE id = ${input.id} FOR UPDATE`);
-      if (found.rows.length === 0) throw notFound(`pool ${input.id} does not exist`);
-      await refuseLiveInstances(tx, sql`pool_id = ${input.id}`, `pool ${input.id}`);
-      await tx.execute(sql`DELETE FROM vps_pools WHERE id = ${input.id}`);
-      await ctx.events.publish(tx, { type: "vps.pool.deleted", subject: `vps/pools/${input.id}` });
-      return { id: input.id, deleted: true as const };
-    },
+    table: "vps_pools",
+    event: "vps.pool.deleted",
+    refuse: (tx, id) => refuseLiveInstances(tx, sql`pool_id = ${id}`, `pool ${id}`),
   });
 
   const flavorsCreate = defineMethod({
@@ -378,54 +358,62 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
       fetched.set(input, { offers: await client.offers(), provider: provider.id });
     },
     handler: async (ctx, input, tx) => {
-      if ((await loadPool(tx, input.pool)).class === "host") return createHostFlavor(ctx, input as Required<typeof input>, tx);
-      const { offers, provider } = fetched.get(input)!;
-      const { location } = await poolAccount(tx, input.pool);
-      const offer = offers.flavors.find((f) => f.id === input.offer);
-      if (!offer)
-        throw invalidArgument(`offer ${input.offer} is not among ${provider}'s flavors`, {
-          offer: input.offer,
-          known: offers.flavors.slice(0, 50).map((f) => f.id),
-        });
-      if (!offers.images.some((i) => i.id === input.image!))
-        throw invalidArgument(`image ${input.image} is not among ${provider}'s images`, {
-          image: input.image,
-          known: offers.images.slice(0, 50).map((i) => i.id),
-        });
-      if (location && offer.locations && !offer.locations.includes(location))
-        throw invalidArgument(
-          `${provider} offers ${input.offer} in ${offer.locations.join(", ")}, not in pool ${input.pool}'s location ${location}`,
-          {
-            offer: input.offer,
-            location,
-            locations: offer.locations,
-          },
-        );
-      const wanted = { pool_id: input.pool, name: input.name ?? input.id, offer: input.offer, image: input.image };
-      const inserted = await tx.execute(sql`
-        INSERT INTO vps_flavors (id, pool_id, name, offer, image, vcpus, memory_mib, disk_gib)
-        VALUES (${input.id}, ${input.pool}, ${wanted.name}, ${input.offer!}, ${input.image!}, ${offer.vcpus}, ${offer.memoryMiB}, ${offer.diskGiB})
-        ON CONFLICT DO NOTHING RETURNING id`);
-      if (inserted.rows.length === 0) {
-        const stored = (await one(tx, sql`SELECT pool_id, name, offer, image FROM vps_flavors WHERE id = ${input.id}`))!;
-        refuseOtherFields("flavor", input.id, stored, wanted);
-        return { ...(await findFlavors(tx, { id: input.id }))[0]!, created: false };
-      }
-      await ctx.events.publish(tx, {
-        type: "vps.flavor.created",
-        subject: `vps/flavors/${input.id}`,
-        data: { pool: input.pool, offer: input.offer, image: input.image },
-      });
-      return { ...(await findFlavors(tx, { id: input.id }))[0]!, created: true };
+      const { data, ...write } =
+        (await loadPool(tx, input.pool)).class === "host" ? hostFlavor(input as Required<typeof input>) : await providerFlavor(input, tx);
+      const event = { type: "vps.flavor.created", subject: `vps/flavors/${input.id}`, data };
+      const created = await createOnce(ctx, tx, "flavor", input.id, { ...write, event });
+      return { ...(await findFlavors(tx, { id: input.id }))[0]!, created };
     },
   });
 
-  /** A host pool's flavor: its sizes, checked by the placer against hosts when an instance is placed. */
-  async function createHostFlavor(
-    ctx: MethodContext,
-    input: { id: string; pool: string; name?: string; vcpus: number; memoryMiB: number; diskGiB: number },
+  /** A provider pool's flavor: the provider's offer (its sizes) and image, as the offers admission fetched have them. */
+  async function providerFlavor(
+    input: { id: string; pool: string; name?: string; offer?: string; image?: string },
     tx: Tx,
-  ) {
+  ): Promise<PoolOrFlavorWrite> {
+    const { offers, provider } = fetched.get(input)!;
+    const { location } = await poolAccount(tx, input.pool);
+    const offer = offers.flavors.find((f) => f.id === input.offer);
+    if (!offer)
+      throw invalidArgument(`offer ${input.offer} is not among ${provider}'s flavors`, {
+        offer: input.offer,
+        known: offers.flavors.slice(0, 50).map((f) => f.id),
+      });
+    if (!offers.images.some((i) => i.id === input.image!))
+      throw invalidArgument(`image ${input.image} is not among ${provider}'s images`, {
+        image: input.image,
+        known: offers.images.slice(0, 50).map((i) => i.id),
+      });
+    if (location && offer.locations && !offer.locations.includes(location))
+      throw invalidArgument(
+        `${provider} offers ${input.offer} in ${offer.locations.join(", ")}, not in pool ${input.pool}'s location ${location}`,
+        {
+          offer: input.offer,
+          location,
+          locations: offer.locations,
+        },
+      );
+    const wanted = { pool_id: input.pool, name: input.name ?? input.id, offer: input.offer, image: input.image };
+    return {
+      insert: sql`
+        INSERT INTO vps_flavors (id, pool_id, name, offer, image, vcpus, memory_mib, disk_gib)
+        VALUES (${input.id}, ${input.pool}, ${wanted.name}, ${input.offer!}, ${input.image!}, ${offer.vcpus}, ${offer.memoryMiB}, ${offer.diskGiB})
+        ON CONFLICT DO NOTHING RETURNING id`,
+      stored: sql`SELECT pool_id, name, offer, image FROM vps_flavors WHERE id = ${input.id}`,
+      wanted,
+      data: { pool: input.pool, offer: input.offer, image: input.image },
+    };
+  }
+
+  /** A host pool's flavor: its sizes, checked by the placer against hosts when an instance is placed. */
+  function hostFlavor(input: {
+    id: string;
+    pool: string;
+    name?: string;
+    vcpus: number;
+    memoryMiB: number;
+    diskGiB: number;
+  }): PoolOrFlavorWrite {
     const wanted = {
       pool_id: input.pool,
       name: input.name ?? input.id,
@@ -433,63 +421,41 @@ export function poolMethods(options: VpsOptions): MethodDefinition<any, any>[] {
       memory_mib: input.memoryMiB,
       disk_gib: input.diskGiB,
     };
-    const inserted = await tx.execute(sql`
-      INSERT INTO vps_flavors (id, pool_id, name, offer, image, vcpus, memory_mib, disk_gib)
-      VALUES (${input.id}, ${input.pool}, ${wanted.name}, NULL, NULL, ${input.vcpus}, ${input.memoryMiB}, ${input.diskGiB})
-      ON CONFLICT DO NOTHING RETURNING id`);
-    if (inserted.rows.length === 0) {
-      const stored = (await one(tx, sql`SELECT pool_id, name, vcpus, memory_mib, disk_gib FROM vps_flavors WHERE id = ${input.id}`))!;
-      refuseOtherFields("flavor", input.id, stored, wanted);
-      return { ...(await findFlavors(tx, { id: input.id }))[0]!, created: false };
-    }
-    await ctx.events.publish(tx, {
-      type: "vps.flavor.created",
-      subject: `vps/flavors/${input.id}`,
+    return {
+      insert: sql`
+        INSERT INTO vps_flavors (id, pool_id, name, offer, image, vcpus, memory_mib, disk_gib)
+        VALUES (${input.id}, ${input.pool}, ${wanted.name}, NULL, NULL, ${input.vcpus}, ${input.memoryMiB}, ${input.diskGiB})
+        ON CONFLICT DO NOTHING RETURNING id`,
+      stored: sql`SELECT pool_id, name, vcpus, memory_mib, disk_gib FROM vps_flavors WHERE id = ${input.id}`,
+      wanted,
       data: { pool: input.pool, vcpus: input.vcpus, memoryMiB: input.memoryMiB, diskGiB: input.diskGiB },
-    });
-    return { ...(await findFlavors(tx, { id: input.id }))[0]!, created: true };
+    };
   }
 
-  const flavorsList = defineMethod({
+  const flavorsList = defineListMethod({
     name: "vps.flavors.list",
-    readOnly: true,
     description: "The flavors (of one pool); a tenant sees those of the pools offered to it",
     input: z.object({ pool: resourceId.optional() }),
-    output: z.object({ flavors: z.array(flavor) }),
-    handler: async (ctx, input, tx) => {
-      const scope = await scopeOf(ctx, tx);
-      return { flavors: await findFlavors(tx, { pool: input.pool, tenant: scope.tenant }) };
-    },
+    items: { flavors: flavor },
+    find: async (tx, input, ctx) => findFlavors(tx, { pool: input.pool, tenant: (await scopeOf(ctx, tx)).tenant }),
   });
 
-  const flavorsGet = defineMethod({
+  const flavorsGet = defineGetMethod({
     name: "vps.flavors.get",
-    readOnly: true,
-    resource: (input) => `vps/flavors/${input.id}`,
-    input: z.object({ id: resourceId }),
+    what: "flavor",
+    collection: "vps/flavors",
     output: flavor,
-    handler: async (ctx, input, tx) => {
-      const scope = await scopeOf(ctx, tx);
-      const [found] = await findFlavors(tx, { id: input.id, tenant: scope.tenant });
-      if (!found) throw notFound(`flavor ${input.id} does not exist`);
-      return found;
-    },
+    find: async (tx, id, ctx) => (await findFlavors(tx, { id, tenant: (await scopeOf(ctx, tx)).tenant }))[0],
   });
 
-  const flavorsDelete = defineMethod({
+  const flavorsDelete = defineDeleteMethod({
     name: "vps.flavors.delete",
-    resource: (input) => `vps/flavors/${input.id}`,
+    what: "flavor",
+    collection: "vps/flavors",
     description: "Delete a flavor no instance uses (deleted ones aside)",
-    input: z.object({ id: resourceId }),
-    output: z.object({ id: z.string(), deleted: z.literal(true) }),
-    handler: async (ctx, input, tx) => {
-      const found = await tx.execute(sql`SELECT 1 FROM vps_flavors WHERE id = ${input.id} FOR UPDATE`);
-      if (found.rows.length === 0) throw notFound(`flavor ${input.id} does not exist`);
-      await refuseLiveInstances(tx, sql`flavor_id = ${input.id}`, `flavor ${input.id}`);
-      await tx.execute(sql`DELETE FROM vps_flavors WHERE id = ${input.id}`);
-      await ctx.events.publish(tx, { type: "vps.flavor.deleted", subject: `vps/flavors/${input.id}` });
-      return { id: input.id, deleted: true as const };
-    },
+    table: "vps_flavors",
+    event: "vps.flavor.deleted",
+    refuse: (tx, id) => refuseLiveInstances(tx, sql`flavor_id = ${id}`, `flavor ${id}`),
   });
   return [poolsCreate, poolsList, poolsGet, poolsDelete, flavorsCreate, flavorsList, flavorsGet, flavorsDelete];
 }

@@ -3,8 +3,22 @@
 // member sees and acts on its own tenant only; what belongs to another tenant is NOT_FOUND.
 import { sql } from "drizzle-orm";
 import { z } from "zod";
-import { conflict, defineMethod, notFound, one, resourceId, rows, type MethodDefinition, type Tx } from "better-compute/core";
-import { iso, refuseLiveInstances, refuseOtherFields, scopeOf, slug, tenantFor } from "./methods.ts";
+import {
+  conflict,
+  createOnce,
+  defineDeleteMethod,
+  defineGetMethod,
+  defineListMethod,
+  defineMethod,
+  notFound,
+  one,
+  resourceId,
+  rows,
+  type MethodDefinition,
+  type ModuleContext,
+  type Tx,
+} from "better-compute/core";
+import { iso, refuseLiveInstances, scopeOf, slug, tenantFor } from "./methods.ts";
 
 const tenant = z.object({
   id: z.string(),
@@ -150,6 +164,12 @@ const publicKey = z
   })
   .transform((v) => v.trim());
 
+/** Publishes a change of the tenant's members (memberAdded, memberRemoved) and answers the tenant as it is now. */
+async function membersChanged(ctx: ModuleContext, tx: Tx, type: string, input: { tenant: string; principal: string }) {
+  await ctx.events.publish(tx, { type, subject: `vps/tenants/${input.tenant}`, data: { principal: input.principal } });
+  return (await findTenants(tx, input.tenant))[0]!;
+}
+
 export function tenantMethods(): MethodDefinition<any, any>[] {
   const tenantsCreate = defineMethod({
     name: "vps.tenants.create",
@@ -159,55 +179,39 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
     output: tenant.extend({ created: z.boolean() }),
     handler: async (ctx, input, tx) => {
       const name = input.name ?? input.id;
-      const inserted = await tx.execute(
-        sql`INSERT INTO vps_tenants (id, name) VALUES (${input.id}, ${name}) ON CONFLICT DO NOTHING RETURNING id`,
-      );
-      if (inserted.rows.length === 0) {
-        const stored = (await one<{ name: string }>(tx, sql`SELECT name FROM vps_tenants WHERE id = ${input.id}`))!;
-        refuseOtherFields("tenant", input.id, stored, { name });
-        return { ...(await findTenants(tx, input.id))[0]!, created: false };
-      }
-      await ctx.events.publish(tx, { type: "vps.tenant.created", subject: `vps/tenants/${input.id}` });
-      return { ...(await findTenants(tx, input.id))[0]!, created: true };
+      const created = await createOnce(ctx, tx, "tenant", input.id, {
+        insert: sql`INSERT INTO vps_tenants (id, name) VALUES (${input.id}, ${name}) ON CONFLICT DO NOTHING RETURNING id`,
+        stored: sql`SELECT name FROM vps_tenants WHERE id = ${input.id}`,
+        wanted: { name },
+        event: { type: "vps.tenant.created", subject: `vps/tenants/${input.id}` },
+      });
+      return { ...(await findTenants(tx, input.id))[0]!, created };
     },
   });
 
-  const tenantsList = defineMethod({
+  const tenantsList = defineListMethod({
     name: "vps.tenants.list",
-    readOnly: true,
     description: "The tenants, with their members and instance counts",
-    input: z.object({}),
-    output: z.object({ tenants: z.array(tenant) }),
-    handler: async (_ctx, _input, tx) => ({ tenants: await findTenants(tx) }),
+    items: { tenants: tenant },
+    find: (tx) => findTenants(tx),
   });
 
-  const tenantsGet = defineMethod({
+  const tenantsGet = defineGetMethod({
     name: "vps.tenants.get",
-    readOnly: true,
-    resource: (input) => `vps/tenants/${input.id}`,
-    input: z.object({ id: resourceId }),
+    what: "tenant",
+    collection: "vps/tenants",
     output: tenant,
-    handler: async (_ctx, input, tx) => {
-      const [found] = await findTenants(tx, input.id);
-      if (!found) throw notFound(`tenant ${input.id} does not exist`);
-      return found;
-    },
+    find: async (tx, id) => (await findTenants(tx, id))[0],
   });
 
-  const tenantsDelete = defineMethod({
+  const tenantsDelete = defineDeleteMethod({
     name: "vps.tenants.delete",
-    resource: (input) => `vps/tenants/${input.id}`,
+    what: "tenant",
+    collection: "vps/tenants",
     description: "Delete a tenant with no instance left (deleted ones aside); its members, quotas and SSH keys go with it",
-    input: z.object({ id: resourceId }),
-    output: z.object({ id: z.string(), deleted: z.literal(true) }),
-    handler: async (ctx, input, tx) => {
-      const found = await tx.execute(sql`SELECT 1 FROM vps_tenants WHERE id = ${input.id} FOR UPDATE`);
-      if (found.rows.length === 0) throw notFound(`tenant ${input.id} does not exist`);
-      await refuseLiveInstances(tx, sql`tenant_id = ${input.id}`, `tenant ${input.id}`);
-      await tx.execute(sql`DELETE FROM vps_tenants WHERE id = ${input.id}`);
-      await ctx.events.publish(tx, { type: "vps.tenant.deleted", subject: `vps/tenants/${input.id}` });
-      return { id: input.id, deleted: true as const };
-    },
+    table: "vps_tenants",
+    event: "vps.tenant.deleted",
+    refuse: (tx, id) => refuseLiveInstances(tx, sql`tenant_id = ${id}`, `tenant ${id}`),
   });
 
   const addMember = defineMethod({
@@ -223,21 +227,15 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
       const inserted = await tx.execute(sql`
         INSERT INTO vps_tenant_members (principal, tenant_id) VALUES (${input.principal}, ${input.tenant})
         ON CONFLICT DO NOTHING RETURNING principal`);
-      if (inserted.rows.length === 0) {
-        const other = (await one<{ tenant_id: string }>(
-          tx,
-          sql`SELECT tenant_id FROM vps_tenant_members WHERE principal = ${input.principal}`,
-        ))!;
-        if (other.tenant_id !== input.tenant)
-          throw conflict(`${input.principal} is a member of tenant ${other.tenant_id}: remove it there first`, {
-            principal: input.principal,
-            tenant: other.tenant_id,
-          });
-      } else
-        await ctx.events.publish(tx, {
-          type: "vps.tenant.memberAdded",
-          subject: `vps/tenants/${input.tenant}`,
-          data: { principal: input.principal },
+      if (inserted.rows.length > 0) return membersChanged(ctx, tx, "vps.tenant.memberAdded", input);
+      const other = (await one<{ tenant_id: string }>(
+        tx,
+        sql`SELECT tenant_id FROM vps_tenant_members WHERE principal = ${input.principal}`,
+      ))!;
+      if (other.tenant_id !== input.tenant)
+        throw conflict(`${input.principal} is a member of tenant ${other.tenant_id}: remove it there first`, {
+          principal: input.principal,
+          tenant: other.tenant_id,
         });
       return (await findTenants(tx, input.tenant))[0]!;
     },
@@ -255,12 +253,7 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
       const removed = await tx.execute(sql`
         DELETE FROM vps_tenant_members WHERE principal = ${input.principal} AND tenant_id = ${input.tenant} RETURNING principal`);
       if (removed.rows.length === 0) return found;
-      await ctx.events.publish(tx, {
-        type: "vps.tenant.memberRemoved",
-        subject: `vps/tenants/${input.tenant}`,
-        data: { principal: input.principal },
-      });
-      return (await findTenants(tx, input.tenant))[0]!;
+      return membersChanged(ctx, tx, "vps.tenant.memberRemoved", input);
     },
   });
 
@@ -294,16 +287,15 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
     },
   });
 
-  const quotasList = defineMethod({
+  const quotasList = defineListMethod({
     name: "vps.quotas.list",
-    readOnly: true,
     description: "Quotas with their current usage; a tenant sees its own (the pools offered to it)",
     input: z.object({ tenant: resourceId.optional(), pool: resourceId.optional() }),
-    output: z.object({ quotas: z.array(quota) }),
-    handler: async (ctx, input, tx) => {
+    items: { quotas: quota },
+    find: async (tx, input, ctx) => {
       const scope = await scopeOf(ctx, tx);
-      if (scope.tenant !== undefined && input.tenant !== undefined && input.tenant !== scope.tenant) return { quotas: [] };
-      return { quotas: await findQuotas(tx, { tenant: scope.tenant ?? input.tenant, pool: input.pool }) };
+      if (scope.tenant !== undefined && input.tenant !== undefined && input.tenant !== scope.tenant) return [];
+      return findQuotas(tx, { tenant: scope.tenant ?? input.tenant, pool: input.pool });
     },
   });
 
@@ -333,22 +325,21 @@ export function tenantMethods(): MethodDefinition<any, any>[] {
     },
   });
 
-  const sshKeysList = defineMethod({
+  const sshKeysList = defineListMethod({
     name: "vps.sshKeys.list",
-    readOnly: true,
     description: "SSH keys; a tenant sees its own, an operator every tenant's (or one's)",
     input: z.object({ tenant: resourceId.optional() }),
-    output: z.object({ sshKeys: z.array(sshKey) }),
-    handler: async (ctx, input, tx) => {
+    items: { sshKeys: sshKey },
+    find: async (tx, input, ctx) => {
       const scope = await scopeOf(ctx, tx);
-      if (scope.tenant !== undefined && input.tenant !== undefined && input.tenant !== scope.tenant) return { sshKeys: [] };
+      if (scope.tenant !== undefined && input.tenant !== undefined && input.tenant !== scope.tenant) return [];
       const tenantId = scope.tenant ?? input.tenant ?? null;
       const found = await rows<SshKeyRow>(
         tx,
         sql`
         SELECT * FROM vps_ssh_keys WHERE (${tenantId}::text IS NULL OR tenant_id = ${tenantId}) ORDER BY tenant_id, name LIMIT 1000`,
       );
-      return { sshKeys: found.map(toSshKey) };
+      return found.map(toSshKey);
     },
   });
 

@@ -22,6 +22,7 @@ import { startHetznerCloudEmulator, type HetznerCloudEmulator } from "../../test
 import { EMULATED_PRODUCTS, startHetznerRobotEmulator, type HetznerRobotEmulator } from "../../testing/providers/hetzner-robot.ts";
 import { startProxmoxEmulator, type ProxmoxEmulator } from "../../testing/providers/proxmox.ts";
 import { shownPath, type Stack } from "../../local/stack.ts";
+import { Cleanup, eventFeed, type DevEvent } from "./common.ts";
 
 const TENANT = "demo";
 /** The tenant's SSH key (a demo key: nothing in dev can be logged into). */
@@ -56,12 +57,8 @@ export interface DevTenant {
 }
 
 export async function startDevProviders(): Promise<DevProviders> {
-  const cleanup: Array<() => Promise<unknown>> = [];
-  const stop = async () => {
-    for (const step of cleanup.reverse()) await step().catch(() => {});
-    cleanup.length = 0;
-  };
-  try {
+  const cleanup = new Cleanup();
+  return cleanup.guard(async () => {
     // Credentials made up for this run: they open only these emulators.
     const hetznerCloud = await startHetznerCloudEmulator({
       token: `hcloud-dev-${randomBytes(16).toString("hex")}`,
@@ -97,12 +94,9 @@ export async function startDevProviders(): Promise<DevProviders> {
           },
         };
       },
-      stop,
+      stop: cleanup.stop,
     };
-  } catch (err) {
-    await stop();
-    throw err;
-  }
+  });
 }
 
 async function register(stack: Stack, emulators: Emulators, caFile: string, credentialsFile: string): Promise<Pick<DevTenant, "banner">> {
@@ -226,8 +220,6 @@ async function register(stack: Stack, emulators: Emulators, caFile: string, cred
   return { banner };
 }
 
-const EVENTS_PAGE = 500;
-
 /** States an instance passes through on its way: while one is in them, the dev stack sweeps more often. */
 const MOVING = new Set(["created", "requested", "pending", "creating", "starting", "stopping", "deleting"]);
 /** How often the dev stack runs the scheduled handler while an instance is on its way (a deployment: the cron, each minute). */
@@ -239,7 +231,7 @@ export const DEV_SWEEP_SECONDS = 5;
  * so the emulators' jobs are seen done in seconds rather than at the next minute. Answers its stop.
  */
 function watchInstances(stack: Stack, print: (line: string) => void): () => void {
-  let after: string | undefined;
+  const changes = eventFeed((method, input) => callApi(stack.url, stack.adminKey, method, input), "vps.instance.*");
   let lastProblem = "";
   let polling = false;
   const moving = new Set<string>();
@@ -255,24 +247,14 @@ function watchInstances(stack: Stack, print: (line: string) => void): () => void
     if (polling) return;
     polling = true;
     try {
-      for (;;) {
-        const page = await callApi<{ events: { position: string; type: string; subject: string | null; data: Record<string, unknown> }[] }>(
-          stack.url,
-          stack.adminKey,
-          "events.list",
-          { type: "vps.instance.*", limit: EVENTS_PAGE, ...(after ? { after } : {}) },
-        );
-        for (const event of page.events) {
-          after = event.position;
-          const line = instanceLine(event);
-          if (line) print(line);
-          const id = event.subject?.replace(/^vps\/instances\//, "");
-          if (id) {
-            if (MOVING.has(event.type.slice("vps.instance.".length))) moving.add(id);
-            else moving.delete(id);
-          }
+      for await (const event of changes()) {
+        const line = instanceLine(event);
+        if (line) print(line);
+        const id = event.subject?.replace(/^vps\/instances\//, "");
+        if (id) {
+          if (MOVING.has(event.type.slice("vps.instance.".length))) moving.add(id);
+          else moving.delete(id);
         }
-        if (page.events.length < EVENTS_PAGE) break;
       }
       await sweep();
       lastProblem = "";
@@ -290,7 +272,7 @@ function watchInstances(stack: Stack, print: (line: string) => void): () => void
 
 const HOST_POOL_EVENTS = new Set(["placed", "state", "moved"]);
 
-function instanceLine(event: { type: string; subject: string | null; data: Record<string, unknown> }): string | undefined {
+function instanceLine(event: DevEvent): string | undefined {
   const id = event.subject?.replace(/^vps\/instances\//, "");
   if (!id) return undefined;
   const what = event.type.slice("vps.instance.".length);

@@ -11,6 +11,7 @@ import { createMetalSim, siteAgentFromStateDir, type ExternalSiteAgent, type Met
 import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { startBcd } from "../../local/bcd-process.ts";
 import type { Stack } from "../../local/stack.ts";
+import { Cleanup, eventFeed } from "./common.ts";
 
 export interface DevSiteOptions {
   /** Simulated machines to enroll. */
@@ -39,14 +40,10 @@ const SITE = "dev";
 const DEMO_IMAGE = new TextEncoder().encode("Better Compute demo disk image (npm run dev)\n".repeat(100));
 
 export async function startDevSite(stack: Stack, options: DevSiteOptions): Promise<DevSite> {
-  const cleanup: Array<() => Promise<unknown>> = [];
-  const stop = async () => {
-    for (const step of cleanup.reverse()) await step().catch(() => {});
-    cleanup.length = 0;
-  };
+  const cleanup = new Cleanup();
   const call = <T = Record<string, unknown>>(method: string, input: Record<string, unknown> = {}) =>
     callApi<T>(stack.url, stack.adminKey, method, input);
-  try {
+  return cleanup.guard(async () => {
     const cache = createImageCache();
     const sha256 = cache.put(DEMO_IMAGE);
     const images = await cache.serve();
@@ -89,12 +86,9 @@ export async function startDevSite(stack: Stack, options: DevSiteOptions): Promi
         const stopWatching = watchMachines(sim, enrolled, options.print);
         cleanup.push(async () => stopWatching());
       },
-      stop,
+      stop: cleanup.stop,
     };
-  } catch (err) {
-    await stop();
-    throw err;
-  }
+  });
 }
 
 /** Waits for bcd to have joined (its identity in the state dir) and connected; answers its identity. */
@@ -114,8 +108,6 @@ async function joinedSiteAgent(
   }
 }
 
-const EVENTS_PAGE = 500;
-
 /** Prints each machine's transitions as they are recorded; one line once all the enrolled ones are ready. */
 function watchMachines(sim: MetalSim, enrolled: ReadonlyMap<string, string>, print: (line: string) => void): () => void {
   const known = new Map(enrolled);
@@ -123,29 +115,15 @@ function watchMachines(sim: MetalSim, enrolled: ReadonlyMap<string, string>, pri
   let allReady = false;
   let lastProblem = "";
   let stopped = false;
-  let after: string | undefined;
+  const transitions = eventFeed((method, input) => sim.call(method, input), "metal.node.*");
   const poll = async () => {
     try {
-      // Every transition from the event record, in order: a fast one (ready → deploying → deployed
-      // within a second) is not lost between two polls, as it would be to a poll of the states.
-      for (;;) {
-        const page = await sim.call<{ events: { position: string; subject: string | null; data: Record<string, unknown> }[] }>(
-          "events.list",
-          {
-            type: "metal.node.*",
-            limit: EVENTS_PAGE,
-            ...(after ? { after } : {}),
-          },
-        );
-        for (const event of page.events) {
-          after = event.position;
-          const id = event.subject?.replace(/^metal\/nodes\//, "");
-          const { from, to, reason } = event.data;
-          if (!id || !known.has(id) || typeof from !== "string" || typeof to !== "string" || from === to) continue;
-          known.set(id, to);
-          print(`  ${id}  ${from} → ${to}${to === "failed" && typeof reason === "string" ? `  (${reason})` : ""}`);
-        }
-        if (page.events.length < EVENTS_PAGE) break;
+      for await (const event of transitions()) {
+        const id = event.subject?.replace(/^metal\/nodes\//, "");
+        const { from, to, reason } = event.data;
+        if (!id || !known.has(id) || typeof from !== "string" || typeof to !== "string" || from === to) continue;
+        known.set(id, to);
+        print(`  ${id}  ${from} → ${to}${to === "failed" && typeof reason === "string" ? `  (${reason})` : ""}`);
       }
       if (!allReady && nodes.every((id) => known.get(id) === "ready")) {
         allReady = true;

@@ -19,6 +19,7 @@ import { ensureGuestImage, type GuestImage } from "../../agent/runtimes/microvm/
 import { QemuBackend, qemuMicroVmRuntime } from "better-compute/runtimes";
 import { startBcd } from "../../local/bcd-process.ts";
 import { shownPath, type Stack } from "../../local/stack.ts";
+import { Cleanup, eventFeed, type DevEvent } from "./common.ts";
 
 const POOL = "dev-vms";
 const POOL_LABELS = { "bc.dev/dev": "vms" };
@@ -66,12 +67,8 @@ export async function registerDevVms(stack: Stack, image: GuestImage, print: (li
     callApi<T>(stack.url, stack.adminKey, method, input);
   const stateDir = path.join(stack.dataDir, "vms-host");
   const runtimeDir = path.join(stateDir, "runtime");
-  const cleanup: Array<() => Promise<unknown>> = [];
-  const stop = async () => {
-    for (const step of cleanup.reverse()) await step().catch((e: unknown) => print(`  --vms cleanup: ${(e as Error).message}`));
-    cleanup.length = 0;
-  };
-  try {
+  const cleanup = new Cleanup((e) => print(`  --vms cleanup: ${(e as Error).message}`));
+  return cleanup.guard(async () => {
     // Run last (cleanup goes in reverse), once bcd is stopped: the guests it leaves running.
     cleanup.push(() => removeGuests(runtimeDir, print));
     await call("vps.pools.create", { id: POOL, class: "host", hosts: { labels: POOL_LABELS }, runtime: RUNTIME });
@@ -145,12 +142,9 @@ export async function registerDevVms(stack: Stack, image: GuestImage, print: (li
         // The watch stops before bcd does: the guests' removal is not the tenant's doing.
         cleanup.push(async () => stopWatching());
       },
-      stop,
+      stop: cleanup.stop,
     };
-  } catch (err) {
-    await stop();
-    throw err;
-  }
+  });
 }
 
 interface HostSummary {
@@ -194,15 +188,6 @@ async function removeGuests(runtimeDir: string, print: (line: string) => void): 
   }
 }
 
-const EVENTS_PAGE = 500;
-
-interface InstanceEvent {
-  position: string;
-  type: string;
-  subject: string | null;
-  data: Record<string, unknown>;
-}
-
 /**
  * Prints the changes of the pool's instances from the event record, in order (transitions: false
  * leaves those to --providers' watch, which prints every instance's), and each guest's report once
@@ -211,26 +196,17 @@ interface InstanceEvent {
 function watchInstances(stack: Stack, print: (line: string) => void, transitions: boolean): () => void {
   const call = <T>(method: string, input: Record<string, unknown>) => callApi<T>(stack.url, stack.adminKey, method, input);
   const ours = new Set<string>();
-  let after: string | undefined;
+  const changes = eventFeed(call, "vps.instance.*");
   let lastProblem = "";
   let stopped = false;
   const poll = async () => {
-    for (;;) {
-      const page = await call<{ events: InstanceEvent[] }>("events.list", {
-        type: "vps.instance.*",
-        limit: EVENTS_PAGE,
-        ...(after ? { after } : {}),
-      });
-      for (const event of page.events) {
-        after = event.position;
-        const id = event.subject?.replace(/^vps\/instances\//, "");
-        if (!id) continue;
-        if (event.type === "vps.instance.created" && event.data.pool === POOL) ours.add(id);
-        if (!ours.has(id)) continue;
-        if (transitions) print(`  instance ${id}  ${instanceChange(event)}`);
-        if (event.type === "vps.instance.state" && event.data.to === "running") print(await guestLine(id));
-      }
-      if (page.events.length < EVENTS_PAGE) break;
+    for await (const event of changes()) {
+      const id = event.subject?.replace(/^vps\/instances\//, "");
+      if (!id) continue;
+      if (event.type === "vps.instance.created" && event.data.pool === POOL) ours.add(id);
+      if (!ours.has(id)) continue;
+      if (transitions) print(`  instance ${id}  ${instanceChange(event)}`);
+      if (event.type === "vps.instance.state" && event.data.to === "running") print(await guestLine(id));
     }
   };
   const guestLine = async (id: string) => {
@@ -259,7 +235,7 @@ function watchInstances(stack: Stack, print: (line: string) => void, transitions
   return () => void (stopped = true);
 }
 
-function instanceChange(event: InstanceEvent): string {
+function instanceChange(event: DevEvent): string {
   const d = event.data;
   switch (event.type.slice("vps.instance.".length)) {
     case "created":

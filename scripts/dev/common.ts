@@ -1,0 +1,62 @@
+// What `npm run dev`'s compositions (site.ts, vms.ts, providers.ts) share: undoing what they set
+// up, last first at stop or at once when setting up fails halfway; and following the event record.
+
+/** Steps that undo what was set up. A step's failure goes to `failed` (default: ignored), and the others still run. */
+export class Cleanup {
+  #steps: Array<() => Promise<unknown>> = [];
+
+  constructor(private readonly failed: (error: unknown) => void = () => {}) {}
+
+  push(step: () => Promise<unknown>): void {
+    this.#steps.push(step);
+  }
+
+  /** Runs the steps pushed so far, last first; stopping again runs none of them twice. */
+  readonly stop = async (): Promise<void> => {
+    for (const step of this.#steps.reverse()) await step().catch(this.failed);
+    this.#steps.length = 0;
+  };
+
+  /** Sets up with `start`; when it throws, what it set up so far is undone before the error goes on. */
+  async guard<T>(start: () => Promise<T>): Promise<T> {
+    try {
+      return await start();
+    } catch (err) {
+      await this.stop();
+      throw err;
+    }
+  }
+}
+
+/** An event as events.list answers it. */
+export interface DevEvent {
+  position: string;
+  type: string;
+  subject: string | null;
+  data: Record<string, unknown>;
+}
+
+const EVENTS_PAGE = 500;
+
+/**
+ * The event record under a type prefix (metal.node.*), in order, from where the last read stopped:
+ * each call yields what was recorded since, page after page, so a fast change (ready → deploying →
+ * deployed within a second) is not lost between two polls as it would be to a poll of the states.
+ * A read that stops early (its reader threw) resumes after the last event it yielded.
+ */
+export function eventFeed(
+  call: <T>(method: string, input: Record<string, unknown>) => Promise<T>,
+  type: string,
+): () => AsyncGenerator<DevEvent> {
+  let after: string | undefined;
+  return async function* () {
+    for (;;) {
+      const page = await call<{ events: DevEvent[] }>("events.list", { type, limit: EVENTS_PAGE, ...(after ? { after } : {}) });
+      for (const event of page.events) {
+        after = event.position;
+        yield event;
+      }
+      if (page.events.length < EVENTS_PAGE) break;
+    }
+  };
+}

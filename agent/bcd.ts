@@ -33,6 +33,9 @@ import { ensureGuestImage, GUEST_IMAGE_NAME, type GuestImage } from "./runtimes/
 import type { HelloFrame } from "../core/protocol.ts";
 import { httpProxyHandlers } from "./roles/http-proxy.ts";
 import { siteHandlers } from "./roles/site.ts";
+import { blockDevices } from "./roles/block-devices.ts";
+import { machineFacts, readProductUuid } from "./roles/machine-facts.ts";
+import { ramdiskHandlers } from "./roles/ramdisk.ts";
 import { nodeTransport } from "./node-transport.ts";
 import { evidenceProducers, ProducerUsageError } from "./attestation/index.ts";
 import type { Role } from "./state.ts";
@@ -372,10 +375,16 @@ export async function main(argv: string[]): Promise<number> {
       if (p.command === "join") return 0;
     }
 
-    // The role's own command kinds. A ramdisk's disk access is not built for real hardware yet:
-    // its kinds answer UNSUPPORTED (the simulated ramdisk is in better-compute/testing/metal).
-    if ((await state.loadIdentity())?.role === "site")
+    // The role's own command kinds. A ramdisk's disks are this machine's block devices (Linux
+    // only; the simulated ramdisk is in better-compute/testing/metal).
+    const joinedRole = (await state.loadIdentity())?.role;
+    if (joinedRole === "site")
       for (const [kind, h] of Object.entries({ ...siteHandlers({ log }), ...httpProxyHandlers() })) c.handle(kind, h);
+    if (joinedRole === "ramdisk" && process.platform === "linux") {
+      const productUuid = await readProductUuid();
+      const handlers = ramdiskHandlers({ disks: blockDevices(), machine: () => machineFacts(), ...(productUuid ? { productUuid } : {}) });
+      for (const [kind, h] of Object.entries(handlers)) c.handle(kind, h);
+    } else if (joinedRole === "ramdisk") log.warn("the ramdisk role needs Linux block devices: its commands are not handled here", {});
 
     let converger: NodeRole | undefined;
     if (host) {

@@ -3,6 +3,7 @@
 // evidence; evidence is sent once and never stored or logged. A usage mistake (a missing flag) is
 // a ProducerUsageError: bcd prints it with its usage and exits 2.
 import { readFile } from "node:fs/promises";
+import { readProductUuid } from "../roles/machine-facts.ts";
 import { cloudIidProducer } from "./cloud-iid.ts";
 import { flag, ProducerUsageError, type EvidenceProducer } from "./producer.ts";
 import { tpmProducer } from "./tpm.ts";
@@ -24,10 +25,23 @@ const tokenProducer: EvidenceProducer = {
   },
 };
 
+/**
+ * provisioned: the token, and the machine's DMI product UUID when it has one (read from
+ * /sys/class/dmi/id/product_uuid, root's alone), so a token minted with `expect: { productUuid }`
+ * joins from that machine only.
+ */
+export const provisionedProducer: EvidenceProducer = {
+  ...tokenProducer,
+  async produce(ctx) {
+    const productUuid = await readProductUuid();
+    return { ...(await tokenProducer.produce(ctx)), ...(productUuid ? { productUuid } : {}) };
+  },
+};
+
 /** Attestor id -> its producer. The order is the one bcd's usage lists. */
 export const evidenceProducers: Record<string, EvidenceProducer> = {
   "join-token": tokenProducer,
-  provisioned: tokenProducer,
+  provisioned: provisionedProducer,
   x509pop: x509popProducer,
   "cloud-iid": cloudIidProducer,
   tpm: tpmProducer,

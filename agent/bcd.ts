@@ -33,6 +33,9 @@ import { ensureGuestImage, GUEST_IMAGE_NAME, type GuestImage } from "./runtimes/
 import type { HelloFrame } from "../core/protocol.ts";
 import { httpProxyHandlers } from "./roles/http-proxy.ts";
 import { siteHandlers } from "./roles/site.ts";
+import { netbootHandlers } from "./roles/netboot/handlers.ts";
+import { NETBOOT_FLAGS, NETBOOT_USAGE, NetbootFlagError, netbootFromFlags } from "./roles/netboot/options.ts";
+import type { NetbootService } from "./roles/netboot/service.ts";
 import { blockDevices } from "./roles/block-devices.ts";
 import { machineFacts, readProductUuid } from "./roles/machine-facts.ts";
 import { ramdiskHandlers } from "./roles/ramdisk.ts";
@@ -49,6 +52,7 @@ ${Object.entries(evidenceProducers)
             [--runtime-dir DIR]        role node: where guests' work dirs live (default <state-dir>/runtime)
             [--access-file FILE]       role node: the authorized_keys file the NodeSpec's access section owns
             [--firecracker-bin PATH]   role node: the firecracker binary (the firecracker runtime)
+${NETBOOT_USAGE}
   bcd start --url URL [--attestor ID] <its flags> --role ROLE --state-dir DIR [run options]   join unless already joined, then run
   bcd run|start ... --check    check the options and the state directory, connect nowhere, exit 0 if they would do
   bcd version                  print bcd's and Node's versions
@@ -124,6 +128,7 @@ function parse(argv: string[]): Parsed {
       allowPositionals: false,
       options: {
         ...ATTESTOR_FLAGS,
+        ...NETBOOT_FLAGS,
         url: { type: "string" },
         attestor: { type: "string" },
         role: { type: "string" },
@@ -275,6 +280,12 @@ async function check(p: Parsed, state: FileState): Promise<number> {
     process.stderr.write(`bcd: the state directory ${p.stateDir} is not usable: ${(e as Error).message}\n`);
     return 1;
   }
+  try {
+    netbootService(p, p.url ?? "", stderrLogger(true));
+  } catch (e) {
+    process.stderr.write(`bcd: ${(e as Error).message}\n`);
+    return 2;
+  }
   const identity = await state.loadIdentity();
   if (identity) {
     process.stdout.write(`bcd: configuration OK: joined as ${identity.nodeId} (${identity.role})\n`);
@@ -291,6 +302,16 @@ async function check(p: Parsed, state: FileState): Promise<number> {
   } catch (e) {
     process.stderr.write(`bcd: ${(e as Error).message}\n`);
     return 2;
+  }
+}
+
+/** The network boot service the flags ask for (a usage error when they cannot work), or undefined. */
+function netbootService(p: Parsed, url: string, log: AgentLogger): NetbootService | undefined {
+  try {
+    return netbootFromFlags(p.flags, { url, stateDir: p.stateDir!, log });
+  } catch (e) {
+    if (e instanceof NetbootFlagError) throw new UsageError(e.message);
+    throw e;
   }
 }
 
@@ -320,6 +341,7 @@ export async function main(argv: string[]): Promise<number> {
   if (p.check) return check(p, state);
   const log = stderrLogger(p.quiet);
   let client: AgentClient | undefined;
+  let netboot: NetbootService | undefined;
   const bootId = crypto.randomUUID();
   try {
     let join: JoinArgs | undefined;
@@ -377,9 +399,17 @@ export async function main(argv: string[]): Promise<number> {
 
     // The role's own command kinds. A ramdisk's disks are this machine's block devices (Linux
     // only; the simulated ramdisk is in better-compute/testing/metal).
-    const joinedRole = (await state.loadIdentity())?.role;
+    const joined = await state.loadIdentity();
+    const joinedRole = joined?.role;
     if (joinedRole === "site")
       for (const [kind, h] of Object.entries({ ...siteHandlers({ log }), ...httpProxyHandlers() })) c.handle(kind, h);
+    // The site boots its machines itself when told where (docs/netboot.md).
+    netboot = netbootService(p, joined?.baseUrl ?? p.url ?? "", log);
+    if (netboot && joinedRole !== "site") throw new UsageError("the --netboot-* flags are for role site");
+    if (netboot) {
+      await netboot.start();
+      for (const [kind, h] of Object.entries(netbootHandlers(netboot))) c.handle(kind, h);
+    }
     if (joinedRole === "ramdisk" && process.platform === "linux") {
       const productUuid = await readProductUuid();
       const handlers = ramdiskHandlers({ disks: blockDevices(), machine: () => machineFacts(), ...(productUuid ? { productUuid } : {}) });
@@ -420,6 +450,7 @@ export async function main(argv: string[]): Promise<number> {
       process.off("SIGINT", onSignal);
       process.off("SIGTERM", onSignal);
       await converger?.stop();
+      await netboot?.stop();
       // The guests keep running: the next bcd adopts them.
       await Promise.all((host?.runtimes ?? []).map((r) => r.close()));
     }

@@ -242,7 +242,7 @@ describe("scripts and images over HTTP", () => {
     const lines = script.text.split("\n");
     expect(lines[0]).toBe("#!ipxe");
     expect(lines[1]).toMatch(
-      /^kernel http:\/\/127\.0\.0\.1:\d+\/images\/[0-9a-f]{64} initrd=initrd0 initrd=initrd1 bc\.url=http:\/\/10\.77\.0\.1:8787 bc\.token=/,
+      /^kernel http:\/\/127\.0\.0\.1:\d+\/images\/[0-9a-f]{64} initrd=initrd0 initrd=initrd1 quiet bc\.url=http:\/\/10\.77\.0\.1:8787 bc\.token=/,
     );
     expect(lines[1]).toContain(`bc.token=${TOKEN} console=ttyS0`);
     expect(lines.filter((l) => l.startsWith("initrd --name"))).toHaveLength(2);

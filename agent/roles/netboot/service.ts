@@ -34,10 +34,11 @@ export interface NetbootConfig {
   log: AgentLogger;
 }
 
-/** What npm run ramdisk-image's manifest says of its files. */
+/** What npm run ramdisk-image's manifest says of its files (agent/build/ramdisk.ts): a kernel and one initrd, or several. */
 interface RamdiskFiles {
   kernel: { file: string };
-  initrds: { file: string }[];
+  initrd?: { file: string };
+  initrds?: { file: string }[];
 }
 
 export class NetbootService {
@@ -123,7 +124,8 @@ export class NetbootService {
   script(m: NetbootMachine): string {
     if (m.action === "disk" || !this.#ramdisk) return IPXE_EXIT;
     const url = (image: StoredImage) => `${this.#baseUrl}/images/${image.sha256}`;
-    const cmdline = [`bc.url=${this.#config.controlPlaneUrl}`, `bc.token=${m.token}`, this.#config.ramdiskCmdline ?? ""];
+    // quiet: otherwise the kernel prints its command line, the token with it, on the console.
+    const cmdline = ["quiet", `bc.url=${this.#config.controlPlaneUrl}`, `bc.token=${m.token}`, this.#config.ramdiskCmdline ?? ""];
     return ipxeScript({ kernelUrl: url(this.#ramdisk.kernel), initrdUrl: this.#ramdisk.initrds.map(url), cmdline: cmdline.join(" ") });
   }
 
@@ -163,9 +165,10 @@ export class NetbootService {
         `--ramdisk-dir ${dir} holds no ramdisk manifest (npm run ramdisk-image): ${(e as Error).message}`,
       );
     }
+    const initrds = manifest.initrds ?? (manifest.initrd ? [manifest.initrd] : []);
     return {
       kernel: await this.images.add(path.join(dir, manifest.kernel.file)),
-      initrds: await Promise.all(manifest.initrds.map((i) => this.images.add(path.join(dir, i.file)))),
+      initrds: await Promise.all(initrds.map((i) => this.images.add(path.join(dir, i.file)))),
     };
   }
 }

@@ -4,6 +4,11 @@
 # bc.attestor from the kernel command line and runs bcd with the ramdisk role, started again
 # with a backoff whenever it exits. docs/ramdisk.md describes it. The token never reaches the
 # console: it goes to a file only root reads, and bcd reads it from there.
+#
+# With bc.mode=os on the command line the same image is the installed system (the OS image a
+# deploy writes: agent/build/os-image.ts, docs/os-image.md): its URL, token and host name come
+# from the config drive the ramdisk wrote (label config-2, OpenStack's layout), bcd runs as role
+# node with its state on that drive, so the node keeps its identity across reboots.
 export PATH=/usr/bin:/bin
 export HOME=/root
 umask 022
@@ -87,12 +92,14 @@ done
 URL=
 TOKEN=
 ATTESTOR=provisioned
+MODE=ramdisk
 set -f # split into words, never globbed
 for arg in $(cat /proc/cmdline); do
   case $arg in
     bc.url=*) URL=${arg#bc.url=} ;;
     bc.token=*) TOKEN=${arg#bc.token=} ;;
     bc.attestor=*) ATTESTOR=${arg#bc.attestor=} ;;
+    bc.mode=*) MODE=${arg#bc.mode=} ;;
   esac
 done
 set +f
@@ -103,6 +110,26 @@ idle() {
     wait $!
   done
 }
+ROLE=ramdisk
+STATE=/run/bcd
+if [ "$MODE" = os ]; then
+  # The installed system: everything it needs is on the config drive.
+  ROLE=node
+  drive=
+  configdrive() { drive=$(findfs LABEL=config-2 2>/dev/null); [ -n "$drive" ]; }
+  retry configdrive || idle "no config drive (a partition labelled config-2)"
+  mkdir -p /mnt/config
+  mount -t vfat -o umask=077,quiet "$drive" /mnt/config || idle "cannot mount the config drive $drive"
+  # meta_data.json's meta holds bc.url and bc.token; read with the Node bcd runs on (no shell JSON).
+  eval "$(/usr/lib/bcd/node -e '
+    const m = require("/mnt/config/openstack/latest/meta_data.json");
+    const q = (s) => "\x27" + String(s ?? "").replaceAll("\x27", "") + "\x27";
+    console.log(`URL=${q(m.meta?.["bc.url"])} TOKEN=${q(m.meta?.["bc.token"])} OSHOST=${q(m.hostname)}`);
+  ')"
+  [ -n "$OSHOST" ] && HOST=$OSHOST && hostname "$HOST" && echo "127.0.0.1 localhost $HOST" >/etc/hosts
+  ATTESTOR=provisioned
+  STATE=/mnt/config/bcd
+fi
 [ -n "$URL" ] || idle "no bc.url= on the kernel command line"
 [ -n "$TOKEN" ] || idle "no bc.token= on the kernel command line"
 case $ATTESTOR in
@@ -123,7 +150,7 @@ TOKEN=
 delay=1
 while :; do
   started=$(date +%s)
-  bcd start --role ramdisk --url "$URL" --attestor "$ATTESTOR" --token-file "$TOKEN_FILE" --state-dir /run/bcd --hostname "$HOST"
+  bcd start --role "$ROLE" --url "$URL" --attestor "$ATTESTOR" --token-file "$TOKEN_FILE" --state-dir "$STATE" --hostname "$HOST"
   code=$?
   [ $(($(date +%s) - started)) -gt 60 ] && delay=1
   say "bcd exited with $code; starting it again in ${delay}s"

@@ -6,18 +6,19 @@
 //   better-compute bmc-emulator [--machines N] [--port P] [--host H] [--tls] [--user U] [--password P]
 //                               [--drives N] [--reset-delay-ms MS] [--no-bios] [--no-volume-creation]
 //                               [--continuous-boot-only] [--failing-storage] [--require-volume-capacity]
+//                               [--virtual-media manager|system|both]
 import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { isIP } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { startRedfishEmulator, type BmcQuirks } from "../testing/redfish-emulator.ts";
+import { startRedfishEmulator, VIRTUAL_MEDIA_LOCATIONS, type BmcQuirks, type VirtualMediaLocation } from "../testing/redfish-emulator.ts";
 import { selfSignedCertificate } from "../testing/tls.ts";
 
 const USAGE = `usage: better-compute bmc-emulator [--machines N] [--port P] [--host H] [--tls] [--user U] [--password P]
          [--drives N] [--reset-delay-ms MS] [--no-bios] [--no-volume-creation] [--continuous-boot-only]
-         [--failing-storage] [--require-volume-capacity]
+         [--failing-storage] [--require-volume-capacity] [--virtual-media manager|system|both]
 
   --machines N               simulated machines, one system each (default 1)
   --port P                   the port (default 0: any free one)
@@ -31,7 +32,9 @@ real-world BMC behaviour (docs/bmc.md):
   --no-volume-creation       the Volumes collection offers no POST
   --continuous-boot-only     boot overrides asked Once are recorded Continuous
   --failing-storage          everything under Storage answers 500
-  --require-volume-capacity  creating a volume requires CapacityBytes`;
+  --require-volume-capacity  creating a volume requires CapacityBytes
+  --virtual-media WHERE      the virtual CD under each machine's manager (default), its system
+                             (iDRAC since 6.x, sushy-tools), or both`;
 
 function usage(problem: string): never {
   console.error(`bmc-emulator: ${problem}\n${USAGE}`);
@@ -62,6 +65,7 @@ try {
       "continuous-boot-only": { type: "boolean", default: false },
       "failing-storage": { type: "boolean", default: false },
       "require-volume-capacity": { type: "boolean", default: false },
+      "virtual-media": { type: "string", default: "manager" },
       help: { type: "boolean", default: false },
     },
   }));
@@ -82,6 +86,8 @@ const password = values.password ?? randomBytes(12).toString("base64url");
 if (!username || username.includes(":")) usage("--user takes a name without ':'");
 if (!password) usage("--password takes a password");
 const host = values.host;
+const virtualMedia = VIRTUAL_MEDIA_LOCATIONS.find((l) => l.toLowerCase() === values["virtual-media"]) as VirtualMediaLocation | undefined;
+if (!virtualMedia) usage(`--virtual-media takes manager, system or both, not ${JSON.stringify(values["virtual-media"])}`);
 
 const quirks: BmcQuirks = {
   ...(resetDelayMs ? { resetDelayMs } : {}),
@@ -113,6 +119,7 @@ const emulator = await startRedfishEmulator({
   port,
   drives,
   quirks,
+  virtualMedia,
   ...(tls ? { tls: { key: tls.key, cert: tls.cert } } : {}),
 }).catch((err: Error) => {
   if (certDir) rmSync(certDir, { recursive: true, force: true });
@@ -127,6 +134,9 @@ const lines = [
   `  username ${username}`,
   `  password ${password}`,
   ...(shownQuirks.length ? [`  quirks   ${shownQuirks.join(", ")}`] : []),
+  ...(virtualMedia !== "Manager"
+    ? [`  virtual media under each machine's ${virtualMedia === "System" ? "system" : "manager and system"}`]
+    : []),
   ...(tls
     ? [
         "  TLS: a self-signed certificate, as real BMCs serve; trust it in the binding with one of",

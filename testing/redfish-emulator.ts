@@ -1,11 +1,17 @@
-// A Redfish BMC emulator for tests: SIMULATED HARDWARE, nothing here talks to a real
-// machine or BMC. In the spirit of sushy-tools' emulator, it serves the Redfish resource
-// tree of N simulated machines over real HTTP, or HTTPS with a given certificate (node:http(s),
-// 127.0.0.1 unless told otherwise, Basic auth); `better-compute bmc-emulator` runs it
-// (scripts/bmc-emulator.ts):
+// A Redfish BMC emulator for tests. In the spirit of sushy-tools' emulator, it serves the Redfish
+// resource tree of N machines over real HTTP, or HTTPS with a given certificate (node:http(s),
+// 127.0.0.1 unless told otherwise, Basic auth or a session's X-Auth-Token); `better-compute
+// bmc-emulator` runs it (scripts/bmc-emulator.ts). A machine is SIMULATED (in-memory state, the
+// default) or backed by a real QEMU machine (testing/qemu-machine.ts, `qemu` in its options): its
+// PowerState is QEMU's run state, a Reset powers it as sushy-tools' libvirt driver does, a boot
+// override is the firmware's boot order, and InsertMedia downloads the image into its virtual CD.
 //
 //   /redfish/v1                                   ServiceRoot (unauthenticated, as in the spec)
-//   /redfish/v1/Systems[/<id>]                    ComputerSystem: PowerState, Boot override, BiosVersion
+//   /redfish/v1/SessionService[/Sessions[/<id>]]  sessions: POST (unauthenticated) answers X-Auth-Token; DELETE ends one
+//   /redfish/v1/AccountService[/Accounts|/Roles]  the one account (the emulator's credential) and its role
+//   /redfish/v1/Chassis[/<id>]                    one chassis per machine, linked to its system and manager
+//   /redfish/v1/Systems[/<id>]                    ComputerSystem: PowerState, Boot override, BiosVersion, summaries
+//   /redfish/v1/Systems/<id>/Processors[/<id>], /Memory[/<id>], /SimpleStorage[/<id>]   inventory
 //   /redfish/v1/Systems/<id>/Bios                 BIOS attributes (read-only), @Redfish.Settings → Bios/Settings
 //   /redfish/v1/Systems/<id>/Bios/Settings        pending attributes; PATCH { Attributes } stages them for
 //                                                 the next power-on, when they are applied (as real BIOSes do)
@@ -17,7 +23,9 @@
 //   POST …/Systems/<id>/Actions/ComputerSystem.Reset   { ResetType }
 //   PATCH /redfish/v1/Systems/<id>                { Boot: { BootSourceOverrideTarget, BootSourceOverrideEnabled } }
 //   /redfish/v1/Managers[/<id>]                   one BMC per system, linked both ways
-//   /redfish/v1/Managers/<id>/VirtualMedia[/Cd]   InsertMedia { Image } / EjectMedia actions
+//   /redfish/v1/Managers/<id>/VirtualMedia[/Cd]   InsertMedia { Image } / EjectMedia actions; or under
+//                                                 /Systems/<id>/VirtualMedia (newer BMCs), or both (virtualMedia)
+//   /redfish/v1/Managers/<id>/LogServices/Log[/Entries]   what the BMC was asked to do (resets, boot, media)
 //
 // Tests read and change each simulated machine through `machines` (plain state objects),
 // get told of power transitions via `onPowerChange` (so a simulation can "boot" the
@@ -25,12 +33,21 @@
 // machine's BMC behave like real ones do (asynchronous resets, no BIOS resource, no volume
 // creation, Continuous-only boot overrides, a failing Storage, CapacityBytes required).
 // Product UUIDs are random per emulator (two emulators never share one) unless given.
-import { createHash, randomUUID, timingSafeEqual } from "node:crypto";
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
-import { createServer as createHttpsServer } from "node:https";
+import { createHash, randomBytes, randomUUID, timingSafeEqual } from "node:crypto";
+import { createWriteStream, mkdtempSync, rmSync } from "node:fs";
+import { createServer, get as httpGet, type IncomingMessage, type ServerResponse } from "node:http";
+import { createServer as createHttpsServer, get as httpsGet } from "node:https";
 import { isIP, type AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { pipeline } from "node:stream/promises";
+import { fileURLToPath } from "node:url";
 import { RAID_LEVELS as RAID_TYPES, raidCapacityBytes, raidDriveCountProblem, type RaidLevel as RaidType } from "../agent/roles/redfish.ts";
+import type { QemuMachine } from "./qemu-machine.ts";
 import { seededRandom } from "./seeded-random.ts";
+
+// A machine backed by real hardware emulation is made with these (better-compute/testing/redfish offers them too).
+export { startQemuMachine, type QemuMachine, type QemuMachineOptions } from "./qemu-machine.ts";
 
 export type PowerState = "On" | "Off";
 export const BOOT_TARGETS = ["None", "Pxe", "Cd", "Hdd"] as const;
@@ -39,6 +56,11 @@ export const BOOT_ENABLED = ["Disabled", "Once", "Continuous"] as const;
 export type BootEnabled = (typeof BOOT_ENABLED)[number];
 export const RESET_TYPES = ["On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "PowerCycle"] as const;
 export type ResetType = (typeof RESET_TYPES)[number];
+/** A QEMU-backed machine takes sushy-tools' two more: ForceOn (as On) and Nmi. */
+export const QEMU_RESET_TYPES = [...RESET_TYPES, "ForceOn", "Nmi"] as const;
+/** Where a BMC serves its virtual media: under its Manager (most), its System (iDRAC since 6.x, sushy-tools), or both. */
+export const VIRTUAL_MEDIA_LOCATIONS = ["Manager", "System", "Both"] as const;
+export type VirtualMediaLocation = (typeof VIRTUAL_MEDIA_LOCATIONS)[number];
 // The RAID levels and their drive-count rules are Redfish's, shared with the site agent's client.
 export { RAID_TYPES, raidDriveCountProblem, type RaidType };
 export type BiosValue = string | number | boolean;
@@ -48,6 +70,8 @@ export const NIC_ID = "NIC.1";
 
 /** The Id of the one simulated RAID controller of every machine that has drives. */
 export const RAID_CONTROLLER_ID = "RAID.Integrated.1";
+/** The Id of a QEMU-backed machine's storage: its NVMe disks, no RAID. */
+export const NVME_STORAGE_ID = "NVMe.1";
 const DRIVE_CAPACITY_BYTES = 480_103_981_056;
 
 export interface SimDrive {
@@ -55,6 +79,8 @@ export interface SimDrive {
   name: string;
   capacityBytes: number;
   mediaType: "SSD" | "HDD";
+  /** A QEMU-backed machine's disk: its NVMe serial. */
+  serialNumber?: string;
 }
 
 export interface SimVolume {
@@ -98,13 +124,28 @@ export interface MachineOptions {
   addresses?: string[];
   /** Its BMC's quirks, over the emulator's. */
   quirks?: BmcQuirks;
+  /** A real machine instead of a simulated one (started by the caller, who stops it too); its uuid, disks and NICs are the machine's. */
+  qemu?: QemuMachine;
+  /** Where its virtual media is served (default: the emulator's). */
+  virtualMedia?: VirtualMediaLocation;
 }
 
-/** The state of one simulated machine and its simulated BMC. Tests may read and mutate it. */
+/** One entry of a manager's log: what its BMC was asked to do. */
+export interface BmcLogEntry {
+  id: string;
+  created: string;
+  message: string;
+}
+
+/**
+ * The state of one machine and its emulated BMC: a simulated machine's all of it, a QEMU-backed
+ * machine's power and boot override as last read from the machine. Tests may read and mutate it.
+ */
 export interface MachineState {
   id: string;
   uuid: string;
   managerId: string;
+  /** A QEMU-backed machine's is as last read from it (every read of the system reads it). */
   power: PowerState;
   /** Shown as PowerState while an asynchronous reset is under way (quirks.resetDelayMs). */
   transition: "PoweringOn" | "PoweringOff" | null;
@@ -118,12 +159,17 @@ export interface MachineState {
   biosPending: Record<string, BiosValue>;
   /** The RAID controller's drives and volumes (no controller when there are no drives). */
   storage: { drives: SimDrive[]; volumes: SimVolume[] };
-  /** Power transitions so far, e.g. ["On", "Off", "On"]. */
+  /** Power transitions so far, e.g. ["On", "Off", "On"] (a simulated machine's; a QEMU-backed one keeps none). */
   powerHistory: PowerState[];
   /** The IP addresses its NIC reports; none: the system links no EthernetInterfaces. */
   addresses: string[];
   /** How its BMC departs from the happy path; change at will. */
   quirks: BmcQuirks;
+  /** The real machine behind it, if any: power, boot and media then act on it (and power, boot are read from it). */
+  qemu?: QemuMachine;
+  virtualMedia: VirtualMediaLocation;
+  /** Its manager's log (LogServices/Log): resets, boot overrides, media, oldest first. */
+  log: BmcLogEntry[];
 }
 
 export interface RedfishFaults {
@@ -161,8 +207,15 @@ export interface RedfishEmulatorOptions {
   /** Where to listen; default 127.0.0.1. */
   host?: string;
   port?: number;
-  /** Called after each power transition; awaited before the action is answered. */
+  /** Called after each power transition of a simulated machine; awaited before the action is answered. */
   onPowerChange?: (machine: MachineState, from: PowerState, to: PowerState) => void | Promise<void>;
+  /** Where virtual media is served, unless a machine says otherwise; default Manager. */
+  virtualMedia?: VirtualMediaLocation;
+  /**
+   * For tests: a QEMU-backed machine's InsertMedia also takes a local file (an absolute path or a
+   * file: URL), used in place. Off by default: a BMC on the network must not open the host's files.
+   */
+  mediaFromFiles?: boolean;
 }
 
 export interface RedfishEmulator {
@@ -241,32 +294,47 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     if (!Number.isInteger(driveCount) || driveCount < 0 || driveCount > 24)
       throw new Error(`machine ${id}: drives must be an integer from 0 to 24`);
     for (const a of s.addresses ?? []) if (!isIP(a)) throw new Error(`machine ${id}: ${JSON.stringify(a)} is not an IP address`);
+    const q = s.qemu;
+    if (q && s.uuid !== undefined && s.uuid !== q.uuid) throw new Error(`machine ${id}: its uuid is its QEMU machine's (${q.uuid})`);
     const m: MachineState = {
       id,
       // Random: a ramdisk is matched to its machine by this UUID, so two emulators must never share one.
-      uuid: s.uuid ?? randomUUID(),
+      uuid: q?.uuid ?? s.uuid ?? randomUUID(),
       managerId: `${id}-bmc`,
       power: s.power ?? "Off",
       transition: null,
       boot: { target: "None", enabled: "Disabled" },
       media: { inserted: false, image: null },
-      biosVersion: "SIM-BIOS-1.0.0",
+      biosVersion: q ? (q.firmware === "uefi" ? "OVMF (EDK II)" : "SeaBIOS") : "SIM-BIOS-1.0.0",
       bmcFirmwareVersion: "SIM-BMC-2.0.0",
-      biosSettings: { BootMode: "Uefi", SriovGlobalEnable: false, ProcTurboMode: "Enabled" },
+      biosSettings: { BootMode: q?.firmware === "bios" ? "Bios" : "Uefi", SriovGlobalEnable: false, ProcTurboMode: "Enabled" },
       biosPending: {},
       storage: {
-        drives: Array.from({ length: driveCount }, (_, d) => ({
-          id: `Disk.Bay.${d}`,
-          name: `Simulated SSD ${d}`,
-          capacityBytes: DRIVE_CAPACITY_BYTES,
-          mediaType: "SSD" as const,
-        })),
+        drives: q
+          ? q.disks.map((d, n) => ({
+              id: `Disk.NVMe.${n}`,
+              name: `NVMe disk ${n}`,
+              capacityBytes: d.sizeBytes,
+              mediaType: "SSD" as const,
+              serialNumber: d.serial,
+            }))
+          : Array.from({ length: driveCount }, (_, d) => ({
+              id: `Disk.Bay.${d}`,
+              name: `Simulated SSD ${d}`,
+              capacityBytes: DRIVE_CAPACITY_BYTES,
+              mediaType: "SSD" as const,
+            })),
         volumes: [],
       },
       powerHistory: [],
       addresses: [...(s.addresses ?? [])],
       quirks: { ...opts.quirks, ...s.quirks },
+      ...(q ? { qemu: q } : {}),
+      virtualMedia: s.virtualMedia ?? opts.virtualMedia ?? "Manager",
+      log: [],
     };
+    if (!VIRTUAL_MEDIA_LOCATIONS.includes(m.virtualMedia))
+      throw new Error(`machine ${id}: virtualMedia must be one of ${VIRTUAL_MEDIA_LOCATIONS.join(", ")}`);
     machines.set(id, m);
     byManager.set(m.managerId, m);
   });
@@ -283,11 +351,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     if (from === to) return;
     m.power = to;
     m.powerHistory.push(to);
-    // The BIOS applies staged settings while it starts, before anything boots.
-    if (to === "On" && Object.keys(m.biosPending).length > 0) {
-      m.biosSettings = { ...m.biosSettings, ...m.biosPending };
-      m.biosPending = {};
-    }
+    if (to === "On") applyBiosPending(m);
     await opts.onPowerChange?.(m, from, to);
     // A "Once" boot override is consumed by the boot it applied to, as on real BMCs.
     if (to === "On" && m.boot.enabled === "Once") m.boot = { target: "None", enabled: "Disabled" };
@@ -300,6 +364,36 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
   async function reset(m: MachineState, type: ResetType): Promise<void> {
     for (const to of resetSteps(type)) await setPower(m, to);
   }
+
+  /** The BIOS applies staged settings while it starts, before anything boots. */
+  function applyBiosPending(m: MachineState): void {
+    if (Object.keys(m.biosPending).length === 0) return;
+    m.biosSettings = { ...m.biosSettings, ...m.biosPending };
+    m.biosPending = {};
+  }
+
+  /** A QEMU-backed machine's PowerState and boot override are the machine's own: read them before answering. */
+  async function refresh(m: MachineState): Promise<void> {
+    if (!m.qemu) return;
+    m.power = await m.qemu.powerState();
+    m.boot = { ...m.qemu.bootOverride };
+  }
+
+  /** ComputerSystem.Reset of a real machine: the QemuMachine operation of each type, as sushy-tools' libvirt driver maps them. */
+  const QEMU_RESETS = {
+    On: "powerOn",
+    ForceOn: "powerOn",
+    ForceOff: "forceOff",
+    GracefulShutdown: "gracefulShutdown",
+    ForceRestart: "forceRestart",
+    GracefulRestart: "gracefulRestart",
+    PowerCycle: "powerCycle",
+    Nmi: "nmi",
+  } as const satisfies Record<(typeof QEMU_RESET_TYPES)[number], keyof QemuMachine>;
+
+  let logIds = 0;
+  const logEntry = (m: MachineState, message: string) =>
+    m.log.push({ id: String(++logIds), created: new Date().toISOString().replace(/\.\d+Z$/, "Z"), message });
 
   // Asynchronous resets: each machine's run one after another, each step after part of the delay.
   const timers = new Set<ReturnType<typeof setTimeout>>();
@@ -332,35 +426,80 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     resetsUnderWay.set(m, next);
   }
 
+  const chassisPath = (m: MachineState) => `/redfish/v1/Chassis/${encodeURIComponent(m.id)}`;
+  const mediaUnder = (m: MachineState, where: "Manager" | "System") => m.virtualMedia === where || m.virtualMedia === "Both";
+  const mediaPath = (m: MachineState, where: "Manager" | "System") => `${where === "Manager" ? mgr(m) : sys(m)}/VirtualMedia`;
+
+  /** The CPUs: a QEMU machine's vCPUs in one socket; a simulated machine's two sockets. */
+  function processors(m: MachineState) {
+    const q = m.qemu;
+    if (q)
+      return [
+        { id: "CPU.0", socket: "CPU 0", cores: q.cpus, threads: q.cpus, manufacturer: "QEMU", model: `QEMU ${q.accel.toUpperCase()} CPU` },
+      ];
+    return [0, 1].map((n) => ({
+      id: `CPU.${n}`,
+      socket: `CPU ${n}`,
+      cores: 16,
+      threads: 32,
+      manufacturer: "Better Compute (simulated)",
+      model: "Simulated CPU",
+    }));
+  }
+
+  /** The DIMMs (MiB each): a QEMU machine's memory as one; a simulated machine's two. */
+  const dimms = (m: MachineState) => (m.qemu ? [m.qemu.memoryMiB] : [32_768, 32_768]).map((mib, n) => ({ id: `DIMM.${n}`, mib }));
+
+  /** The NICs: a QEMU machine's, by their MACs; a simulated machine's one, only when it has addresses (as before). */
+  function nics(m: MachineState): Array<{ id: string; mac: string }> {
+    if (m.qemu) return m.qemu.nics.map((n, i) => ({ id: `NIC.${i + 1}`, mac: n.mac.toUpperCase() }));
+    return m.addresses.length > 0 ? [{ id: NIC_ID, mac: fakeMac(m.id) }] : [];
+  }
+
   function systemResource(m: MachineState): unknown {
+    const q = m.qemu;
+    const cpus = processors(m);
     return {
       "@odata.id": sys(m),
       "@odata.type": "#ComputerSystem.v1_20_0.ComputerSystem",
       Id: m.id,
-      Name: `Simulated system ${m.id}`,
-      Manufacturer: "Better Compute (simulated)",
-      Model: "Redfish emulator",
+      Name: q ? `QEMU machine ${q.name}` : `Simulated system ${m.id}`,
+      SystemType: "Physical",
+      Manufacturer: q ? q.smbios.manufacturer : "Better Compute (simulated)",
+      Model: q ? q.smbios.product : "Redfish emulator",
+      ...(q ? { SerialNumber: q.smbios.serial } : {}),
       UUID: m.uuid,
       PowerState: m.transition ?? m.power,
       BiosVersion: m.biosVersion,
       Status: { State: "Enabled", Health: "OK" },
+      ProcessorSummary: {
+        Count: cpus.length,
+        LogicalProcessorCount: cpus.reduce((n, c) => n + c.threads, 0),
+        Model: cpus[0]!.model,
+        Status: health,
+      },
+      MemorySummary: { TotalSystemMemoryGiB: dimms(m).reduce((n, d) => n + d.mib, 0) / 1024, Status: health },
       Boot: {
         BootSourceOverrideTarget: m.boot.target,
         BootSourceOverrideEnabled: m.boot.enabled,
-        BootSourceOverrideMode: "UEFI",
+        BootSourceOverrideMode: q?.firmware === "bios" ? "Legacy" : "UEFI",
         "BootSourceOverrideTarget@Redfish.AllowableValues": [...BOOT_TARGETS],
         "BootSourceOverrideEnabled@Redfish.AllowableValues": m.quirks.continuousBootOnly ? ["Disabled", "Continuous"] : [...BOOT_ENABLED],
       },
       ...(m.quirks.noBios ? {} : { Bios: { "@odata.id": `${sys(m)}/Bios` } }),
+      Processors: { "@odata.id": `${sys(m)}/Processors` },
+      Memory: { "@odata.id": `${sys(m)}/Memory` },
+      SimpleStorage: { "@odata.id": `${sys(m)}/SimpleStorage` },
       ...(m.storage.drives.length > 0 ? { Storage: { "@odata.id": `${sys(m)}/Storage` } } : {}),
-      ...(m.addresses.length > 0 ? { EthernetInterfaces: { "@odata.id": `${sys(m)}/EthernetInterfaces` } } : {}),
+      ...(nics(m).length > 0 ? { EthernetInterfaces: { "@odata.id": `${sys(m)}/EthernetInterfaces` } } : {}),
+      ...(mediaUnder(m, "System") ? { VirtualMedia: { "@odata.id": mediaPath(m, "System") } } : {}),
       Actions: {
         "#ComputerSystem.Reset": {
           target: `${sys(m)}/Actions/ComputerSystem.Reset`,
-          "ResetType@Redfish.AllowableValues": [...RESET_TYPES],
+          "ResetType@Redfish.AllowableValues": q ? [...QEMU_RESET_TYPES] : [...RESET_TYPES],
         },
       },
-      Links: { ManagedBy: [{ "@odata.id": mgr(m) }] },
+      Links: { Chassis: [{ "@odata.id": chassisPath(m) }], ManagedBy: [{ "@odata.id": mgr(m) }] },
     };
   }
 
@@ -369,18 +508,21 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       "@odata.id": mgr(m),
       "@odata.type": "#Manager.v1_10_0.Manager",
       Id: m.managerId,
-      Name: `Simulated BMC of ${m.id}`,
+      Name: `${m.qemu ? "Emulated" : "Simulated"} BMC of ${m.id}`,
       ManagerType: "BMC",
+      Model: "Better Compute Redfish emulator",
       FirmwareVersion: m.bmcFirmwareVersion,
+      DateTime: new Date().toISOString().replace(/\.\d+Z$/, "+00:00"),
       PowerState: "On",
       Status: { State: "Enabled", Health: "OK" },
-      VirtualMedia: { "@odata.id": `${mgr(m)}/VirtualMedia` },
-      Links: { ManagerForServers: [{ "@odata.id": sys(m) }] },
+      ...(mediaUnder(m, "Manager") ? { VirtualMedia: { "@odata.id": mediaPath(m, "Manager") } } : {}),
+      LogServices: { "@odata.id": `${mgr(m)}/LogServices` },
+      Links: { ManagerForServers: [{ "@odata.id": sys(m) }], ManagerForChassis: [{ "@odata.id": chassisPath(m) }] },
     };
   }
 
-  function cdResource(m: MachineState): unknown {
-    const base = `${mgr(m)}/VirtualMedia/Cd`;
+  function cdResource(m: MachineState, where: "Manager" | "System"): unknown {
+    const base = `${mediaPath(m, where)}/Cd`;
     return {
       "@odata.id": base,
       "@odata.type": "#VirtualMedia.v1_6_0.VirtualMedia",
@@ -435,17 +577,26 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     return v as Record<string, unknown>;
   }
 
+  /** Sessions by id; a request carries one's token in X-Auth-Token (Redfish's session auth, which sushy tries first). */
+  const sessions = new Map<string, { token: string; created: string }>();
+
+  /** The emulator's credential, compared so that timing does not reveal which half failed. */
+  function credentialMatches(user: string, pass: string): boolean {
+    const u = sameSecret(user, username);
+    const p = sameSecret(pass, password);
+    return u && p;
+  }
+
   function authorized(req: IncomingMessage): boolean {
+    const token = req.headers["x-auth-token"];
+    if (typeof token === "string" && token !== "") return [...sessions.values()].some((s) => sameSecret(s.token, token));
     const h = req.headers.authorization ?? "";
     const m = /^Basic\s+([A-Za-z0-9+/=]+)$/i.exec(h);
     if (!m?.[1]) return false;
     const decoded = Buffer.from(m[1], "base64").toString("utf8");
     const i = decoded.indexOf(":");
     if (i < 0) return false;
-    // Evaluate both comparisons so timing does not reveal which one failed.
-    const u = sameSecret(decoded.slice(0, i), username);
-    const p = sameSecret(decoded.slice(i + 1), password);
-    return u && p;
+    return credentialMatches(decoded.slice(0, i), decoded.slice(i + 1));
   }
 
   const splitPath = (path: string): string[] => {
@@ -473,6 +624,13 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       if (!m) throw notFound(path);
       return ethernetRoute(method, path, m, parts.slice(5));
     }
+    if ((top === "Systems" || top === "Managers") && id !== undefined && sub === "VirtualMedia") {
+      const m = top === "Systems" ? machines.get(id) : byManager.get(id);
+      if (!m) throw notFound(path);
+      return mediaRoute(req, method, path, m, top === "Systems" ? "System" : "Manager", parts.slice(5));
+    }
+    const inventory = await inventoryRoute(req, method, path, parts);
+    if (inventory) return inventory;
     if (parts.length > 7) throw notFound(path);
     const get = () => {
       if (method !== "GET") throw noMethod(method);
@@ -494,6 +652,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       const m = machines.get(id);
       if (!m) throw notFound(path);
       if (sub === undefined) {
+        await refresh(m);
         if (method === "GET") return [200, systemResource(m)];
         if (method !== "PATCH") throw noMethod(method);
         const body = await jsonBody(req);
@@ -519,7 +678,11 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
             throw new HttpError(400, "PropertyUnknown", `The property Boot/${k} is not a known or patchable property.`, [k]);
           }
         }
+        // A real machine's firmware follows it: its devices' boot order changes (testing/qemu-machine.ts).
+        await m.qemu?.setBootOverride(target, enabled);
         m.boot = { target, enabled };
+        logEntry(m, `Boot override set: BootSourceOverrideTarget ${target}, BootSourceOverrideEnabled ${enabled}`);
+        await refresh(m);
         return [200, systemResource(m)];
       }
       if (sub === "Bios" && m.quirks.noBios) throw notFound(path);
@@ -544,7 +707,8 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
             "The action ComputerSystem.Reset requires the parameter ResetType to be present in the request body.",
             ["ComputerSystem.Reset", "ResetType"],
           );
-        if (!RESET_TYPES.includes(t as ResetType)) {
+        const types: readonly string[] = m.qemu ? QEMU_RESET_TYPES : RESET_TYPES;
+        if (typeof t !== "string" || !types.includes(t)) {
           throw new HttpError(
             400,
             "ActionParameterValueNotInList",
@@ -552,8 +716,13 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
             [String(t), "ResetType", "ComputerSystem.Reset"],
           );
         }
+        logEntry(m, `ComputerSystem.Reset ${t}`);
         const delay = m.quirks.resetDelayMs ?? 0;
-        if (delay > 0) resetLater(m, t as ResetType, delay);
+        if (m.qemu) {
+          await m.qemu[QEMU_RESETS[t as keyof typeof QEMU_RESETS]]();
+          // Staged attributes take effect at a boot as on a simulated machine (the emulator's: the firmware never sees them).
+          if (!["ForceOff", "GracefulShutdown", "Nmi"].includes(t)) applyBiosPending(m);
+        } else if (delay > 0) resetLater(m, t as ResetType, delay);
         else await reset(m, t as ResetType);
         return [204, undefined];
       }
@@ -574,22 +743,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         get();
         return [200, managerResource(m)];
       }
-      if (sub !== "VirtualMedia") throw notFound(path);
-      if (action === undefined) {
-        get();
-        return [
-          200,
-          collection(`${mgr(m)}/VirtualMedia`, "VirtualMediaCollection.VirtualMediaCollection", "Virtual Media Services", [
-            `${mgr(m)}/VirtualMedia/Cd`,
-          ]),
-        ];
-      }
-      if (action !== "Cd") throw notFound(path);
-      if (name === undefined) {
-        get();
-        return [200, cdResource(m)];
-      }
-      throw notFound(path); // the Cd actions are handled by mediaAction()
+      throw notFound(path);
     }
 
     if (top === undefined) {
@@ -660,31 +814,36 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     m.biosPending = { ...m.biosPending, ...staged };
   }
 
-  const storagePath = (m: MachineState) => `${sys(m)}/Storage/${RAID_CONTROLLER_ID}`;
+  /** A simulated machine's RAID controller, or a QEMU machine's NVMe disks (no RAID: no Volumes). */
+  const storageId = (m: MachineState) => (m.qemu ? NVME_STORAGE_ID : RAID_CONTROLLER_ID);
+  const storagePath = (m: MachineState) => `${sys(m)}/Storage/${storageId(m)}`;
   const drivePath = (m: MachineState, d: SimDrive) => `${storagePath(m)}/Drives/${encodeURIComponent(d.id)}`;
   const volumePath = (m: MachineState, v: SimVolume) => `${storagePath(m)}/Volumes/${encodeURIComponent(v.id)}`;
   const health = { State: "Enabled", Health: "OK" };
 
   function storageResource(m: MachineState): unknown {
     const base = storagePath(m);
+    const name = m.qemu ? "NVMe disks" : "Simulated RAID controller";
     return {
       "@odata.id": base,
       "@odata.type": "#Storage.v1_13_0.Storage",
-      Id: RAID_CONTROLLER_ID,
-      Name: "Simulated RAID controller",
+      Id: storageId(m),
+      Name: name,
       Status: health,
       StorageControllers: [
         {
           "@odata.id": `${base}#/StorageControllers/0`,
           MemberId: "0",
-          Name: "Simulated RAID controller",
+          Name: name,
           Status: health,
-          SupportedRAIDTypes: [...RAID_TYPES],
+          ...(m.qemu
+            ? { SupportedControllerProtocols: ["PCIe"], SupportedDeviceProtocols: ["NVMe"], SupportedRAIDTypes: [] }
+            : { SupportedRAIDTypes: [...RAID_TYPES] }),
         },
       ],
       "Drives@odata.count": m.storage.drives.length,
       Drives: m.storage.drives.map((d) => ({ "@odata.id": drivePath(m, d) })),
-      Volumes: { "@odata.id": `${base}/Volumes` },
+      ...(m.qemu ? {} : { Volumes: { "@odata.id": `${base}/Volumes` } }),
     };
   }
 
@@ -697,7 +856,8 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       Name: d.name,
       CapacityBytes: d.capacityBytes,
       MediaType: d.mediaType,
-      Protocol: "SATA",
+      Protocol: d.serialNumber === undefined ? "SATA" : "NVMe",
+      ...(d.serialNumber === undefined ? {} : { SerialNumber: d.serialNumber, Model: "QEMU NVMe Ctrl" }),
       Status: health,
       Links: { "Volumes@odata.count": volumes.length, Volumes: volumes.map((v) => ({ "@odata.id": volumePath(m, v) })) },
     };
@@ -735,7 +895,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       get();
       return [200, collection(`${sys(m)}/Storage`, "StorageCollection.StorageCollection", "Storage Collection", [storagePath(m)])];
     }
-    if (ctrl !== RAID_CONTROLLER_ID) throw notFound(path);
+    if (ctrl !== storageId(m)) throw notFound(path);
     if (coll === undefined) {
       get();
       return [200, storageResource(m)];
@@ -746,7 +906,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       get();
       return [200, driveResource(m, d)];
     }
-    if (coll !== "Volumes") throw notFound(path);
+    if (coll !== "Volumes" || m.qemu) throw notFound(path);
     if (item === undefined) {
       // Allow says which methods the collection offers, as the Redfish spec has a GET answer it.
       const allow = { Allow: m.quirks.noVolumeCreation ? "GET" : "GET, POST" };
@@ -773,44 +933,46 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     return [204, undefined];
   }
 
-  const nicPath = (m: MachineState) => `${sys(m)}/EthernetInterfaces/${NIC_ID}`;
+  const nicPath = (m: MachineState, id: string) => `${sys(m)}/EthernetInterfaces/${id}`;
 
-  /** The NIC as real BMCs (and sushy-tools) serve it: IPv4 with a mask, IPv6 with a prefix length. */
-  function nicResource(m: MachineState): unknown {
-    const mac = fakeMac(m.id);
+  /** A NIC as real BMCs (and sushy-tools) serve it: IPv4 with a mask, IPv6 with a prefix length (the machine's addresses, on its first NIC). */
+  function nicResource(m: MachineState, nic: { id: string; mac: string }, first: boolean): unknown {
+    const addresses = first ? m.addresses : [];
     return {
-      "@odata.id": nicPath(m),
+      "@odata.id": nicPath(m, nic.id),
       "@odata.type": "#EthernetInterface.v1_6_0.EthernetInterface",
-      Id: NIC_ID,
-      Name: "Simulated NIC",
+      Id: nic.id,
+      Name: m.qemu ? "virtio-net NIC" : "Simulated NIC",
       Status: health,
       LinkStatus: "LinkUp",
-      MACAddress: mac,
-      PermanentMACAddress: mac,
-      IPv4Addresses: m.addresses
+      MACAddress: nic.mac,
+      PermanentMACAddress: nic.mac,
+      IPv4Addresses: addresses
         .filter((a) => isIP(a) === 4)
         .map((a) => ({ Address: a, SubnetMask: "255.255.255.0", AddressOrigin: "DHCP" })),
-      IPv6Addresses: m.addresses.filter((a) => isIP(a) === 6).map((a) => ({ Address: a, PrefixLength: 64, AddressOrigin: "SLAAC" })),
+      IPv6Addresses: addresses.filter((a) => isIP(a) === 6).map((a) => ({ Address: a, PrefixLength: 64, AddressOrigin: "SLAAC" })),
     };
   }
 
-  /** /Systems/<id>/EthernetInterfaces[...]; `rest` is what follows it. A machine without addresses has no NIC. */
+  /** /Systems/<id>/EthernetInterfaces[...]; `rest` is what follows it. A machine without NICs (a simulated one without addresses) has none. */
   function ethernetRoute(method: string, path: string, m: MachineState, rest: string[]): [number, unknown] {
-    if (m.addresses.length === 0 || rest.length > 1) throw notFound(path);
-    const [nic] = rest;
-    if (nic !== undefined && nic !== NIC_ID) throw notFound(path);
+    const all = nics(m);
+    if (all.length === 0 || rest.length > 1) throw notFound(path);
+    const [id] = rest;
+    const nic = all.find((n) => n.id === id);
+    if (id !== undefined && !nic) throw notFound(path);
     if (method !== "GET") throw noMethod(method);
-    if (nic === undefined)
+    if (!nic)
       return [
         200,
         collection(
           `${sys(m)}/EthernetInterfaces`,
           "EthernetInterfaceCollection.EthernetInterfaceCollection",
           "Ethernet Interface Collection",
-          [nicPath(m)],
+          all.map((n) => nicPath(m, n.id)),
         ),
       ];
-    return [200, nicResource(m)];
+    return [200, nicResource(m, nic, nic === all[0])];
   }
 
   const volumeCounters = new Map<MachineState, number>();
@@ -919,29 +1081,360 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     return volume;
   }
 
+  const SESSIONS = "/redfish/v1/SessionService/Sessions";
+  const sessionPath = (id: string) => `${SESSIONS}/${id}`;
+  const ACCOUNT = { id: "1", role: "Administrator" };
+
+  /** POST …/Sessions { UserName, Password }: 201, the token in X-Auth-Token and the session in Location. */
+  async function createSession(req: IncomingMessage): Promise<[number, unknown, Record<string, string>]> {
+    const body = await jsonBody(req);
+    const user = body.UserName;
+    const pass = body.Password;
+    if (typeof user !== "string" || typeof pass !== "string")
+      throw new HttpError(400, "PropertyMissing", "The properties UserName and Password are required to create a session.", [
+        "UserName",
+        "Password",
+      ]);
+    if (!credentialMatches(user, pass))
+      throw new HttpError(401, "InsufficientPrivilege", "Authentication failed: invalid or missing credentials.");
+    const id = randomBytes(8).toString("hex");
+    const session = { token: randomBytes(24).toString("hex"), created: new Date().toISOString() };
+    sessions.set(id, session);
+    return [201, sessionResource(id), { "X-Auth-Token": session.token, Location: sessionPath(id) }];
+  }
+
+  const sessionResource = (id: string) => ({
+    "@odata.id": sessionPath(id),
+    "@odata.type": "#Session.v1_5_0.Session",
+    Id: id,
+    Name: "User Session",
+    UserName: username,
+    CreatedTime: sessions.get(id)?.created,
+  });
+
+  /** The resources beyond power, boot, BIOS, storage and media: sessions, accounts, chassis, inventory, logs; undefined: not one of them. */
+  async function inventoryRoute(
+    req: IncomingMessage,
+    method: string,
+    path: string,
+    parts: string[],
+  ): Promise<[number, unknown] | undefined> {
+    const [, , top, id, sub, item, more, last] = parts;
+    const get = (body: unknown): [number, unknown] => {
+      if (method !== "GET") throw noMethod(method);
+      return [200, body];
+    };
+    if (top === "SessionService") {
+      if (id === undefined) return get(sessionService());
+      if (id !== "Sessions" || item !== undefined) throw notFound(path);
+      if (sub === undefined)
+        return get(
+          collection(SESSIONS, "SessionCollection.SessionCollection", "Session Collection", [...sessions.keys()].map(sessionPath)),
+        );
+      if (!sessions.has(sub)) throw notFound(path);
+      if (method === "DELETE") {
+        sessions.delete(sub);
+        return [204, undefined];
+      }
+      return get(sessionResource(sub));
+    }
+    if (top === "AccountService") {
+      if (parts.length > 5) throw notFound(path);
+      if (id === undefined) return get(accountService());
+      if (id === "Accounts" && sub === undefined)
+        return get(
+          collection("/redfish/v1/AccountService/Accounts", "ManagerAccountCollection.ManagerAccountCollection", "Accounts Collection", [
+            `/redfish/v1/AccountService/Accounts/${ACCOUNT.id}`,
+          ]),
+        );
+      if (id === "Accounts" && sub === ACCOUNT.id) return get(accountResource());
+      if (id === "Roles" && sub === undefined)
+        return get(
+          collection("/redfish/v1/AccountService/Roles", "RoleCollection.RoleCollection", "Roles Collection", [
+            `/redfish/v1/AccountService/Roles/${ACCOUNT.role}`,
+          ]),
+        );
+      if (id === "Roles" && sub === ACCOUNT.role) return get(roleResource());
+      throw notFound(path);
+    }
+    if (top === "Chassis") {
+      if (parts.length > 4) throw notFound(path);
+      const m = id === undefined ? undefined : machines.get(id);
+      if (m) await refresh(m);
+      return get(collectionOrMember(path, "/redfish/v1/Chassis", "Chassis", [...machines.values()], id, chassisResource));
+    }
+    if (top === "Systems" && id !== undefined && (sub === "Processors" || sub === "Memory" || sub === "SimpleStorage")) {
+      const m = machines.get(id);
+      if (!m || more !== undefined) throw notFound(path);
+      const base = `${sys(m)}/${sub}`;
+      if (sub === "Processors")
+        return get(collectionOrMember(path, base, "Processor", processors(m), item, (c) => processorResource(base, c)));
+      if (sub === "Memory") return get(collectionOrMember(path, base, "Memory", dimms(m), item, (d) => memoryResource(base, d)));
+      const controllers = m.storage.drives.length > 0 ? [{ id: storageId(m) }] : [];
+      return get(collectionOrMember(path, base, "SimpleStorage", controllers, item, () => simpleStorageResource(m, base)));
+    }
+    if (top === "Managers" && id !== undefined && sub === "LogServices") {
+      const m = byManager.get(id);
+      if (!m) throw notFound(path);
+      const services = `${mgr(m)}/LogServices`;
+      const log = `${services}/Log`;
+      if (item === undefined)
+        return get(collection(services, "LogServiceCollection.LogServiceCollection", "Log Service Collection", [log]));
+      if (item !== "Log") throw notFound(path);
+      if (more === undefined) return get(logServiceResource(m, log));
+      if (more === "Actions" && last === "LogService.ClearLog" && parts.length === 8) {
+        if (method !== "POST") throw noMethod(method);
+        m.log = [];
+        return [204, undefined];
+      }
+      if (more !== "Entries" || parts.length > 8) throw notFound(path);
+      return get(collectionOrMember(path, `${log}/Entries`, "LogEntry", m.log, last, (e) => logEntryResource(`${log}/Entries`, e)));
+    }
+    return undefined;
+  }
+
+  /** A collection of `items` at `base` (its type named after `kind`), or the member `wanted` of it. */
+  function collectionOrMember<T extends { id: string }>(
+    path: string,
+    base: string,
+    kind: string,
+    items: T[],
+    wanted: string | undefined,
+    render: (item: T) => unknown,
+  ): unknown {
+    if (wanted === undefined)
+      return collection(
+        base,
+        `${kind}Collection.${kind}Collection`,
+        `${kind} Collection`,
+        items.map((i) => `${base}/${i.id}`),
+      );
+    const found = items.find((i) => i.id === wanted);
+    if (!found) throw notFound(path);
+    return render(found);
+  }
+
+  const sessionService = () => ({
+    "@odata.id": "/redfish/v1/SessionService",
+    "@odata.type": "#SessionService.v1_1_8.SessionService",
+    Id: "SessionService",
+    Name: "Session Service",
+    ServiceEnabled: true,
+    SessionTimeout: 1800,
+    Status: health,
+    Sessions: { "@odata.id": SESSIONS },
+  });
+
+  const accountService = () => ({
+    "@odata.id": "/redfish/v1/AccountService",
+    "@odata.type": "#AccountService.v1_12_0.AccountService",
+    Id: "AccountService",
+    Name: "Account Service",
+    ServiceEnabled: true,
+    Status: health,
+    MinPasswordLength: 8,
+    AccountLockoutThreshold: 0,
+    Accounts: { "@odata.id": "/redfish/v1/AccountService/Accounts" },
+    Roles: { "@odata.id": "/redfish/v1/AccountService/Roles" },
+  });
+
+  const accountResource = () => ({
+    "@odata.id": `/redfish/v1/AccountService/Accounts/${ACCOUNT.id}`,
+    "@odata.type": "#ManagerAccount.v1_10_0.ManagerAccount",
+    Id: ACCOUNT.id,
+    Name: "User Account",
+    UserName: username,
+    Password: null, // as the schema says: never shown
+    RoleId: ACCOUNT.role,
+    Enabled: true,
+    Locked: false,
+    Links: { Role: { "@odata.id": `/redfish/v1/AccountService/Roles/${ACCOUNT.role}` } },
+  });
+
+  const roleResource = () => ({
+    "@odata.id": `/redfish/v1/AccountService/Roles/${ACCOUNT.role}`,
+    "@odata.type": "#Role.v1_3_1.Role",
+    Id: ACCOUNT.role,
+    Name: "User Role",
+    RoleId: ACCOUNT.role,
+    IsPredefined: true,
+    AssignedPrivileges: ["Login", "ConfigureManager", "ConfigureUsers", "ConfigureSelf", "ConfigureComponents"],
+  });
+
+  function chassisResource(m: MachineState): unknown {
+    const q = m.qemu;
+    return {
+      "@odata.id": chassisPath(m),
+      "@odata.type": "#Chassis.v1_21_0.Chassis",
+      Id: m.id,
+      Name: `Chassis of ${m.id}`,
+      ChassisType: "RackMount",
+      Manufacturer: q ? q.smbios.manufacturer : "Better Compute (simulated)",
+      Model: q ? q.smbios.product : "Redfish emulator",
+      ...(q ? { SerialNumber: q.smbios.serial } : {}),
+      PowerState: m.transition ?? m.power,
+      Status: health,
+      Links: {
+        ComputerSystems: [{ "@odata.id": sys(m) }],
+        ManagedBy: [{ "@odata.id": mgr(m) }],
+        "Drives@odata.count": m.storage.drives.length,
+        Drives: m.storage.drives.map((d) => ({ "@odata.id": drivePath(m, d) })),
+      },
+    };
+  }
+
+  const processorResource = (base: string, c: ReturnType<typeof processors>[number]) => ({
+    "@odata.id": `${base}/${c.id}`,
+    "@odata.type": "#Processor.v1_18_0.Processor",
+    Id: c.id,
+    Name: "Processor",
+    Socket: c.socket,
+    ProcessorType: "CPU",
+    ProcessorArchitecture: "x86",
+    InstructionSet: "x86-64",
+    Manufacturer: c.manufacturer,
+    Model: c.model,
+    TotalCores: c.cores,
+    TotalThreads: c.threads,
+    Status: health,
+  });
+
+  const memoryResource = (base: string, d: { id: string; mib: number }) => ({
+    "@odata.id": `${base}/${d.id}`,
+    "@odata.type": "#Memory.v1_17_0.Memory",
+    Id: d.id,
+    Name: "DIMM",
+    MemoryType: "DRAM",
+    MemoryDeviceType: "DDR4",
+    CapacityMiB: d.mib,
+    Status: health,
+  });
+
+  /** SimpleStorage: the controller's devices, by name and size (what inspection tools read when there is no Storage). */
+  function simpleStorageResource(m: MachineState, base: string): unknown {
+    return {
+      "@odata.id": `${base}/${storageId(m)}`,
+      "@odata.type": "#SimpleStorage.v1_3_1.SimpleStorage",
+      Id: storageId(m),
+      Name: m.qemu ? "NVMe Controller" : "Simulated RAID controller",
+      Status: health,
+      Devices: m.storage.drives.map((d) => ({ Name: d.serialNumber ?? d.name, CapacityBytes: d.capacityBytes, Status: health })),
+    };
+  }
+
+  const logServiceResource = (m: MachineState, log: string) => ({
+    "@odata.id": log,
+    "@odata.type": "#LogService.v1_4_0.LogService",
+    Id: "Log",
+    Name: "BMC event log",
+    ServiceEnabled: true,
+    OverWritePolicy: "WrapsWhenFull",
+    MaxNumberOfRecords: 1000,
+    DateTime: new Date().toISOString().replace(/\.\d+Z$/, "Z"),
+    Status: health,
+    Entries: { "@odata.id": `${log}/Entries` },
+    Actions: { "#LogService.ClearLog": { target: `${log}/Actions/LogService.ClearLog` } },
+  });
+
+  const logEntryResource = (base: string, e: BmcLogEntry) => ({
+    "@odata.id": `${base}/${e.id}`,
+    "@odata.type": "#LogEntry.v1_15_0.LogEntry",
+    Id: e.id,
+    Name: "Log Entry",
+    EntryType: "Event",
+    Severity: "OK",
+    Created: e.created,
+    Message: e.message,
+  });
+
   function serviceRoot(): unknown {
     return {
       "@odata.id": "/redfish/v1",
       "@odata.type": "#ServiceRoot.v1_15_0.ServiceRoot",
       Id: "RootService",
-      Name: "Redfish emulator (simulated hardware)",
+      Name: "Redfish emulator",
       RedfishVersion: "1.15.0",
       UUID: "00000000-0000-4000-8000-000000000000",
+      Vendor: "Better Compute",
+      Product: "Redfish emulator",
       Systems: { "@odata.id": "/redfish/v1/Systems" },
       Managers: { "@odata.id": "/redfish/v1/Managers" },
+      Chassis: { "@odata.id": "/redfish/v1/Chassis" },
+      SessionService: { "@odata.id": "/redfish/v1/SessionService" },
+      AccountService: { "@odata.id": "/redfish/v1/AccountService" },
+      Links: { Sessions: { "@odata.id": SESSIONS } },
     };
   }
 
-  /** VirtualMedia actions live one level deeper than route()'s destructuring covers. */
-  async function mediaAction(req: IncomingMessage, method: string, parts: string[]): Promise<[number, unknown, Record<string, string>?]> {
-    // ["redfish","v1","Managers",mgrId,"VirtualMedia","Cd","Actions",action]
-    const m = byManager.get(parts[3] ?? "");
-    const action = parts[7];
-    if (!m) throw notFound(`/${parts.join("/")}`);
-    if (action !== "VirtualMedia.InsertMedia" && action !== "VirtualMedia.EjectMedia") throw notFound(`/${parts.join("/")}`);
+  /** Downloaded ISOs of QEMU-backed machines (removed at eject and at stop), in a directory made at the first. */
+  const downloads = new Map<MachineState, string>();
+  let mediaDir: string | undefined;
+
+  /** An image a QEMU-backed machine may take from this host's files (mediaFromFiles): its path, else undefined. */
+  function localImage(m: MachineState, image: string): string | undefined {
+    if (!m.qemu || !opts.mediaFromFiles) return undefined;
+    if (path.isAbsolute(image)) return image;
+    try {
+      return new URL(image).protocol === "file:" ? fileURLToPath(image) : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** Fetches an http(s) image to a file, as a BMC does before it presents it: the whole of it, then the CD. */
+  async function download(m: MachineState, url: string): Promise<string> {
+    mediaDir ??= mkdtempSync(path.join(tmpdir(), "bc-redfish-media-"));
+    const file = path.join(mediaDir, `${m.id.replace(/[^\w.-]/g, "_")}-${randomBytes(4).toString("hex")}.iso`);
+    try {
+      await new Promise<void>((resolve, reject) => {
+        const answer = (res: IncomingMessage) => {
+          if (res.statusCode !== 200) {
+            res.resume();
+            reject(new Error(`it answered ${res.statusCode}`));
+            return;
+          }
+          pipeline(res, createWriteStream(file)).then(resolve, reject);
+        };
+        // As BMCs do unless told to (VerifyCertificate false): the image server's certificate is not checked.
+        const req = url.startsWith("https:") ? httpsGet(url, { rejectUnauthorized: false }, answer) : httpGet(url, answer);
+        req.on("error", reject);
+      });
+    } catch (e) {
+      rmSync(file, { force: true });
+      throw new HttpError(400, "CouldNotEstablishConnection", `The service failed to get the image at ${url}: ${(e as Error).message}.`, [
+        url,
+      ]);
+    }
+    return file;
+  }
+
+  /** /Managers/<id>/VirtualMedia[...] or /Systems/<id>/VirtualMedia[...], where the machine serves it; `rest` follows "VirtualMedia". */
+  async function mediaRoute(
+    req: IncomingMessage,
+    method: string,
+    path: string,
+    m: MachineState,
+    where: "Manager" | "System",
+    rest: string[],
+  ): Promise<[number, unknown]> {
+    if (!mediaUnder(m, where)) throw notFound(path);
+    const [cd, actions, action, ...more] = rest;
+    if (cd === undefined || (cd === "Cd" && actions === undefined)) {
+      if (method !== "GET") throw noMethod(method);
+      if (cd === "Cd") return [200, cdResource(m, where)];
+      const members = [`${mediaPath(m, where)}/Cd`];
+      return [200, collection(mediaPath(m, where), "VirtualMediaCollection.VirtualMediaCollection", "Virtual Media Services", members)];
+    }
+    if (cd !== "Cd" || actions !== "Actions" || more.length > 0) throw notFound(path);
+    if (action !== "VirtualMedia.InsertMedia" && action !== "VirtualMedia.EjectMedia") throw notFound(path);
     if (method !== "POST") throw noMethod(method);
     const body = await jsonBody(req);
     if (action === "VirtualMedia.EjectMedia") {
+      if (m.qemu) await m.qemu.ejectMedia();
+      const file = downloads.get(m);
+      if (file) rmSync(file, { force: true });
+      downloads.delete(m);
+      if (m.media.inserted) logEntry(m, "VirtualMedia.EjectMedia");
       m.media = { inserted: false, image: null };
       return [204, undefined];
     }
@@ -960,7 +1453,8 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     } catch {
       ok = false;
     }
-    if (!ok)
+    const local = localImage(m, image);
+    if (!ok && !local)
       throw new HttpError(
         400,
         "ActionParameterValueFormatError",
@@ -973,7 +1467,18 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         "VirtualMedia.InsertMedia",
       ]);
     if (m.media.inserted) throw new HttpError(409, "ResourceInUse", "Virtual media is already inserted; eject it first.");
+    if (m.qemu) {
+      const file = local ?? (await download(m, image));
+      try {
+        await m.qemu.insertMedia(file);
+      } catch (e) {
+        if (!local) rmSync(file, { force: true });
+        throw e;
+      }
+      if (!local) downloads.set(m, file);
+    }
     m.media = { inserted: true, image };
+    logEntry(m, `VirtualMedia.InsertMedia ${image}`);
     return [204, undefined];
   }
 
@@ -1025,7 +1530,9 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
 
     try {
       const isRoot = path === "/redfish/v1" || path === "/redfish";
-      if (!isRoot && !authorized(req)) {
+      // Logging in is the one request that carries no credential of its own (the spec's session login).
+      const login = method === "POST" && path === SESSIONS;
+      if (!isRoot && !login && !authorized(req)) {
         // Never echo what the client sent: no username, no password.
         reply(401, errorBody(new HttpError(401, "InsufficientPrivilege", "Authentication failed: invalid or missing credentials.")), {
           "WWW-Authenticate": 'Basic realm="Redfish emulator"',
@@ -1037,11 +1544,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
         reply(200, { v1: "/redfish/v1/" });
         return;
       }
-      const parts = splitPath(path);
-      const [status, body, headers] =
-        parts.length === 8 && parts[2] === "Managers" && parts[4] === "VirtualMedia" && parts[5] === "Cd" && parts[6] === "Actions"
-          ? await mediaAction(req, method, parts)
-          : await route(req, method, path);
+      const [status, body, headers] = login ? await createSession(req) : await route(req, method, path);
       reply(status, body, headers);
     } catch (e) {
       const he = e instanceof HttpError ? e : new HttpError(500, "InternalError", "The request failed due to an internal service error.");
@@ -1079,6 +1582,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     stop() {
       stopped = true;
       for (const t of timers) clearTimeout(t);
+      if (mediaDir) rmSync(mediaDir, { recursive: true, force: true });
       return new Promise<void>((resolve, reject) => {
         server.close((err) => (err ? reject(err) : resolve()));
         server.closeAllConnections();

@@ -143,6 +143,7 @@ const systemResource = z.object({
   Bios: link.nullish(),
   Storage: link.nullish(),
   EthernetInterfaces: link.nullish(),
+  VirtualMedia: link.nullish(),
 });
 const attributes = z.record(z.string(), z.unknown()).nullish();
 const biosResource = z.object({ Attributes: attributes, "@Redfish.Settings": z.object({ SettingsObject: link.nullish() }).nullish() });
@@ -266,7 +267,7 @@ export class RedfishClient {
         return undefined;
       }
     };
-    const cd = await optional("VirtualMedia", () => this.#virtualCd(manager.VirtualMedia?.["@odata.id"]));
+    const cd = await optional("VirtualMedia", () => this.#virtualCd(mediaCollection(system, manager)));
     const storage = await optional("Storage", () => this.#storageSummary(system));
     const addresses = await optional("EthernetInterfaces", () => this.#addresses(system));
     return {
@@ -522,7 +523,7 @@ export class RedfishClient {
     return this.#get(ref, managerResource, "Manager");
   }
 
-  /** The manager's virtual CD: a member named Cd/CD1..., else the first that takes CDs. */
+  /** The virtual CD of a VirtualMedia collection (mediaCollection's): a member named Cd/CD1..., else the first that takes CDs. */
   async #virtualCd(collectionPath: string | undefined): Promise<{ path: string; media: MediaResource } | null> {
     if (!collectionPath) return null;
     const members = (await this.#get(collectionPath, collectionResource, "VirtualMedia collection")).Members.map((m) => m["@odata.id"]);
@@ -596,8 +597,8 @@ export class RedfishClient {
   }
 
   async #requireCd(): Promise<{ path: string; media: MediaResource }> {
-    const manager = await this.#manager(await this.#system());
-    const cd = await this.#virtualCd(manager.VirtualMedia?.["@odata.id"]);
+    const system = await this.#system();
+    const cd = await this.#virtualCd(mediaCollection(system, system.VirtualMedia ? undefined : await this.#manager(system)));
     if (!cd) throw this.#unsupported("has no virtual CD (VirtualMedia)");
     return cd;
   }
@@ -701,6 +702,19 @@ export class RedfishClient {
     }
     return text;
   }
+}
+
+/**
+ * Where the BMC serves virtual media: the System's collection when it links one (iDRAC since 6.x,
+ * sushy-tools), else the Manager's. As Ironic decides (redfish/boot.py, _has_vmedia_via_systems):
+ * a System that has it is the one asked, even when its Manager links one too (often the same
+ * devices, or a deprecated copy of them).
+ */
+function mediaCollection(
+  system: SystemResource,
+  manager: { VirtualMedia?: { "@odata.id": string } | null } | undefined,
+): string | undefined {
+  return system.VirtualMedia?.["@odata.id"] ?? manager?.VirtualMedia?.["@odata.id"];
 }
 
 /** A BMC's answer that the method is not there: 405 Method Not Allowed, 501 Not Implemented. */

@@ -1,6 +1,8 @@
 // A minimal QMP client (QEMU Machine Protocol, JSON lines on a unix socket): the greeting, the
 // capabilities handshake, commands, and events. QEMU serves one QMP client at a time, so the
-// backend keeps one connection per guest for both the exit watcher and shutdown requests.
+// backend keeps one connection per guest for both the exit watcher and shutdown requests. Each
+// command carries an id and its reply is matched by it, so a reply that comes after its command
+// timed out is dropped instead of answering the next command.
 import { connect, type Socket } from "node:net";
 import { AgentError } from "../../contracts.ts";
 
@@ -9,9 +11,17 @@ export interface QmpEvent {
   data?: Record<string, unknown>;
 }
 
+interface Waiter {
+  resolve: (v: unknown) => void;
+  reject: (e: Error) => void;
+}
+
 export class QmpConnection {
   #buffer = "";
-  #waiting: { resolve: (v: unknown) => void; reject: (e: Error) => void }[] = [];
+  /** The greeting's waiter (the one message without an id), then each command's by its id. */
+  #greeting: Waiter | undefined;
+  readonly #pending = new Map<string, Waiter>();
+  #lastId = 0;
   #closed = false;
   readonly closed: Promise<void>;
 
@@ -25,7 +35,10 @@ export class QmpConnection {
     socket.on("error", () => {}); // surfaced as close
     socket.once("close", () => {
       this.#closed = true;
-      for (const w of this.#waiting.splice(0)) w.reject(new AgentError("UNAVAILABLE", "the QMP socket closed"));
+      const waiters = [...this.#pending.values(), ...(this.#greeting ? [this.#greeting] : [])];
+      this.#pending.clear();
+      this.#greeting = undefined;
+      for (const w of waiters) w.reject(new AgentError("UNAVAILABLE", "the QMP socket closed"));
     });
   }
 
@@ -38,15 +51,24 @@ export class QmpConnection {
       s.once("error", (e) => (clearTimeout(timer), reject(new AgentError("UNAVAILABLE", `QMP connect failed: ${e.message}`))));
     });
     const qmp = new QmpConnection(socket, onEvent);
-    await qmp.#next(timeoutMs); // the greeting
+    await qmp.#await(
+      timeoutMs,
+      (w) => (qmp.#greeting = w),
+      () => (qmp.#greeting = undefined),
+    );
     await qmp.execute("qmp_capabilities", undefined, timeoutMs);
     return qmp;
   }
 
   async execute(command: string, args?: Record<string, unknown>, timeoutMs = 5_000): Promise<unknown> {
     if (this.#closed) throw new AgentError("UNAVAILABLE", "the QMP socket is closed");
-    const reply = this.#next(timeoutMs);
-    this.socket.write(`${JSON.stringify(args ? { execute: command, arguments: args } : { execute: command })}\n`);
+    const id = `bc-${++this.#lastId}`;
+    const reply = this.#await(
+      timeoutMs,
+      (w) => this.#pending.set(id, w),
+      () => this.#pending.delete(id),
+    );
+    this.socket.write(`${JSON.stringify({ execute: command, ...(args ? { arguments: args } : {}), id })}\n`);
     const msg = (await reply) as { return?: unknown; error?: { desc?: string } };
     if (msg.error) throw new AgentError("DRIVER_ERROR", `QMP ${command}: ${msg.error.desc ?? "error"}`);
     return msg.return;
@@ -56,17 +78,14 @@ export class QmpConnection {
     this.socket.destroy();
   }
 
-  #next(timeoutMs: number): Promise<unknown> {
+  /** A message for the waiter `register` files, or a timeout (after which `forget` drops the waiter). */
+  #await(timeoutMs: number, register: (w: Waiter) => void, forget: () => void): Promise<unknown> {
     return new Promise((resolve, reject) => {
-      const waiter = {
-        resolve: (v: unknown) => (clearTimeout(timer), resolve(v)),
-        reject: (e: Error) => (clearTimeout(timer), reject(e)),
-      };
       const timer = setTimeout(() => {
-        this.#waiting.splice(this.#waiting.indexOf(waiter), 1);
+        forget();
         reject(new AgentError("UNAVAILABLE", "QMP reply timed out"));
       }, timeoutMs);
-      this.#waiting.push(waiter);
+      register({ resolve: (v) => (clearTimeout(timer), resolve(v)), reject: (e) => (clearTimeout(timer), reject(e)) });
     });
   }
 
@@ -84,7 +103,15 @@ export class QmpConnection {
         continue;
       }
       if (typeof msg.event === "string") this.onEvent(msg as unknown as QmpEvent);
-      else this.#waiting.shift()?.resolve(msg);
+      else if ("QMP" in msg) {
+        const w = this.#greeting;
+        this.#greeting = undefined;
+        w?.resolve(msg);
+      } else if (typeof msg.id === "string") {
+        const w = this.#pending.get(msg.id);
+        this.#pending.delete(msg.id);
+        w?.resolve(msg);
+      }
     }
   }
 }

@@ -4,9 +4,11 @@
 // it into place; the one that loses the rename uses the winner's. A build is complete when its
 // manifest is there and every file it names has its recorded size.
 import { createHash, randomBytes } from "node:crypto";
-import { createReadStream } from "node:fs";
+import { createReadStream, createWriteStream } from "node:fs";
 import fs from "node:fs/promises";
 import path from "node:path";
+import { pipeline } from "node:stream/promises";
+import { constants as zlibConstants, createZstdCompress } from "node:zlib";
 import { AgentError } from "../contracts.ts";
 
 /** A file of a build, as its manifest records it. */
@@ -134,6 +136,20 @@ export async function sha256File(file: string): Promise<string> {
   const hash = createHash("sha256");
   for await (const chunk of createReadStream(file)) hash.update(chunk as Buffer);
   return hash.digest("hex");
+}
+
+/** What every build's manifest starts with: what it is, the digest naming it, the builder's version and when it was made. */
+export function manifestHeader<N extends string>(name: N, digest: string, builderVersion: string) {
+  return { name, digest, builderVersion, builtAt: new Date().toISOString() };
+}
+
+/** `from` compressed with zstd into `to` (Node's own zstd: nothing to install). */
+export async function zstdFile(from: string, to: string, level: number): Promise<void> {
+  await pipeline(
+    createReadStream(from),
+    createZstdCompress({ params: { [zlibConstants.ZSTD_c_compressionLevel]: level } }),
+    createWriteStream(to),
+  );
 }
 
 /** A file of the build directory `dir`, described for its manifest. */

@@ -5,14 +5,11 @@
 // ramdisk wrote and runs bcd as role node with the token it holds (docs/os-image.md). Built from
 // Debian packages (apt-get download, never installed) and the ramdisk build, content-addressed
 // like them. Written in raw and zstd forms: the deploy streams the zstd one.
-import { createReadStream, createWriteStream } from "node:fs";
 import fs from "node:fs/promises";
 import path from "node:path";
-import { pipeline } from "node:stream/promises";
-import { constants as zlibConstants, createZstdCompress } from "node:zlib";
 import { mbrEntry, mbrEntryOffset, MBR_TYPE_FAT32_LBA } from "../roles/mbr.ts";
 import { defaultBuildCacheDir } from "./bcd.ts";
-import { cachedBuild, describeFile, sha256, type BuiltFile } from "./cache.ts";
+import { cachedBuild, describeFile, manifestHeader, sha256, zstdFile, type BuiltFile } from "./cache.ts";
 import * as debian from "./debian.ts";
 import { buildRamdisk, mib, type RamdiskImage } from "./ramdisk.ts";
 
@@ -79,72 +76,78 @@ export async function buildOsImage(opts: BuildOsImageOptions = {}): Promise<OsIm
     log,
     keep: 2,
     files: (m) => [m.raw, m.zstd],
-    build: async (out, work) => {
-      const { packages, trees } = await debian.unpackPackages({ run, log, cacheDir, work }, PACKAGES, versions);
-      const syslinuxBin = path.join(trees["syslinux"]!, "usr", "bin", "syslinux");
-      const common = path.join(trees["syslinux-common"]!, "usr", "lib", "syslinux");
-      const efi = path.join(trees["syslinux-efi"]!, "usr", "lib", "SYSLINUX.EFI", "efi64");
-
-      const payload = (await fs.stat(ramdisk.kernel)).size + (await fs.stat(ramdisk.initrd)).size;
-      const partitionSectors = Math.ceil((payload + SLACK_BYTES) / 2 ** 20) * (2 ** 20 / SECTOR);
-      const raw = path.join(out, "os.img");
-      await fs.writeFile(raw, "");
-      await fs.truncate(raw, (PARTITION_START + partitionSectors) * SECTOR);
-
-      // The MBR: syslinux's boot code, then one bootable FAT partition at 1 MiB.
-      const mbr = Buffer.alloc(SECTOR);
-      (await fs.readFile(path.join(common, "mbr", "mbr.bin"))).copy(mbr, 0, 0, 440);
-      Buffer.from(mbrEntry(MBR_TYPE_FAT32_LBA, PARTITION_START, partitionSectors)).copy(mbr, mbrEntryOffset(0));
-      mbr[mbrEntryOffset(0)] = 0x80; // bootable
-      mbr[510] = 0x55;
-      mbr[511] = 0xaa;
-      const fh = await fs.open(raw, "r+");
-      await fh.write(mbr, 0, SECTOR, 0);
-      await fh.close();
-
-      // The partition's file system and files (mtools: no loop device, no mount, no root).
-      await run("mkfs.vfat", ["-n", "BC-OS", "--offset", String(PARTITION_START), raw, String((partitionSectors * SECTOR) / 1024)]);
-      const image = `${raw}@@${PARTITION_START * SECTOR}`;
-      const config = path.join(work, "syslinux.cfg");
-      await fs.writeFile(
-        config,
-        ["DEFAULT os", "PROMPT 0", "TIMEOUT 0", "LABEL os", "  KERNEL /vmlinuz", "  INITRD /initrd.zst", `  APPEND ${cmdline}`, ""].join(
-          "\n",
-        ),
-      );
-      await run("mmd", ["-i", image, "::/EFI", "::/EFI/BOOT"]);
-      for (const [from, to] of [
-        [ramdisk.kernel, "::/vmlinuz"],
-        [ramdisk.initrd, "::/initrd.zst"],
-        [config, "::/syslinux.cfg"],
-        [path.join(efi, "syslinux.efi"), "::/EFI/BOOT/BOOTX64.EFI"],
-        [path.join(common, "modules", "efi64", "ldlinux.e64"), "::/EFI/BOOT/ldlinux.e64"],
-        [config, "::/EFI/BOOT/syslinux.cfg"],
-      ] as const)
-        await run("mcopy", ["-i", image, from, to]);
-      // BIOS: syslinux writes ldlinux.sys and its boot sector into the partition.
-      await run(syslinuxBin, ["--offset", String(PARTITION_START * SECTOR), "--install", raw]);
-
-      const zstd = path.join(out, "os.img.zst");
-      await pipeline(
-        createReadStream(raw),
-        createZstdCompress({ params: { [zlibConstants.ZSTD_c_compressionLevel]: 9 } }),
-        createWriteStream(zstd),
-      );
-      const manifest: OsImageManifest = {
-        name: OS_IMAGE_NAME,
-        digest,
-        builderVersion: OS_IMAGE_BUILDER_VERSION,
-        builtAt: new Date().toISOString(),
-        cmdline,
-        ramdisk: { digest: ramdisk.manifest.digest, bcdPackageVersion: ramdisk.manifest.bcd.packageVersion },
-        packages,
-        raw: await describeFile(out, "os.img"),
-        zstd: await describeFile(out, "os.img.zst"),
-      };
-      log(`OS image: ${mib(manifest.raw.bytes)} raw, ${mib(manifest.zstd.bytes)} zstd`);
-      return manifest;
-    },
+    build: (out, work) => writeOsImage({ out, work, run, log, cacheDir, versions, ramdisk, cmdline, digest }),
   });
   return { dir: built.dir, raw: path.join(built.dir, "os.img"), zstd: path.join(built.dir, "os.img.zst"), manifest: built.manifest };
+}
+
+interface OsImageBuild {
+  out: string;
+  work: string;
+  run: debian.RunProgram;
+  log: (msg: string) => void;
+  cacheDir: string;
+  versions: Record<string, string>;
+  ramdisk: RamdiskImage;
+  cmdline: string;
+  digest: string;
+}
+
+/** The image's files into `out`: the MBR and its partition, syslinux for BIOS and UEFI, the zstd copy. */
+async function writeOsImage({ out, work, run, log, cacheDir, versions, ramdisk, cmdline, digest }: OsImageBuild): Promise<OsImageManifest> {
+  const { packages, trees } = await debian.unpackPackages({ run, log, cacheDir, work }, PACKAGES, versions);
+  const syslinuxBin = path.join(trees["syslinux"]!, "usr", "bin", "syslinux");
+  const common = path.join(trees["syslinux-common"]!, "usr", "lib", "syslinux");
+  const efi = path.join(trees["syslinux-efi"]!, "usr", "lib", "SYSLINUX.EFI", "efi64");
+
+  const payload = (await fs.stat(ramdisk.kernel)).size + (await fs.stat(ramdisk.initrd)).size;
+  const partitionSectors = Math.ceil((payload + SLACK_BYTES) / 2 ** 20) * (2 ** 20 / SECTOR);
+  const raw = path.join(out, "os.img");
+  await fs.writeFile(raw, "");
+  await fs.truncate(raw, (PARTITION_START + partitionSectors) * SECTOR);
+
+  // The MBR: syslinux's boot code, then one bootable FAT partition at 1 MiB.
+  const mbr = Buffer.alloc(SECTOR);
+  (await fs.readFile(path.join(common, "mbr", "mbr.bin"))).copy(mbr, 0, 0, 440);
+  Buffer.from(mbrEntry(MBR_TYPE_FAT32_LBA, PARTITION_START, partitionSectors)).copy(mbr, mbrEntryOffset(0));
+  mbr[mbrEntryOffset(0)] = 0x80; // bootable
+  mbr[510] = 0x55;
+  mbr[511] = 0xaa;
+  const fh = await fs.open(raw, "r+");
+  await fh.write(mbr, 0, SECTOR, 0);
+  await fh.close();
+
+  // The partition's file system and files (mtools: no loop device, no mount, no root).
+  await run("mkfs.vfat", ["-n", "BC-OS", "--offset", String(PARTITION_START), raw, String((partitionSectors * SECTOR) / 1024)]);
+  const image = `${raw}@@${PARTITION_START * SECTOR}`;
+  const config = path.join(work, "syslinux.cfg");
+  await fs.writeFile(
+    config,
+    ["DEFAULT os", "PROMPT 0", "TIMEOUT 0", "LABEL os", "  KERNEL /vmlinuz", "  INITRD /initrd.zst", `  APPEND ${cmdline}`, ""].join("\n"),
+  );
+  await run("mmd", ["-i", image, "::/EFI", "::/EFI/BOOT"]);
+  for (const [from, to] of [
+    [ramdisk.kernel, "::/vmlinuz"],
+    [ramdisk.initrd, "::/initrd.zst"],
+    [config, "::/syslinux.cfg"],
+    [path.join(efi, "syslinux.efi"), "::/EFI/BOOT/BOOTX64.EFI"],
+    [path.join(common, "modules", "efi64", "ldlinux.e64"), "::/EFI/BOOT/ldlinux.e64"],
+    [config, "::/EFI/BOOT/syslinux.cfg"],
+  ] as const)
+    await run("mcopy", ["-i", image, from, to]);
+  // BIOS: syslinux writes ldlinux.sys and its boot sector into the partition.
+  await run(syslinuxBin, ["--offset", String(PARTITION_START * SECTOR), "--install", raw]);
+
+  const zstd = path.join(out, "os.img.zst");
+  await zstdFile(raw, zstd, 9);
+  const manifest: OsImageManifest = {
+    ...manifestHeader(OS_IMAGE_NAME, digest, OS_IMAGE_BUILDER_VERSION),
+    cmdline,
+    ramdisk: { digest: ramdisk.manifest.digest, bcdPackageVersion: ramdisk.manifest.bcd.packageVersion },
+    packages,
+    raw: await describeFile(out, "os.img"),
+    zstd: await describeFile(out, "os.img.zst"),
+  };
+  log(`OS image: ${mib(manifest.raw.bytes)} raw, ${mib(manifest.zstd.bytes)} zstd`);
+  return manifest;
 }

@@ -5,14 +5,11 @@
 // packages fetched with `apt-get download` (never installed) and the npm registry only, into a
 // cache directory named by the digest of its inputs (agent/build/cache.ts), like the guest image
 // and the bcd package. docs/ramdisk.md describes what is in it and what the init does.
-import { createReadStream, createWriteStream } from "node:fs";
 import fs from "node:fs/promises";
 import path from "node:path";
-import { pipeline } from "node:stream/promises";
 import { fileURLToPath } from "node:url";
-import { constants as zlibConstants, createZstdCompress } from "node:zlib";
 import { buildBcd, defaultBuildCacheDir, INSTALLED } from "./bcd.ts";
-import { cachedBuild, describeFile, sha256, type BuiltFile } from "./cache.ts";
+import { cachedBuild, describeFile, manifestHeader, sha256, zstdFile, type BuiltFile } from "./cache.ts";
 import * as debian from "./debian.ts";
 
 /** Bumped whenever the build itself changes what it produces (it is part of the digest). */
@@ -139,16 +136,9 @@ export async function buildRamdisk(opts: BuildRamdiskOptions = {}): Promise<Ramd
       const cpio = path.join(work, "initrd.cpio");
       await debian.packCpio(root, cpio);
       const initrdFile = "initrd.zst";
-      await pipeline(
-        createReadStream(cpio),
-        createZstdCompress({ params: { [zlibConstants.ZSTD_c_compressionLevel]: ZSTD_LEVEL } }),
-        createWriteStream(path.join(out, initrdFile)),
-      );
+      await zstdFile(cpio, path.join(out, initrdFile), ZSTD_LEVEL);
       const manifest: RamdiskManifest = {
-        name: RAMDISK_NAME,
-        digest,
-        builderVersion: RAMDISK_BUILDER_VERSION,
-        builtAt: new Date().toISOString(),
+        ...manifestHeader(RAMDISK_NAME, digest, RAMDISK_BUILDER_VERSION),
         kernelRelease,
         packages,
         modules,

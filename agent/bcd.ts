@@ -412,7 +412,12 @@ export async function main(argv: string[]): Promise<number> {
     }
     if (joinedRole === "ramdisk" && process.platform === "linux") {
       const productUuid = await readProductUuid();
-      const handlers = ramdiskHandlers({ disks: blockDevices(), machine: () => machineFacts(), ...(productUuid ? { productUuid } : {}) });
+      const handlers = ramdiskHandlers({
+        disks: blockDevices(),
+        machine: () => machineFacts(),
+        controlPlaneUrl: () => c.identity?.baseUrl,
+        ...(productUuid ? { productUuid } : {}),
+      });
       for (const [kind, h] of Object.entries(handlers)) c.handle(kind, h);
     } else if (joinedRole === "ramdisk") log.warn("the ramdisk role needs Linux block devices: its commands are not handled here", {});
 

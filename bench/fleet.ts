@@ -13,7 +13,7 @@ import { fork, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { sql, type SQL } from "drizzle-orm";
 import { postgres } from "../core/store/database.ts";
-import { createImageCache } from "../agent/roles/image-cache.ts";
+import { createImageCache, simulatedDiskImage } from "../testing/image-server.ts";
 import { createSimSchema, destructiveTwice, inSchema, transitionsIntoReady } from "../testing/metal-sim.ts";
 import type { NodeStore } from "../local/node-store.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
@@ -46,7 +46,7 @@ export const fleetSection: BenchSection = {
     const phaseSeconds = new Map<number, number[]>();
     for (const size of ctx.fleet.sizes) {
       const cache = createImageCache();
-      const image = { sha256: cache.put(new TextEncoder().encode(`simulated disk image for the fleet bench\n`.repeat(256))), url: "" };
+      const image = { sha256: cache.put(simulatedDiskImage(`simulated disk image for the fleet bench\n`.repeat(256))), url: "" };
       const served = await cache.serve();
       image.url = `${served.url}/images/${image.sha256}`;
       const width = Math.max(4, String(size - 1).length);

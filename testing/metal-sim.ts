@@ -7,13 +7,20 @@
 // (`stack`: wrangler dev with its NodeDOs and WorkflowDOs, agents over real WebSockets).
 //
 // The site agent may also be a real bcd process outside the sim (`siteAgent`, as `npm run dev`
-// runs it): the sim then only borrows its key to vouch for the ramdisks it PXE-boots.
+// runs it): the sim's machines then network-boot from that agent.
 //
-// A machine powered on boots what its BMC says: PXE brings up a ramdisk agent that joins by
-// discovery (the site agent signs for it), a CD whose image the `install` hook accepts installs
-// an OS whose agent joins with the provisioned token found in the image, a disk with that OS
-// on it boots the same agent again. Power off stops whatever runs; a wipe removes the OS.
-import { readFile } from "node:fs/promises";
+// A machine powered on boots what its BMC says. PXE asks the site's network boot (the site
+// agent's real NetbootService: what DHCP would answer the machine's MAC, then its iPXE script over
+// HTTP): a ramdisk script brings up a ramdisk agent that joins with the single-use token on its
+// kernel command line, `exit` goes on to the disk, no answer boots nothing. A CD whose image the
+// `install` hook accepts installs an OS whose agent joins with the provisioned token found in the
+// image; an image written with a config drive installs one whose agent joins with the config
+// drive's token; a disk with that OS on it boots the same agent again. Power off stops whatever
+// runs; a wipe removes the OS. SIMULATED: DHCP itself (the sim reads the site's machines), the
+// kernels and initrds (the site serves a stand-in ramdisk), the machines and disks.
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
 import type { Module, PkiOptions } from "better-compute";
 import type { HardwareProfile } from "better-compute/metal";
 import { AgentClient, inLane, type AgentTransport, type CommandHandler } from "../agent/client.ts";
@@ -24,13 +31,15 @@ import { MemoryState, type AgentIdentity } from "../agent/state.ts";
 import { httpProxyHandlers } from "../agent/roles/http-proxy.ts";
 import { siteHandlers } from "../agent/roles/site.ts";
 import { ramdiskHandlers } from "../agent/roles/ramdisk.ts";
+import { netbootHandlers } from "../agent/roles/netboot/handlers.ts";
+import { normalMac, type NetbootMachine } from "../agent/roles/netboot/machines.ts";
+import { NetbootService } from "../agent/roles/netboot/service.ts";
 import { simulatedDisks, type SimulatedDisks } from "./sim-disks.ts";
-import { startRedfishEmulator, type MachineState, type RedfishEmulator, type RedfishFaults } from "./redfish-emulator.ts";
+import { fakeMac, startRedfishEmulator, type MachineState, type RedfishEmulator, type RedfishFaults } from "./redfish-emulator.ts";
 import { callApi, inProcessControlPlane, type ChaosPlan, type SimControlPlane } from "./metal-sim-control-plane.ts";
-import { discoveryMessage, generateNodeKey, importNodeKey, signMessage, type DiscoveryAssertion } from "../core/protocol.ts";
 import { openNodeStore } from "../local/node-store.ts";
 import { sql } from "drizzle-orm";
-import { one, rows, type RoundTripHook } from "../core/store/database.ts";
+import { rows, type RoundTripHook } from "../core/store/database.ts";
 
 export { ChaosPlan, createSimSchema, inSchema, type ChaosBoundary } from "./metal-sim-control-plane.ts";
 export { selfSignedCertificate, type SelfSignedCertificate } from "./tls.ts";
@@ -90,10 +99,9 @@ export interface MetalSimOptions {
   /** Join the site's agent at creation; default true (false: a site whose agent comes later, see joinSiteAgent). */
   joinSiteAgent?: boolean;
   /**
-   * The site's agent runs outside the sim (a real `bcd --role site` process, joined to the stack):
-   * the sim joins none of its own, and its simulated PXE firmware has each ramdisk's discovery
-   * assertion signed with this agent's key (see siteAgentFromStateDir), standing in for the site
-   * agent's proxy DHCP/iPXE, which is not built yet.
+   * The site's agent runs outside the sim (a real `bcd --role site` process, joined to the stack,
+   * serving network boot): the sim joins none of its own, and its machines' PXE firmware asks that
+   * agent's network boot (see siteAgentFromStateDir).
    */
   siteAgent?: ExternalSiteAgent;
   /** TEST HOOK (in process only): crash the workflow runner and the reconcilers at a transaction boundary (see ChaosPlan). */
@@ -113,14 +121,31 @@ export interface MetalSimOptions {
 
 export type InstallResult = { token: string } | { os: AgentlessOs };
 
-/** A site agent's node id and private key: what vouches for a PXE-booted ramdisk (discovery). */
+/** A site agent running outside the sim (a real bcd, started with --netboot-address and --ramdisk-dir simRamdiskDir()). */
 export interface ExternalSiteAgent {
   nodeId: string;
-  key: CryptoKey;
+  /** Its netboot state directory (<state-dir>/netboot) and its HTTP server's URL: what the sim's PXE firmware asks. */
+  netboot: { stateDir: string; baseUrl: string };
 }
 
-/** The identity of a joined bcd, read from its state dir (FileState's identity.json and key.jwk); throws if it has not joined. */
-export async function siteAgentFromStateDir(dir: string): Promise<ExternalSiteAgent> {
+/**
+ * A stand-in for the ramdisk build a site agent serves (npm run ramdisk-image's manifest naming a
+ * kernel and an initrd of a few bytes): SIMULATED machines never boot it, they only need a site
+ * that will answer them. The caller removes the directory.
+ */
+export async function simRamdiskDir(): Promise<string> {
+  const dir = await mkdtemp(path.join(tmpdir(), "bc-sim-ramdisk-"));
+  await writeFile(path.join(dir, "vmlinuz"), "SIMULATED kernel\n");
+  await writeFile(path.join(dir, "initrd.zst"), "SIMULATED initrd\n");
+  await writeFile(path.join(dir, "manifest.json"), JSON.stringify({ kernel: { file: "vmlinuz" }, initrd: { file: "initrd.zst" } }));
+  return dir;
+}
+
+/**
+ * A joined bcd site agent, from its state dir (FileState's identity.json) and the URL its network
+ * boot serves at (its --netboot-address and --netboot-port); throws if it has not joined.
+ */
+export async function siteAgentFromStateDir(dir: string, netbootBaseUrl: string): Promise<ExternalSiteAgent> {
   // Read the files, not through FileState: that would open the journal bcd is appending to.
   const files = new FileState(dir);
   const read = async <T>(file: string): Promise<T | undefined> => {
@@ -132,10 +157,9 @@ export async function siteAgentFromStateDir(dir: string): Promise<ExternalSiteAg
     }
   };
   const identity = await read<AgentIdentity>(files.identityFile);
-  const jwk = await read<JsonWebKey>(files.keyFile);
-  if (!identity || !jwk) throw new Error(`${dir} holds no joined agent (no ${identity ? "key.jwk" : "identity.json"})`);
+  if (!identity) throw new Error(`${dir} holds no joined agent (no identity.json)`);
   if (identity.role !== "site") throw new Error(`the agent in ${dir} is a ${identity.role} agent, not a site agent`);
-  return { nodeId: identity.nodeId, key: (await importNodeKey(jwk)).privateKey };
+  return { nodeId: identity.nodeId, netboot: { stateDir: path.join(dir, "netboot"), baseUrl: netbootBaseUrl } };
 }
 
 export interface SimMachine {
@@ -148,9 +172,11 @@ export interface SimMachine {
   disks: SimulatedDisks;
   /** Its IP addresses (what its BMC reports). */
   addresses: string[];
+  /** Its NIC's MAC (lower case): what the site's network boot knows it by. */
+  macs: string[];
   /** What is installed on its disk: an OS whose agent joins with the token it was installed with, or an agentless one. */
   os: { state: MemoryState; token: string; joined: boolean } | { agentless: AgentlessOs } | undefined;
-  /** What it booted, in order. */
+  /** What it booted, in order ("pxe": its network boot was answered with the ramdisk). */
   boots: ("pxe" | "cd" | "disk" | "nothing")[];
   /** Its ramdisk sends results without the node's signature (a ramdisk that cannot attest). */
   unsignedRamdisk: boolean;
@@ -284,15 +310,37 @@ async function simulateSite(
     },
   });
   let site: ExternalSiteAgent | undefined = options.siteAgent;
+  /** The site's network boot, as a machine's PXE firmware sees it: its iPXE script for a MAC, or none. */
+  let netbootScript: ((mac: string) => Promise<string | undefined>) | undefined = site && externalNetboot(site.netboot);
   async function joinSiteAgent(): Promise<string> {
     if (site) return site.nodeId;
     const siteState = new MemoryState();
-    const siteAgent = simAgent(siteState, "site", { ...siteHandlers(), ...httpProxyHandlers() });
+    // The site agent's real network boot service, without DHCP: the machines ask it directly.
+    const work = await mkdtemp(path.join(tmpdir(), "bc-sim-netboot-"));
+    cleanup.push(() => rm(work, { recursive: true, force: true }));
+    const ramdiskDir = await simRamdiskDir();
+    cleanup.push(() => rm(ramdiskDir, { recursive: true, force: true }));
+    const netboot = new NetbootService({
+      stateDir: path.join(work, "netboot"),
+      address: "127.0.0.1",
+      httpPort: 0,
+      ramdiskDir,
+      controlPlaneUrl: control.baseUrl,
+      images: { dir: path.join(work, "images"), maxBytes: 2 ** 30 },
+      log: { info() {}, warn() {}, error() {} },
+    });
+    await netboot.start();
+    cleanup.push(() => netboot.stop());
+    netbootScript = async (mac) => {
+      const machine = netboot.machines.byMac(mac);
+      return machine && fetchScript(netboot.scriptUrl(machine));
+    };
+    const siteAgent = simAgent(siteState, "site", { ...siteHandlers(), ...httpProxyHandlers(), ...netbootHandlers(netboot) });
     const { token } = await control.call<{ token: string }>("siteTokens.create", { site: siteId });
     const identity = await siteAgent.join({ attestor: "join-token", evidence: { token }, role: "site", hostname: `${siteId}-agent` });
     await run(siteAgent);
     cleanup.push(() => siteAgent.stop());
-    site = { nodeId: identity.nodeId, key: (await importNodeKey((await siteState.loadKey())!)).privateKey };
+    site = { nodeId: identity.nodeId, netboot: { stateDir: path.join(work, "netboot"), baseUrl: netboot.baseUrl } };
     return site.nodeId;
   }
   if (options.joinSiteAgent !== false) await joinSiteAgent();
@@ -303,7 +351,8 @@ async function simulateSite(
   const life = new Map<SimMachine, Promise<void>>();
   const count = options.machines ?? 1;
   const bmc = await startRedfishEmulator({
-    machines: options.machineAddresses ? Array.from({ length: count }, (_, i) => ({ addresses: options.machineAddresses!(i) })) : count,
+    // Every machine has a NIC: the site's network boot knows it by its MAC.
+    machines: Array.from({ length: count }, (_, i) => ({ nic: true, addresses: options.machineAddresses?.(i) ?? [] })),
     username: SIM_BMC_USER,
     password: SIM_BMC_PASSWORD,
     ...(options.faults ? { faults: options.faults } : {}),
@@ -330,6 +379,7 @@ async function simulateSite(
       address: `${bmc.url}/redfish/v1/Systems/${state.id}`,
       bmc: state,
       addresses: state.addresses,
+      macs: [fakeMac(state.id).toLowerCase()],
       disks: simulatedDisks([{ device: "/dev/sda", sizeBytes: 64 * 1024 * 1024 }]),
       os: undefined,
       boots: [],
@@ -344,11 +394,6 @@ async function simulateSite(
     for (const m of machines) await powerOff(m).catch(() => {});
   });
 
-  const databaseNow = async () => {
-    const found = await one<{ now: string }>(control.store.db, sql`SELECT compute_now() AS now`);
-    return new Date(found!.now).toISOString();
-  };
-
   async function powerOff(machine: SimMachine): Promise<void> {
     const { agent, running } = machine;
     machine.agent = undefined;
@@ -360,7 +405,7 @@ async function simulateSite(
   async function boot(machine: SimMachine, target: string, media: string | null): Promise<void> {
     if (stopped) return;
     await powerOff(machine); // a restart: whatever ran is gone
-    if (target === "Pxe") return bootRamdisk(machine);
+    if (target === "Pxe") return networkBoot(machine);
     if (target === "Cd" && media) {
       const accepted = await options.install?.({ machine, image: media });
       if (accepted) {
@@ -372,30 +417,39 @@ async function simulateSite(
     machine.boots.push("nothing");
   }
 
-  async function bootRamdisk(machine: SimMachine): Promise<void> {
+  /**
+   * PXE: what the site answers the machine's MAC. The ramdisk's script boots a ramdisk agent that
+   * joins with the token on its kernel command line; `exit` goes on to the disk; no answer boots
+   * nothing.
+   */
+  async function networkBoot(machine: SimMachine): Promise<void> {
+    const script = await netbootScript?.(machine.macs[0]!);
+    if (script === undefined) return void machine.boots.push("nothing");
+    if (/^exit$/m.test(script)) return machine.os ? bootOs(machine, "disk") : void machine.boots.push("nothing");
+    const token = /\bbc\.token=(\S+)/.exec(script)?.[1];
+    if (!token) return void machine.boots.push("nothing");
     machine.boots.push("pxe");
-    if (!site) return; // nobody on the network to vouch for it: the ramdisk cannot join
     const state = new MemoryState();
-    const key = await generateNodeKey();
-    await state.saveKey(key.privateJwk);
-    // The site agent vouches for what PXE-booted on its network (discovery attestation).
-    const assertion: DiscoveryAssertion = {
-      publicKey: key.publicKey,
-      issuedAt: await databaseNow(),
-      productUuid: machine.uuid.toLowerCase(),
-    };
-    const signature = await signMessage(site.key, discoveryMessage(site.nodeId, assertion));
-    const handlers = ramdiskHandlers({ disks: machine.disks, productUuid: machine.uuid });
+    const handlers = ramdiskHandlers({ disks: machine.disks, productUuid: machine.uuid, controlPlaneUrl: () => control.baseUrl });
     const wipe = handlers["metal.ramdisk.wipe"]!;
     handlers["metal.ramdisk.wipe"] = async (body, ctx) => {
       const output = await wipe(body, ctx);
       machine.os = undefined; // the installed system is gone with its disk
       return output;
     };
+    const write = handlers["metal.ramdisk.writeImage"]!;
+    handlers["metal.ramdisk.writeImage"] = async (body, ctx) => {
+      const output = await write(body, ctx);
+      // An image with a config drive: the installed system's agent joins with the drive's token.
+      const meta = [...machine.disks.disks.values()].find((d) => d.configDrive)?.configDrive?.["openstack/latest/meta_data.json"];
+      const osToken = meta ? (JSON.parse(meta) as { meta?: Record<string, string> }).meta?.["bc.token"] : undefined;
+      machine.os = osToken ? { state: new MemoryState(), token: osToken, joined: false } : undefined;
+      return output;
+    };
     const agent = simAgent(state, "ramdisk", handlers);
     const identity = await agent.join({
-      attestor: "discovery",
-      evidence: { siteNodeId: site.nodeId, assertion, signature },
+      attestor: "provisioned",
+      evidence: { token, productUuid: machine.uuid.toLowerCase() },
       role: "ramdisk",
       hostname: `ramdisk-${machine.id}`,
     });
@@ -462,6 +516,22 @@ async function simulateSite(
     advanceClock: (seconds) => control.advanceClock(seconds),
     roundTrips: () => control.roundTrips(),
     stop,
+  };
+}
+
+/** An iPXE script as a machine's firmware fetches it. */
+async function fetchScript(url: string): Promise<string | undefined> {
+  const res = await fetch(url);
+  return res.ok ? res.text() : undefined;
+}
+
+/** A real bcd's network boot (its netboot state directory and HTTP server), as the sim's PXE firmware asks it. */
+function externalNetboot(netboot: { stateDir: string; baseUrl: string }): (mac: string) => Promise<string | undefined> {
+  return async (mac) => {
+    const listed = await readFile(path.join(netboot.stateDir, "machines.json"), "utf8").catch(() => "[]");
+    const wanted = normalMac(mac);
+    const machine = (JSON.parse(listed) as NetbootMachine[]).find((m) => wanted !== undefined && m.macs.includes(wanted));
+    return machine && fetchScript(`${netboot.baseUrl}/boot/${machine.script}.ipxe`);
   };
 }
 

@@ -120,8 +120,10 @@ export interface MachineOptions {
   power?: PowerState;
   /** Simulated drives behind its RAID controller (default: the emulator's `drives`); 0: no controller, no Storage. */
   drives?: number;
-  /** IP addresses of its one NIC (IPv4 and/or IPv6); default none: no EthernetInterfaces at all. */
+  /** IP addresses of its one NIC (IPv4 and/or IPv6); default none: no EthernetInterfaces at all (unless `nic`). */
   addresses?: string[];
+  /** Its one NIC even without addresses: its MAC is what network boot knows the machine by. */
+  nic?: boolean;
   /** Its BMC's quirks, over the emulator's. */
   quirks?: BmcQuirks;
   /** A real machine instead of a simulated one (started by the caller, who stops it too); its uuid, disks and NICs are the machine's. */
@@ -161,8 +163,10 @@ export interface MachineState {
   storage: { drives: SimDrive[]; volumes: SimVolume[] };
   /** Power transitions so far, e.g. ["On", "Off", "On"] (a simulated machine's; a QEMU-backed one keeps none). */
   powerHistory: PowerState[];
-  /** The IP addresses its NIC reports; none: the system links no EthernetInterfaces. */
+  /** The IP addresses its NIC reports; none: the system links no EthernetInterfaces (unless `nic`). */
   addresses: string[];
+  /** Its simulated NIC, present with addresses or when asked for; its MAC is derived from the machine's id. */
+  nic: boolean;
   /** How its BMC departs from the happy path; change at will. */
   quirks: BmcQuirks;
   /** The real machine behind it, if any: power, boot and media then act on it (and power, boot are read from it). */
@@ -230,7 +234,7 @@ export interface RedfishEmulator {
 const MAX_BODY = 64 * 1024;
 
 /** A locally administered MAC address, derived from the machine id so it is stable across runs. */
-function fakeMac(id: string): string {
+export function fakeMac(id: string): string {
   const h = createHash("sha256").update(`redfish-emulator-mac-${id}`).digest();
   return ["02", ...[...h.subarray(0, 5)].map((b) => b.toString(16).padStart(2, "0"))].join(":").toUpperCase();
 }
@@ -328,6 +332,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       },
       powerHistory: [],
       addresses: [...(s.addresses ?? [])],
+      nic: s.nic === true || (s.addresses?.length ?? 0) > 0,
       quirks: { ...opts.quirks, ...s.quirks },
       ...(q ? { qemu: q } : {}),
       virtualMedia: s.virtualMedia ?? opts.virtualMedia ?? "Manager",
@@ -453,7 +458,7 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
   /** The NICs: a QEMU machine's, by their MACs; a simulated machine's one, only when it has addresses (as before). */
   function nics(m: MachineState): Array<{ id: string; mac: string }> {
     if (m.qemu) return m.qemu.nics.map((n, i) => ({ id: `NIC.${i + 1}`, mac: n.mac.toUpperCase() }));
-    return m.addresses.length > 0 ? [{ id: NIC_ID, mac: fakeMac(m.id) }] : [];
+    return m.nic || m.addresses.length > 0 ? [{ id: NIC_ID, mac: fakeMac(m.id) }] : [];
   }
 
   function systemResource(m: MachineState): unknown {

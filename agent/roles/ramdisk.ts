@@ -68,6 +68,8 @@ export interface RamdiskHandlerOptions {
   machine?: () => Promise<MachineFacts>;
   /** How images are fetched; default node:http(s) (httpGet). */
   fetch?: FetchLike;
+  /** The control plane's URL as this agent reaches it: a config drive's default. */
+  controlPlaneUrl?: () => string | undefined;
 }
 
 const FORMATS = ["raw", "gzip", "zstd"] as const;
@@ -81,7 +83,8 @@ const configDrive = z.strictObject({
     .string()
     .max(253)
     .regex(/^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$/, "must be a host name"),
-  controlPlaneUrl: z.url({ protocol: /^https?$/ }),
+  /** Default: the control plane's URL as the ramdisk reached it (the machine's network reaches it so). */
+  controlPlaneUrl: z.url({ protocol: /^https?$/ }).optional(),
   // The message does not echo the value: it may be a token sent by mistake.
   joinToken: z.string().regex(SECRET_REF, "must be a secret://<id> reference, never the token itself"),
   metaData: z.record(z.string(), z.unknown()).optional(),
@@ -233,7 +236,11 @@ async function* tallied(source: AsyncIterable<Uint8Array>, into: Tally): AsyncIt
 type ConfigDriveBody = z.output<typeof configDrive>;
 
 /** OpenStack's config drive layout (openstack/latest/…). The token goes into meta_data.json and nowhere else. */
-function configDriveFiles(body: ConfigDriveBody, token: string, productUuid: string | undefined): Record<string, string> {
+function configDriveFiles(
+  body: ConfigDriveBody & { controlPlaneUrl: string },
+  token: string,
+  productUuid: string | undefined,
+): Record<string, string> {
   const meta = {
     ...body.metaData,
     uuid: productUuid ?? randomUUID(),
@@ -258,6 +265,8 @@ export function ramdiskHandlers(options: RamdiskHandlerOptions): Record<string, 
     if (!disks.addConfigDrive) throw new AgentError("UNSUPPORTED", `${ctx.kind}: these disks cannot take a config drive`);
     const token = ctx.secrets?.[body.joinToken];
     if (token === undefined) throw new AgentError("INVALID_ARGUMENT", `the command carries no value for ${body.joinToken}`);
+    if (!body.controlPlaneUrl && !options.controlPlaneUrl?.())
+      throw new AgentError("INVALID_ARGUMENT", `${ctx.kind}: configDrive.controlPlaneUrl is needed (this agent knows no URL of its own)`);
     return token;
   };
 
@@ -335,7 +344,11 @@ export function ramdiskHandlers(options: RamdiskHandlerOptions): Record<string, 
         written: { bytes: written.bytes, sha256: written.hash.digest("hex") },
       };
       if (token === undefined) return result;
-      const files = configDriveFiles(body.configDrive!, token, options.productUuid);
+      const files = configDriveFiles(
+        { ...body.configDrive!, controlPlaneUrl: body.configDrive!.controlPlaneUrl ?? options.controlPlaneUrl!()! },
+        token,
+        options.productUuid,
+      );
       const drive = await onDisk(device, ctx.signal, () => disks.addConfigDrive!(device, written.bytes, files));
       return { ...result, configDrive: drive };
     },

@@ -115,6 +115,8 @@ export interface BmcInspection {
    * link-local or unspecified ones; [] when the system links no EthernetInterfaces (or they could not be read).
    */
   addresses: string[];
+  /** The MACs of its NICs (EthernetInterfaces), lower case with colons: what network boot knows the machine by. */
+  macs: string[];
   /** Optional resources that answered with an error; absent when everything was read. */
   unavailable?: Unavailable[];
 }
@@ -164,7 +166,9 @@ const VOLUME_TYPE_LEVELS: Record<string, RaidLevel> = {
   SpannedMirrors: "RAID10",
 };
 const ipAddresses = z.array(z.object({ Address: text }).nullable()).nullish();
-const ethernetInterfaceResource = z.object({ IPv4Addresses: ipAddresses, IPv6Addresses: ipAddresses });
+const ethernetInterfaceResource = z.object({ IPv4Addresses: ipAddresses, IPv6Addresses: ipAddresses, MACAddress: text });
+/** A MAC as BMCs write it (colons or dashes, any case); the site's DHCP knows machines by these. */
+const MAC = /^[0-9a-f]{2}([:-][0-9a-f]{2}){5}$/i;
 // Shapes only, so a BMC's placeholder ("N/A", "") is not taken for an address.
 const IPV4 = /^(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(\.(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}$/;
 const IPV6 = /^[0-9a-f:.]*:[0-9a-f:.]*$/;
@@ -269,7 +273,7 @@ export class RedfishClient {
     };
     const cd = await optional("VirtualMedia", () => this.#virtualCd(mediaCollection(system, manager)));
     const storage = await optional("Storage", () => this.#storageSummary(system));
-    const addresses = await optional("EthernetInterfaces", () => this.#addresses(system));
+    const nics = await optional("EthernetInterfaces", () => this.#nics(system));
     return {
       systemId: system.Id ?? this.systemId,
       uuid: system.UUID ?? undefined,
@@ -283,7 +287,8 @@ export class RedfishClient {
       bootEnabled: system.Boot?.BootSourceOverrideEnabled ?? undefined,
       ...(cd === undefined ? {} : { media: { inserted: cd?.media.Inserted === true, image: cd?.media.Image ?? null } }),
       ...storage,
-      addresses: addresses ?? [],
+      addresses: nics?.addresses ?? [],
+      macs: nics?.macs ?? [],
       ...(unavailable.length > 0 ? { unavailable } : {}),
     };
   }
@@ -576,14 +581,17 @@ export class RedfishClient {
   }
 
   /** inspect()'s addresses: IPv4 then IPv6 over every interface; [] when there are no EthernetInterfaces. */
-  async #addresses(system: SystemResource): Promise<string[]> {
+  async #nics(system: SystemResource): Promise<{ addresses: string[]; macs: string[] }> {
     const ref = system.EthernetInterfaces?.["@odata.id"];
-    if (!ref) return [];
+    if (!ref) return { addresses: [], macs: [] };
     const members = (await this.#get(ref, collectionResource, "EthernetInterface collection")).Members.map((m) => m["@odata.id"]);
     const v4 = new Set<string>();
     const v6 = new Set<string>();
+    const macs = new Set<string>();
     for (const path of members) {
       const nic = await this.#get(path, ethernetInterfaceResource, "EthernetInterface");
+      const mac = nic.MACAddress?.trim();
+      if (mac && MAC.test(mac)) macs.add(mac.toLowerCase().replaceAll("-", ":"));
       for (const a of nic.IPv4Addresses ?? []) {
         const ip = a?.Address?.trim();
         if (ip && IPV4.test(ip) && !unusable(ip)) v4.add(ip);
@@ -593,7 +601,7 @@ export class RedfishClient {
         if (ip && IPV6.test(ip) && !unusable(ip)) v6.add(ip);
       }
     }
-    return [...v4, ...v6];
+    return { addresses: [...v4, ...v6], macs: [...macs] };
   }
 
   async #requireCd(): Promise<{ path: string; media: MediaResource }> {

@@ -35,6 +35,8 @@ export interface NodeRow {
   workflow_id: string | null;
   product_uuid: string | null;
   addresses: string[];
+  /** What inspection recorded (metal.recordInventory): the BMC's view, the NICs' MACs among it. */
+  inventory: { macs?: string[] } | null;
   bmc: BmcBinding;
   last_error: unknown;
   policy: Policy;
@@ -132,6 +134,7 @@ export async function runLifecycle(
     ...(agent ? { siteAgent: agent } : {}),
     bmc: node.bmc,
     addresses: node.addresses,
+    macs: node.inventory?.macs ?? [],
     ...(node.product_uuid ? { productUuid: node.product_uuid } : {}),
   };
   const wf = await startWorkflow(ctx, tx, {

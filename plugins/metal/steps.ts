@@ -1,6 +1,9 @@
 // Metal's built-in steps, command kinds, drivers and profiles. BMC steps run on the machine's
 // site agent (its node id and the BMC binding are in every metal workflow's input, put there by
 // the module); ramdisk steps run on the ramdisk that PXE-booted on the machine in this workflow.
+// Network boot: before the machine PXE-boots, the control plane mints the ramdisk's single-use
+// token and tells the site agent what the machine boots (docs/netboot.md); a deploy has the site
+// cache the image and the ramdisk write it with a config drive holding the installed system's token.
 import { sql } from "drizzle-orm";
 import { z } from "zod";
 import { defineDriver, type CommandKind } from "better-compute";
@@ -71,6 +74,29 @@ export const metalCommands: CommandKind[] = [
     destructive: true,
     roles: ["ramdisk"],
   },
+  {
+    kind: "metal.netboot.set",
+    description: "Tell the site agent what a machine network-boots next: the ramdisk (with its join token, by reference) or its disk",
+    input: z.object({
+      machine: z.string().min(1).max(128),
+      macs: z.array(z.string().min(1).max(32)).min(1).max(16),
+      action: z.enum(["ramdisk", "disk"]),
+      token: secretRef.optional(),
+    }),
+    roles: ["site"],
+  },
+  {
+    kind: "metal.netboot.clear",
+    description: "Forget a machine: the site's DHCP no longer answers it",
+    input: z.object({ machine: z.string().min(1).max(128) }),
+    roles: ["site"],
+  },
+  {
+    kind: "metal.images.cache",
+    description: "Mirror an image into the site's cache (verified by sha256); answers its URL on the provisioning network",
+    input: z.object({ url: z.string().url(), sha256: z.string().regex(/^[0-9a-fA-F]{64}$/) }),
+    roles: ["site"],
+  },
   // Destructive: what an agentless machine's API does with a request is not known (Talos: reset, upgrade).
   {
     kind: HTTP_PROXY_KIND,
@@ -81,13 +107,17 @@ export const metalCommands: CommandKind[] = [
   },
 ];
 
-/** A site-agent step: one BMC command for the workflow's machine. */
 type MachineInput = z.output<typeof machineInput>;
-function bmcStep<S extends z.ZodRawShape>(
+
+/** A site-agent step: one command for the workflow's machine to the site's agent. */
+function siteStep<S extends z.ZodRawShape>(
   id: string,
   kind: string,
   shape: S,
-  body: (input: z.output<z.ZodObject<S>>) => Record<string, unknown>,
+  command: {
+    body: (input: MachineInput & z.output<z.ZodObject<S>>) => Record<string, unknown>;
+    secretRefs?: (input: MachineInput & z.output<z.ZodObject<S>>) => SecretRef[];
+  },
   description: string,
 ) {
   const input = machineInput.extend(shape) as unknown as z.ZodType<MachineInput & z.output<z.ZodObject<S>>>;
@@ -97,19 +127,35 @@ function bmcStep<S extends z.ZodRawShape>(
     runsOn: "site",
     sends: [kind],
     input,
-    // BMCs drop requests; each attempt is one command and shows in the workflow's steps.
+    // BMCs drop requests, site agents restart; each attempt is one command and shows in the workflow's steps.
     retry: { attempts: 6, backoffSeconds: 1, maxBackoffSeconds: 8 },
     deadlineSeconds: 120,
     target: (value) => value.siteAgent,
-    command: {
-      kind,
+    command: { kind, ...command },
+  });
+}
+
+/** A site-agent step: one BMC command for the workflow's machine (the binding, its password by reference). */
+function bmcStep<S extends z.ZodRawShape>(
+  id: string,
+  kind: string,
+  shape: S,
+  body: (input: z.output<z.ZodObject<S>>) => Record<string, unknown>,
+  description: string,
+) {
+  return siteStep(
+    id,
+    kind,
+    shape,
+    {
       body: (value) => {
         const { address, username, password, tls } = value.bmc;
         return { bmc: { address, username, password, ...(tls ? { tls } : {}) }, ...body(value) };
       },
       secretRefs: (value) => [value.bmc.password as SecretRef],
     },
-  });
+    description,
+  );
 }
 
 export const inspectBmc = bmcStep(
@@ -311,13 +357,128 @@ export const wipeDisks = defineStep({
 export const writeImage = defineStep({
   id: "image.write",
   runsOn: "ramdisk",
-  description: "Stream the image onto the first disk, verified against its sha256",
+  description:
+    "Stream the image onto the first disk, verified against its sha256 (from the site's cache: fromStep image.cache), and a config drive with the installed system's token (fromStep os.token)",
   sends: ["metal.ramdisk.writeImage"],
-  input: z.object({ machine: z.string(), image: z.object({ url: z.string().url(), sha256: z.string().regex(/^[0-9a-f]{64}$/) }) }),
+  input: z.object({
+    machine: z.string(),
+    image: z.object({ url: z.string().url(), sha256: z.string().regex(/^[0-9a-f]{64}$/) }),
+    /** The image's URL in the site's cache (image.cache's answer): the ramdisk fetches it there. */
+    url: z.string().url().optional(),
+    /** The installed system's join token, by reference (os.token): it goes onto the config drive. */
+    osToken: secretRef.optional(),
+  }),
   deadlineSeconds: 3600,
   target: ramdiskOf,
-  command: { kind: "metal.ramdisk.writeImage", body: (input) => ({ url: input.image.url, sha256: input.image.sha256 }) },
+  command: {
+    kind: "metal.ramdisk.writeImage",
+    body: (input) => ({
+      url: input.url ?? input.image.url,
+      sha256: input.image.sha256,
+      ...(input.osToken ? { configDrive: { hostname: input.machine, joinToken: input.osToken } } : {}),
+    }),
+    secretRefs: (input) => (input.osToken ? [input.osToken as SecretRef] : []),
+  },
 });
+
+/** How long a ramdisk's token lives: a power cycle, PXE and the ramdisk's boot, with room for a slow machine. */
+const RAMDISK_TOKEN_SECONDS = 1800;
+/** How long the installed system's token lives: the image's write and the first boot. */
+const OS_TOKEN_SECONDS = 3 * 3600;
+
+/** What network boot knows the machine by: its MACs (inspection), product UUID and site. */
+async function bootIdentity(tx: Tx, machine: string): Promise<{ macs: string[]; productUuid: string; site: string }> {
+  const row = await one<{ macs: string[] | null; product_uuid: string | null; site_id: string }>(
+    tx,
+    sql`SELECT inventory->'macs' AS macs, product_uuid, site_id FROM metal_nodes WHERE id = ${machine}`,
+  );
+  if (!row) throw new StepError("NOT_FOUND", `metal node ${machine} does not exist`, false);
+  if (!row.product_uuid)
+    throw new StepError("FAILED_PRECONDITION", `metal node ${machine} has no recorded product UUID: inspect it first`, false);
+  if (!row.macs?.length)
+    throw new StepError(
+      "FAILED_PRECONDITION",
+      `the BMC of ${machine} reported no MAC address (EthernetInterfaces): the site cannot tell its network boot apart`,
+      false,
+    );
+  return { macs: row.macs, productUuid: row.product_uuid, site: row.site_id };
+}
+
+type BootIdentity = Awaited<ReturnType<typeof bootIdentity>>;
+
+/**
+ * A control-plane step minting a single-use join token for an agent of `role` on the machine,
+ * bound to its product UUID, and sealing it (secret name `<role>-token/<machine>`): only its
+ * reference leaves the step, in what `answer` makes of it.
+ */
+function tokenStep(
+  id: string,
+  description: string,
+  token: { role: "ramdisk" | "node"; ttlSeconds: number; labels: (machine: string, m: BootIdentity) => Record<string, string> },
+  answer: (ref: SecretRef, m: BootIdentity) => Record<string, unknown>,
+) {
+  return defineStep({
+    id,
+    runsOn: "control-plane",
+    description,
+    input: z.object({ machine: z.string() }),
+    run: (ctx, { machine }) =>
+      ctx.store.transaction(async (tx) => {
+        const m = await bootIdentity(tx, machine);
+        const { role, ttlSeconds } = token;
+        const minted = await ctx.pki.mintJoinToken(tx, {
+          role,
+          ttlSeconds,
+          labels: token.labels(machine, m),
+          expect: { productUuid: m.productUuid },
+        });
+        return answer(await ctx.secrets.put(tx, { module: "metal", name: `${role}-token/${machine}`, value: minted.token }), m);
+      }),
+  });
+}
+
+export const mintRamdiskToken = tokenStep(
+  "ramdisk.token",
+  "Mint the single-use token the machine's ramdisk joins with (for this boot), sealed; answers its reference and the machine's MACs",
+  {
+    role: "ramdisk",
+    ttlSeconds: RAMDISK_TOKEN_SECONDS,
+    labels: (_, m) => ({ "bc.dev/site": m.site, "bc.dev/product-uuid": m.productUuid }),
+  },
+  (ramdiskToken, m) => ({ ramdiskToken, macs: m.macs }),
+);
+export const mintOsToken = tokenStep(
+  "os.token",
+  "Mint the single-use token the installed system joins with as the machine's node, sealed",
+  { role: "node", ttlSeconds: OS_TOKEN_SECONDS, labels: (machine) => ({ "bc.dev/machine": machine }) },
+  (osToken) => ({ osToken }),
+);
+
+const macs = z.array(z.string()).min(1);
+export const netbootRamdisk = siteStep(
+  "netboot.ramdisk",
+  "metal.netboot.set",
+  { macs, ramdiskToken: secretRef },
+  {
+    body: (i) => ({ machine: i.machine, macs: i.macs, action: "ramdisk", token: i.ramdiskToken }),
+    secretRefs: (i) => [i.ramdiskToken as SecretRef],
+  },
+  "Have the site network-boot the machine into the ramdisk, with its token (fromStep ramdisk.token)",
+);
+export const netbootDisk = siteStep(
+  "netboot.disk",
+  "metal.netboot.set",
+  { macs },
+  { body: (i) => ({ machine: i.machine, macs: i.macs, action: "disk" }) },
+  "Have the site's network boot leave the machine to its disk",
+);
+export const cacheImage = siteStep(
+  "image.cache",
+  "metal.images.cache",
+  { image: z.object({ url: z.string().url(), sha256: z.string().regex(/^[0-9a-f]{64}$/) }) },
+  { body: (i) => ({ url: i.image.url, sha256: i.image.sha256 }) },
+  "Mirror the image into the site's cache (verified by sha256), where the ramdisk fetches it",
+);
 
 export const metalSteps = [
   inspectBmc,
@@ -332,16 +493,26 @@ export const metalSteps = [
   inventoryRamdisk,
   wipeDisks,
   writeImage,
+  mintRamdiskToken,
+  mintOsToken,
+  netbootRamdisk,
+  netbootDisk,
+  cacheImage,
 ];
 
 /** The ID of the step whose attested result proves a wipe (checked in SQL before ready). */
 export const WIPE_STEP = wipeDisks.id;
 
+/** Into the ramdisk: its token, the site told what to boot, PXE, power cycle, wait for it to join. */
 const pxeIntoRamdisk = [
+  { step: "ramdisk.token" },
+  { step: "netboot.ramdisk", fromStep: "ramdisk.token" },
   { step: "management.setBootDevice", name: "boot.pxe", input: { device: "pxe" } },
   { step: "power.setPower", name: "power.cycle", input: { action: "cycle" } },
   { step: "wait.agentJoined", name: "wait.ramdisk", input: { role: "ramdisk" } },
 ];
+/** Out of the ramdisk: a later network boot leaves the machine to its disk (the ramdisk's token is spent). */
+const netbootDiskNext = { step: "netboot.disk", fromStep: "ramdisk.token" };
 
 /** Commissioning; with a hardware profile's BIOS settings and RAID layout applied before the ramdisk boots (which applies the BIOS settings). */
 export function commissionProfileFor(hardware?: { name: string; bios?: z.input<typeof biosSettings>; raid?: z.input<typeof raidLayout> }) {
@@ -360,6 +531,7 @@ export function commissionProfileFor(hardware?: { name: string; bios?: z.input<t
       ...pxeIntoRamdisk,
       { step: "inventory.ramdisk" },
       { step: "disk.wipe" },
+      netbootDiskNext,
       { step: "power.setPower", name: "power.off", input: { action: "off" } },
     ],
   });
@@ -391,19 +563,29 @@ export const releaseProfile = defineProfile({
   id: "metal.release",
   target: "metal",
   description: "Boot the ramdisk, wipe every disk (attested), power off",
-  steps: [...pxeIntoRamdisk, { step: "disk.wipe" }, { step: "power.setPower", name: "power.off", input: { action: "off" } }],
+  steps: [
+    ...pxeIntoRamdisk,
+    { step: "disk.wipe" },
+    netbootDiskNext,
+    { step: "power.setPower", name: "power.off", input: { action: "off" } },
+  ],
 });
 
 export const imageStreamProfile = defineProfile({
   id: "metal.deploy.image-stream",
   target: "metal",
   role: "host",
-  description: "Boot the ramdisk, stream the image (input.image: { url, sha256 }) onto the disk, boot it",
+  description:
+    "Boot the ramdisk, stream the image (input.image: { url, sha256 }, through the site's cache) onto the disk with a config drive, boot it, wait for its agent",
   steps: [
     ...pxeIntoRamdisk,
-    { step: "image.write" },
+    { step: "image.cache" },
+    { step: "os.token" },
+    { step: "image.write", fromStep: ["image.cache", "os.token"] },
+    netbootDiskNext,
     { step: "management.setBootDevice", name: "boot.disk", input: { device: "disk" } },
     { step: "power.setPower", name: "power.reboot", input: { action: "cycle" } },
+    { step: "wait.agentJoined", name: "wait.node", input: { role: "node" } },
   ],
 });
 
@@ -419,6 +601,7 @@ export const unrescueProfile = defineProfile({
   target: "metal",
   description: "Boot the rescued machine from its disk again",
   steps: [
+    { step: "netboot.disk" },
     { step: "management.setBootDevice", name: "boot.disk", input: { device: "disk" } },
     { step: "power.setPower", name: "power.reboot", input: { action: "cycle" } },
   ],

@@ -78,9 +78,13 @@ export interface ProfileStep {
   name?: string;
   /** Static input, merged over the workflow's input. */
   input?: Record<string, unknown>;
-  /** Merge this earlier step's output (an object) into the input. */
-  fromStep?: string;
+  /** Merge this earlier step's output (an object) into the input; several: merged in the order named. */
+  fromStep?: string | string[];
 }
+
+/** The earlier steps whose outputs a profile entry merges into its input, in order. */
+export const fromSteps = (entry: ProfileStep): string[] =>
+  entry.fromStep === undefined ? [] : typeof entry.fromStep === "string" ? [entry.fromStep] : entry.fromStep;
 
 export interface ProfileDefinition {
   contract: "profile";

@@ -25,7 +25,7 @@ import {
   type StatementEvent,
   type Tx,
 } from "better-compute/core";
-import { StepError, StepNotReady, type ProfileDefinition, type StepContext, type StepDefinition } from "./contracts.ts";
+import { fromSteps, StepError, StepNotReady, type ProfileDefinition, type StepContext, type StepDefinition } from "./contracts.ts";
 import { findProfile, stepsById } from "./validate.ts";
 
 /** awaiting-approval: its quorum batch is not approved yet (quorum.ts); advance() runs nothing until it is. */
@@ -235,12 +235,13 @@ async function nextAttempt(
 ): Promise<NextAttempt> {
   const entry = profile.steps[position]!;
   const name = entry.name ?? entry.step;
-  const earlier = !entry.fromStep
-    ? undefined
-    : entry.fromStep === finished?.name
-      ? finished.output
-      : (await outputsOf(ctx, pass, wf.id)).get(entry.fromStep);
-  const merged = { ...wf.input, ...entry.input, ...asObject(earlier) };
+  let outputs: Awaited<ReturnType<typeof outputsOf>> | undefined;
+  const earlier: Record<string, unknown> = {};
+  for (const from of fromSteps(entry)) {
+    const output = from === finished?.name ? finished.output : (outputs ??= await outputsOf(ctx, pass, wf.id)).get(from);
+    Object.assign(earlier, asObject(output));
+  }
+  const merged = { ...wf.input, ...entry.input, ...earlier };
   const parsed = step.input.safeParse(merged);
   const input = parsed.success ? (parsed.data as Record<string, unknown>) : merged;
   const digest = await sha256Hex(canonicalJson(input));

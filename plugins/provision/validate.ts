@@ -1,7 +1,7 @@
 // profiles.validate: resolve every step of a profile against what the deployment registered,
 // third-party steps included, and say what would go wrong before any workflow runs.
 import type { RegisteredView } from "better-compute/core";
-import { STEP_RUNS_ON, type ProfileDefinition, type StepDefinition } from "./contracts.ts";
+import { fromSteps, STEP_RUNS_ON, type ProfileDefinition, type StepDefinition } from "./contracts.ts";
 
 export type ValidationCode =
   "UNKNOWN_STEP" | "UNDECLARED_COMMAND" | "UNKNOWN_COMMAND_KIND" | "UNKNOWN_ROLE" | "BAD_FROM_STEP" | "DUPLICATE_NAME";
@@ -39,8 +39,8 @@ export function validateProfile(registered: RegisteredView, profile: ProfileDefi
     const name = entry.name ?? entry.step;
     const issue = (code: ValidationCode, message: string) => issues.push({ step: name, position, code, message });
     if (seen.has(name)) issue("DUPLICATE_NAME", `two entries are named ${name}; name one of them`);
-    if (entry.fromStep !== undefined && !seen.has(entry.fromStep)) {
-      issue("BAD_FROM_STEP", `fromStep ${entry.fromStep} names no earlier step of the profile`);
+    for (const from of fromSteps(entry)) {
+      if (!seen.has(from)) issue("BAD_FROM_STEP", `fromStep ${from} names no earlier step of the profile`);
     }
     seen.add(name);
 

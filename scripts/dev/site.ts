@@ -6,11 +6,11 @@
 import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
-import { createImageCache } from "../../agent/roles/image-cache.ts";
-import { createMetalSim, siteAgentFromStateDir, type ExternalSiteAgent, type MetalSim } from "../../testing/metal-sim.ts";
+import { createImageCache, simulatedDiskImage } from "../../testing/image-server.ts";
+import { createMetalSim, simRamdiskDir, siteAgentFromStateDir, type ExternalSiteAgent, type MetalSim } from "../../testing/metal-sim.ts";
 import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { startBcd } from "../../local/bcd-process.ts";
-import type { Stack } from "../../local/stack.ts";
+import { freePort, type Stack } from "../../local/stack.ts";
 import { Cleanup, eventFeed } from "./common.ts";
 
 export interface DevSiteOptions {
@@ -37,7 +37,7 @@ export interface DevSite {
 
 const SITE = "dev";
 /** A few KiB that say what they are: the demo image metal.deploy streams onto a simulated disk. */
-const DEMO_IMAGE = new TextEncoder().encode("Better Compute demo disk image (npm run dev)\n".repeat(100));
+const DEMO_IMAGE = simulatedDiskImage("Better Compute demo disk image (npm run dev)\n".repeat(100));
 
 export async function startDevSite(stack: Stack, options: DevSiteOptions): Promise<DevSite> {
   const cleanup = new Cleanup();
@@ -51,19 +51,24 @@ export async function startDevSite(stack: Stack, options: DevSiteOptions): Promi
 
     const stateDir = path.join(stack.dataDir, "site-agent");
     const { token } = await call<{ token: string }>("siteTokens.create", { site: SITE });
-    // The real site agent: `bcd start --role site`.
+    // The real site agent: `bcd start --role site`, serving network boot on loopback (no DHCP: the
+    // simulated machines ask it directly) with a stand-in ramdisk the simulated machines never run.
+    const ramdiskDir = await simRamdiskDir();
+    cleanup.push(async () => fs.rmSync(ramdiskDir, { recursive: true, force: true }));
+    const netbootPort = await freePort();
     const bcd = startBcd({
       url: stack.url,
       role: "site",
       stateDir,
       hostname: `${SITE}-site-agent`,
       token,
+      args: ["--netboot-address", "127.0.0.1", "--netboot-port", String(netbootPort), "--ramdisk-dir", ramdiskDir],
       tag: "site-agent",
       print: options.print,
       stopGraceMs: 5_000,
     });
     cleanup.push(() => bcd.stop());
-    const siteAgent = await joinedSiteAgent(stateDir, bcd.process, call);
+    const siteAgent = await joinedSiteAgent(stateDir, `http://127.0.0.1:${netbootPort}`, bcd.process, call);
 
     const sim = await createMetalSim({ stack, machines: options.machines, siteId: SITE, siteAgent });
     cleanup.push(() => sim.stop());
@@ -94,6 +99,7 @@ export async function startDevSite(stack: Stack, options: DevSiteOptions): Promi
 /** Waits for bcd to have joined (its identity in the state dir) and connected; answers its identity. */
 async function joinedSiteAgent(
   stateDir: string,
+  netbootUrl: string,
   bcd: ChildProcess,
   call: <T>(method: string, input?: Record<string, unknown>) => Promise<T>,
 ): Promise<ExternalSiteAgent> {
@@ -101,7 +107,7 @@ async function joinedSiteAgent(
   let agent: ExternalSiteAgent | undefined;
   for (;;) {
     if (bcd.exitCode !== null) throw new Error(`the site agent (bcd) exited with ${bcd.exitCode} before it connected; its lines are above`);
-    if (!agent && fs.existsSync(path.join(stateDir, "identity.json"))) agent = await siteAgentFromStateDir(stateDir);
+    if (!agent && fs.existsSync(path.join(stateDir, "identity.json"))) agent = await siteAgentFromStateDir(stateDir, netbootUrl);
     if (agent && (await call<{ state: string }>("nodes.get", { node: agent.nodeId })).state === "connected") return agent;
     if (Date.now() > deadline) throw new Error("the site agent (bcd) did not connect within 60 s; its lines are above");
     await new Promise((r) => setTimeout(r, 200));

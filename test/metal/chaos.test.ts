@@ -13,7 +13,7 @@
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, expect, it, vi } from "vitest";
 import { ChaosPlan, createMetalSim, type ChaosBoundary, type MetalSim, type SimMachine } from "better-compute/testing/metal";
-import { createImageCache } from "../../agent/roles/image-cache.ts";
+import { createImageCache, simulatedDiskImage } from "../../testing/image-server.ts";
 import { quietCrashReports } from "../support/quiet-crash-reports.ts";
 
 const LANES = 4;
@@ -42,7 +42,7 @@ const PHASES = {
 } as const;
 
 const cache = createImageCache();
-const image = cache.put(new TextEncoder().encode("a simulated host image\n".repeat(2000)));
+const image = cache.put(simulatedDiskImage("a simulated host image\n".repeat(2000)));
 let images: { url: string; stop(): Promise<void> };
 
 interface Lane {

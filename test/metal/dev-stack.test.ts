@@ -7,7 +7,7 @@ import os from "node:os";
 import path from "node:path";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createImageCache } from "../../agent/roles/image-cache.ts";
+import { createImageCache, simulatedDiskImage } from "../../testing/image-server.ts";
 import { createMetalSim, SIM_BMC_PASSWORD, type MetalSim } from "../../testing/metal-sim.ts";
 import { startStack, type Stack } from "../../local/stack.ts";
 
@@ -15,7 +15,7 @@ let stack: Stack;
 let sim: MetalSim;
 let images: { url: string; stop(): Promise<void> };
 const cache = createImageCache();
-const image = cache.put(new TextEncoder().encode("a simulated host image\n".repeat(1000)));
+const image = cache.put(simulatedDiskImage("a simulated host image\n".repeat(1000)));
 
 beforeAll(async () => {
   stack = await startStack({ dataDir: fs.mkdtempSync(path.join(os.tmpdir(), "bc-metal-stack-")) });

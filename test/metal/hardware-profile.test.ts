@@ -50,11 +50,14 @@ describe("a hardware profile with BIOS settings and a RAID layout", () => {
       "metal.recordInventory",
       "bios.apply",
       "raid.apply",
+      "ramdisk.token",
+      "netboot.ramdisk",
       "boot.pxe",
       "power.cycle",
       "wait.ramdisk",
       "inventory.ramdisk",
       "disk.wipe",
+      "netboot.disk",
       "power.off",
     ]);
   }, 60_000);

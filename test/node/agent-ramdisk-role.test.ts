@@ -10,7 +10,7 @@ import path from "node:path";
 import { gzipSync, zstdCompressSync } from "node:zlib";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import type { CommandContext } from "../../agent/client.ts";
-import { createImageCache } from "../../agent/roles/image-cache.ts";
+import { createImageCache } from "../../testing/image-server.ts";
 import { blockDevices, verifyRegions } from "../../agent/roles/block-devices.ts";
 import { machineFacts, readProductUuid } from "../../agent/roles/machine-facts.ts";
 import { mbrEntry, mbrEntryOffset, readMbr } from "../../agent/roles/mbr.ts";

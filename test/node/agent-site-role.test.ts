@@ -7,7 +7,7 @@ import { createHash } from "node:crypto";
 import { afterEach, describe, expect, it } from "vitest";
 import { AgentError } from "../../agent/client.ts";
 import { ipxeScript } from "../../agent/roles/boot.ts";
-import { createImageCache } from "../../agent/roles/image-cache.ts";
+import { createImageCache } from "../../testing/image-server.ts";
 import { RedfishClient } from "../../agent/roles/redfish.ts";
 import { siteHandlers } from "../../agent/roles/site.ts";
 import { startRedfishEmulator, type MachineOptions, type RedfishEmulator } from "../../testing/redfish-emulator.ts";
@@ -68,6 +68,7 @@ describe("site role: Redfish", () => {
       media: { inserted: true, image: "http://10.0.0.1/a.iso" },
       storage: { drives: 2, volumes: [] },
       addresses: [],
+      macs: [],
     });
     m.storage.volumes.push({ id: "Volume.9", name: "os", raidType: "RAID1", drives: ["Disk.Bay.0", "Disk.Bay.1"], capacityBytes: 1 });
     expect((await run(emu, "metal.bmc.inspect")).storage).toEqual({ drives: 2, volumes: [{ id: "Volume.9", level: "RAID1" }] });

@@ -5,7 +5,8 @@ import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { startBcd, type BcdProcess } from "../../local/bcd-process.ts";
-import { startStack, type Stack } from "../../local/stack.ts";
+import { freePort, startStack, type Stack } from "../../local/stack.ts";
+import { simRamdiskDir } from "../../testing/metal-sim.ts";
 import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { startRedfishEmulator } from "../../testing/redfish-emulator.ts";
 import { eventually as poll } from "../support/eventually.ts";
@@ -16,6 +17,13 @@ const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-bcd-stack-"));
 const stateDir = path.join(dataDir, "agent");
 let stack: Stack;
 let bcd: BcdProcess | undefined;
+let ramdiskDir: string | undefined;
+/** Every file in bcd's state directory (its network boot's among them). */
+const stateFiles = () =>
+  fs
+    .readdirSync(stateDir, { recursive: true, withFileTypes: true })
+    .filter((e) => e.isFile())
+    .map((e) => path.join(e.parentPath, e.name));
 /** What bcd has written so far, stdout and stderr. */
 const bcdOutput = () => bcd?.output() ?? "";
 
@@ -27,6 +35,7 @@ afterAll(async () => {
   bcd?.process.kill("SIGKILL");
   await stack?.stop();
   fs.rmSync(dataDir, { recursive: true, force: true });
+  if (ramdiskDir) fs.rmSync(ramdiskDir, { recursive: true, force: true });
 });
 
 const eventually = <T>(read: () => Promise<T>, done: (v: T) => boolean, what: string) =>
@@ -37,7 +46,15 @@ const api = (name: string, input: Record<string, unknown>) => callApi<any>(stack
 
 it("joins with a site token, connects, runs a command, drives a BMC for commissioning, and disconnects on SIGTERM", async () => {
   const token = (await api("siteTokens.create", { site: "lab" })).token as string;
-  bcd = startBcd({ url: stack.url, role: "site", stateDir, token });
+  // Serving network boot (no DHCP here) with a stand-in ramdisk, so commissioning can tell the site what to boot.
+  ramdiskDir = await simRamdiskDir();
+  bcd = startBcd({
+    url: stack.url,
+    role: "site",
+    stateDir,
+    token,
+    args: ["--netboot-address", "127.0.0.1", "--netboot-port", String(await freePort()), "--ramdisk-dir", ramdiskDir],
+  });
 
   const site = await eventually(
     async () => (await api("nodes.list", { role: "site" })).nodes as any[],
@@ -58,11 +75,11 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
   // The token reached neither the state directory nor anything bcd printed.
   // The whole secret half: base64url may itself contain "_".
   const secret = /^bcj_[0-9a-f]{16}_(.{43})$/.exec(token)![1]!;
-  for (const file of fs.readdirSync(stateDir)) expect(fs.readFileSync(path.join(stateDir, file), "utf8")).not.toContain(secret);
+  for (const file of stateFiles()) expect(fs.readFileSync(file, "utf8")).not.toContain(secret);
   expect(bcdOutput()).not.toContain(secret);
 
   // The site role: bcd drives a (simulated) BMC for commissioning, the password resolved at delivery.
-  const bmc = await startRedfishEmulator({ machines: 1, username: "admin", password: BMC_PASSWORD });
+  const bmc = await startRedfishEmulator({ machines: [{ nic: true }], username: "admin", password: BMC_PASSWORD });
   try {
     const system = [...bmc.machines.values()][0]!;
     await api("metal.sites.create", { id: "lab" });
@@ -84,7 +101,7 @@ it("joins with a site token, connects, runs a command, drives a BMC for commissi
     expect(bmc.requests.some((r) => r.method === "POST" && r.path.endsWith("/Actions/ComputerSystem.Reset") && r.status === 204)).toBe(
       true,
     );
-    for (const file of fs.readdirSync(stateDir)) expect(fs.readFileSync(path.join(stateDir, file), "utf8")).not.toContain(BMC_PASSWORD);
+    for (const file of stateFiles()) expect(fs.readFileSync(file, "utf8")).not.toContain(BMC_PASSWORD);
     expect(bcdOutput()).not.toContain(BMC_PASSWORD);
   } finally {
     await bmc.stop();

@@ -133,7 +133,10 @@ export class ImageStore {
     const got = hash.digest("hex");
     if (got !== sha256) {
       await fs.rm(partial, { force: true });
-      throw new AgentError("DRIVER_ERROR", `image digest mismatch for ${shownUrl(url)}: expected ${sha256}, got ${got}`);
+      // Fetching it again brings the same bytes: not retried.
+      throw new AgentError("DRIVER_ERROR", `image digest mismatch for ${shownUrl(url)}: expected ${sha256}, got ${got}`, undefined, {
+        permanent: true,
+      });
     }
     return this.#keep(partial, sha256);
   }

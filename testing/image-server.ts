@@ -1,5 +1,6 @@
-// The site agent's image cache: images addressed by their sha256, served over HTTP to the
-// machines it provisions (GET /images/<sha256>). Node-only (node:http); in memory.
+// A test image server (SIMULATED: it stands in for wherever a deployment keeps its images):
+// images addressed by their sha256, served over HTTP on 127.0.0.1 (GET /images/<sha256>), in
+// memory. The site agent's own image cache is agent/roles/netboot/image-store.ts. Node-only.
 import { createHash } from "node:crypto";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -51,4 +52,21 @@ export function createImageCache(): ImageCache {
       };
     },
   };
+}
+
+/**
+ * A simulated disk image: the text, after an MBR whose one partition holds it (so a deploy can add
+ * its config drive after it, as to a real image).
+ */
+export function simulatedDiskImage(text: string): Uint8Array {
+  const payload = new TextEncoder().encode(text);
+  const sectors = Math.ceil(payload.byteLength / 512);
+  const image = new Uint8Array(512 * (1 + sectors));
+  const entry = new DataView(image.buffer, 446, 16);
+  entry.setUint8(4, 0x83); // Linux
+  entry.setUint32(8, 1, true);
+  entry.setUint32(12, sectors, true);
+  image.set([0x55, 0xaa], 510);
+  image.set(payload, 512);
+  return image;
 }

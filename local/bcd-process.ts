@@ -15,9 +15,10 @@ import { stopChild } from "./child.ts";
 export interface BcdSpawnOptions {
   /**
    * The bcd to run: an installed launcher (`/usr/bin/bcd`, or a build's `root/usr/bin/bcd`: see
-   * agent/build/bcd.ts). Default the repository's agent/bcd.ts under tsx.
+   * agent/build/bcd.ts), or the argv that runs it (`["ip", "netns", "exec", NS, launcher]`).
+   * Default the repository's agent/bcd.ts under tsx.
    */
-  bcd?: string;
+  bcd?: string | string[];
   /** More environment over this process's; a variable given as undefined is removed (e.g. a test hook it must not inherit). */
   env?: Record<string, string | undefined>;
   /**
@@ -75,7 +76,9 @@ export function spawnBcd(args: string[], options: BcdSpawnOptions = {}): BcdProc
     if (value === undefined) delete env[name];
     else env[name] = value;
   }
-  const [program, ...prefix] = options.bcd ? [options.bcd] : [process.execPath, "--import", "tsx", path.join(repoRoot, "agent", "bcd.ts")];
+  const [program, ...prefix] = options.bcd
+    ? [options.bcd].flat()
+    : [process.execPath, "--import", "tsx", path.join(repoRoot, "agent", "bcd.ts")];
   const child = spawn(program!, [...prefix, ...args], {
     cwd: repoRoot,
     env,

@@ -18,6 +18,7 @@
 // drive's token; a disk with that OS on it boots the same agent again. Power off stops whatever
 // runs; a wipe removes the OS. SIMULATED: DHCP itself (the sim reads the site's machines), the
 // kernels and initrds (the site serves a stand-in ramdisk), the machines and disks.
+import { existsSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -160,6 +161,24 @@ export async function siteAgentFromStateDir(dir: string, netbootBaseUrl: string)
   if (!identity) throw new Error(`${dir} holds no joined agent (no identity.json)`);
   if (identity.role !== "site") throw new Error(`the agent in ${dir} is a ${identity.role} agent, not a site agent`);
   return { nodeId: identity.nodeId, netboot: { stateDir: path.join(dir, "netboot"), baseUrl: netbootBaseUrl } };
+}
+
+/** Waits for bcd to have joined (its identity in the state dir) and connected; answers its identity. */
+export async function joinedSiteAgent(
+  stateDir: string,
+  netbootUrl: string,
+  bcd: { exitCode: number | null },
+  call: <T>(method: string, input?: Record<string, unknown>) => Promise<T>,
+): Promise<ExternalSiteAgent> {
+  const deadline = Date.now() + 60_000;
+  let agent: ExternalSiteAgent | undefined;
+  for (;;) {
+    if (bcd.exitCode !== null) throw new Error(`the site agent (bcd) exited with ${bcd.exitCode} before it connected; its lines are above`);
+    if (!agent && existsSync(path.join(stateDir, "identity.json"))) agent = await siteAgentFromStateDir(stateDir, netbootUrl);
+    if (agent && (await call<{ state: string }>("nodes.get", { node: agent.nodeId })).state === "connected") return agent;
+    if (Date.now() > deadline) throw new Error("the site agent (bcd) did not connect within 60 s; its lines are above");
+    await new Promise((r) => setTimeout(r, 200));
+  }
 }
 
 export interface SimMachine {

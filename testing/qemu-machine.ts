@@ -66,6 +66,8 @@ export interface QemuDiskOptions {
   /** A raw image; none: a sparse file of sizeBytes in the machine's work directory. */
   file?: string;
   sizeBytes?: number;
+  /** Every write fails with EIO (QEMU's blkdebug), reads work: a dying disk. */
+  failWrites?: boolean;
 }
 
 export interface QemuMachineOptions {
@@ -100,6 +102,7 @@ export interface QemuDisk {
   serial: string;
   file: string;
   sizeBytes: number;
+  failWrites: boolean;
 }
 
 /** QEMU's run states that are a machine with its power off; "exited": its QEMU is gone (it crashed, or was killed). */
@@ -335,12 +338,13 @@ export class QemuMachine {
     installExitHook();
     this.disks = (options.disks ?? []).map((d, i) => {
       const id = `disk${i}`;
-      if (d.file) return { id, serial: d.serial, file: d.file, sizeBytes: statSync(d.file).size };
+      const failWrites = d.failWrites ?? false;
+      if (d.file) return { id, serial: d.serial, file: d.file, sizeBytes: statSync(d.file).size, failWrites };
       const file = path.join(this.workDir, `${id}.img`);
       // Sparse: writing a multi-GiB image stalls the guests while the host flushes it (PXE.md).
       writeFileSync(file, "");
       truncateSync(file, d.sizeBytes!);
-      return { id, serial: d.serial, file, sizeBytes: d.sizeBytes! };
+      return { id, serial: d.serial, file, sizeBytes: d.sizeBytes!, failWrites };
     });
     for (const [id, index] of this.#orderFor("None")) this.#bootIndex.set(id, index);
   }
@@ -506,7 +510,12 @@ export class QemuMachine {
       args.push("-netdev", netdev, "-device", `virtio-net-pci,id=${n.id},netdev=n${i},mac=${n.mac},bootindex=${index(n.id)}`);
     });
     this.disks.forEach((d, i) => {
-      args.push("-drive", `if=none,id=d${i},file=${opt(d.file)},format=raw,discard=unmap`);
+      if (d.failWrites) {
+        const config = path.join(this.workDir, `${d.id}-blkdebug.conf`);
+        writeFileSync(config, '[inject-error]\nevent = "write_aio"\niotype = "write"\nerrno = "5"\n');
+        const image = { driver: "file", filename: d.file };
+        args.push("-blockdev", JSON.stringify({ driver: "raw", "node-name": `d${i}`, file: { driver: "blkdebug", config, image } }));
+      } else args.push("-drive", `if=none,id=d${i},file=${opt(d.file)},format=raw,discard=unmap`);
       args.push("-device", `nvme,id=${d.id},drive=d${i},serial=${opt(d.serial)},bootindex=${index(d.id)}`);
     });
     args.push("-drive", `if=none,id=cdd,media=cdrom,readonly=on${this.media ? `,format=raw,file=${opt(this.media)}` : ""}`);

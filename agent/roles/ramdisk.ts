@@ -118,7 +118,8 @@ export const httpGet: FetchLike = async (url, init) => {
   for (let hops = 0; ; hops++) {
     const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
       const get = at.protocol === "https:" ? https.get : http.get;
-      get(at, { ...(init.signal ? { signal: init.signal } : {}) }, resolve).on("error", reject);
+      const headers = Object.fromEntries(new Headers(init.headers).entries());
+      get(at, { headers, ...(init.signal ? { signal: init.signal } : {}) }, resolve).on("error", reject);
     });
     const status = res.statusCode ?? 0;
     if (REDIRECTS.includes(status) && res.headers.location && hops < 5) {
@@ -128,9 +129,12 @@ export const httpGet: FetchLike = async (url, init) => {
     }
     const empty = status === 204 || status === 304;
     if (empty) res.resume();
+    const headers = new Headers();
+    for (const [name, value] of Object.entries(res.headers)) if (typeof value === "string") headers.set(name, value);
     return new Response(empty ? null : (Readable.toWeb(res) as ReadableStream<Uint8Array>), {
       status,
       statusText: res.statusMessage ?? "",
+      headers,
     });
   }
 };
@@ -152,21 +156,64 @@ async function onDisk<T>(device: string, signal: AbortSignal, op: () => Promise<
   }
 }
 
-/** The body's chunks; a failure to read them is the download's, not the disk's. */
-async function* downloaded(url: string, body: ReadableStream<Uint8Array>): AsyncIterable<Uint8Array> {
-  const reader = body.getReader();
-  const read = async () => {
-    try {
-      return await reader.read();
-    } catch (e) {
-      // Blame the download, not the disk the chunks were going to.
-      throw new AgentError("DRIVER_ERROR", `the image ${shownUrl(url)} stopped mid-transfer: ${fetchFailureReason(e)}`);
-    }
-  };
+/** How often, and after how long, a download that stopped mid-transfer is resumed (RESUME_DELAYS_MS's sum: ~1 min). */
+const RESUME_DELAYS_MS = [500, 1000, 2000, 4000, 8000, 15_000, 30_000];
+
+/** Its first response, answered by the caller (who reports a refusal in its own words). */
+async function fetchImage(fetchImpl: FetchLike, url: string, signal: AbortSignal): Promise<Response> {
   try {
-    for (let r = await read(); !r.done; r = await read()) yield r.value;
-  } finally {
-    await reader.cancel().catch(() => {}); // a writer that stopped early must not leave the download open
+    return await fetchImpl(url, { signal });
+  } catch (e) {
+    if (signal.aborted) throw signal.reason;
+    throw new AgentError("DRIVER_ERROR", `could not fetch the image ${shownUrl(url)}: ${fetchFailureReason(e)}`);
+  }
+}
+
+/**
+ * The body's chunks. When the transfer stops midway (the site agent serving it restarted, a link
+ * flapped), it resumes where it stopped with a Range request, over about a minute, from a server
+ * that answers 206 from that byte; otherwise the failure is the download's, not the disk's.
+ */
+async function* downloaded(
+  url: string,
+  first: ReadableStream<Uint8Array>,
+  resume: { fetch: FetchLike; signal: AbortSignal },
+): AsyncIterable<Uint8Array> {
+  let body = first;
+  let got = 0;
+  let retries = 0;
+  for (;;) {
+    const reader = body.getReader();
+    let stopped: unknown;
+    try {
+      for (;;) {
+        const r = await reader.read();
+        if (r.done) return;
+        got += r.value.byteLength;
+        retries = 0;
+        yield r.value;
+      }
+    } catch (e) {
+      stopped = e;
+    } finally {
+      await reader.cancel().catch(() => {}); // a writer that stopped early must not leave the download open
+    }
+    // Blame the download, not the disk the chunks were going to.
+    const failure = `the image ${shownUrl(url)} stopped mid-transfer after ${got} bytes: ${fetchFailureReason(stopped)}`;
+    for (;;) {
+      if (resume.signal.aborted) throw resume.signal.reason;
+      const delay = RESUME_DELAYS_MS[retries++];
+      if (delay === undefined) throw new AgentError("DRIVER_ERROR", `${failure} (resuming failed ${RESUME_DELAYS_MS.length} times)`);
+      await new Promise((r) => setTimeout(r, delay));
+      const res = await resume.fetch(url, { signal: resume.signal, headers: { range: `bytes=${got}-` } }).catch(() => undefined);
+      if (res?.status === 206 && res.body && new RegExp(`^bytes ${got}-`).test(res.headers.get("content-range") ?? "")) {
+        body = res.body;
+        break;
+      }
+      await res?.body?.cancel();
+      // A server that cannot resume (200: the whole image again) will not learn to.
+      if (res && res.status !== 503 && res.status < 500) throw new AgentError("DRIVER_ERROR", `${failure} (no resume: ${res.status})`);
+    }
   }
 }
 
@@ -302,13 +349,7 @@ export function ramdiskHandlers(options: RamdiskHandlerOptions): Record<string, 
       if (!listed.some((d) => d.device === device))
         throw new AgentError("INVALID_ARGUMENT", `${ctx.kind}: no disk ${device} on this machine`);
 
-      let res: Response;
-      try {
-        res = await fetchImpl(body.url, { signal: ctx.signal });
-      } catch (e) {
-        if (ctx.signal.aborted) throw ctx.signal.reason;
-        throw new AgentError("DRIVER_ERROR", `could not fetch the image ${shownUrl(body.url)}: ${fetchFailureReason(e)}`);
-      }
+      const res = await fetchImage(fetchImpl, body.url, ctx.signal);
       if (!res.ok || !res.body) {
         await res.body?.cancel();
         throw new AgentError(
@@ -319,7 +360,10 @@ export function ramdiskHandlers(options: RamdiskHandlerOptions): Record<string, 
       // sha256 over the bytes as fetched (what the body names), and over what lands on the disk.
       const asFetched = tally();
       const written = tally();
-      const fetched = await peek(tallied(downloaded(body.url, res.body), asFetched), ZSTD_MAGIC.length);
+      const fetched = await peek(
+        tallied(downloaded(body.url, res.body, { fetch: fetchImpl, signal: ctx.signal }), asFetched),
+        ZSTD_MAGIC.length,
+      );
       const format =
         body.format ?? (fetched.head.subarray(0, 2).equals(GZIP_MAGIC) ? "gzip" : fetched.head.equals(ZSTD_MAGIC) ? "zstd" : "raw");
       let image = tallied(decompressed(format, fetched.all, body.url), written);

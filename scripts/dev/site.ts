@@ -3,11 +3,10 @@
 // BMCs (createMetalSim's, booted when their BMC powers them on), enrolled into a pool, and a
 // demo disk image served over HTTP for metal.deploy. Once watched, each machine's state change
 // is printed as it happens, and one line when all of them are ready.
-import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { createImageCache, simulatedDiskImage } from "../../testing/image-server.ts";
-import { createMetalSim, simRamdiskDir, siteAgentFromStateDir, type ExternalSiteAgent, type MetalSim } from "../../testing/metal-sim.ts";
+import { createMetalSim, joinedSiteAgent, simRamdiskDir, type MetalSim } from "../../testing/metal-sim.ts";
 import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { startBcd } from "../../local/bcd-process.ts";
 import { freePort, type Stack } from "../../local/stack.ts";
@@ -94,24 +93,6 @@ export async function startDevSite(stack: Stack, options: DevSiteOptions): Promi
       stop: cleanup.stop,
     };
   });
-}
-
-/** Waits for bcd to have joined (its identity in the state dir) and connected; answers its identity. */
-async function joinedSiteAgent(
-  stateDir: string,
-  netbootUrl: string,
-  bcd: ChildProcess,
-  call: <T>(method: string, input?: Record<string, unknown>) => Promise<T>,
-): Promise<ExternalSiteAgent> {
-  const deadline = Date.now() + 60_000;
-  let agent: ExternalSiteAgent | undefined;
-  for (;;) {
-    if (bcd.exitCode !== null) throw new Error(`the site agent (bcd) exited with ${bcd.exitCode} before it connected; its lines are above`);
-    if (!agent && fs.existsSync(path.join(stateDir, "identity.json"))) agent = await siteAgentFromStateDir(stateDir, netbootUrl);
-    if (agent && (await call<{ state: string }>("nodes.get", { node: agent.nodeId })).state === "connected") return agent;
-    if (Date.now() > deadline) throw new Error("the site agent (bcd) did not connect within 60 s; its lines are above");
-    await new Promise((r) => setTimeout(r, 200));
-  }
 }
 
 /** Prints each machine's transitions as they are recorded; one line once all the enrolled ones are ready. */

@@ -5,6 +5,8 @@
 // tables, the wipe's read-back sample, sysfs as block-devices.ts and machine-facts.ts read it.
 import { createHash } from "node:crypto";
 import fs from "node:fs";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { gzipSync, zstdCompressSync } from "node:zlib";
@@ -160,6 +162,44 @@ describe("ramdisk role", () => {
     ]) {
       expect(await agentFailure(run("metal.ramdisk.writeImage", body))).toMatchObject({ code: "INVALID_ARGUMENT" });
     }
+  });
+
+  it("resumes a download that stopped midway (its server restarted) with a Range request; one that cannot resume fails naming where it stopped", async () => {
+    const image = new Uint8Array(3 * MiB).map((_, i) => (i * 31) % 251);
+    const digest = sha256(image);
+    const ranges: (string | undefined)[] = [];
+    /** Serves the image, but the first answer stops after 1 MiB with its connection destroyed; Range requests as `resumes` says. */
+    const cutServer = async (resumes: boolean) => {
+      let first = true;
+      const server = createServer((req, res) => {
+        ranges.push(req.headers.range);
+        const from = Number(/^bytes=(\d+)-$/.exec(req.headers.range ?? "")?.[1] ?? 0);
+        if (first) {
+          first = false;
+          res.writeHead(200, { "content-length": image.length });
+          return void res.write(image.subarray(0, MiB), () => setTimeout(() => res.destroy(), 20));
+        }
+        if (!resumes || from === 0) return void res.writeHead(200, { "content-length": image.length }).end(image);
+        res.writeHead(206, { "content-length": image.length - from, "content-range": `bytes ${from}-${image.length - 1}/${image.length}` });
+        res.end(image.subarray(from));
+      });
+      await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+      stops.push(() => new Promise((resolve) => server.close(() => resolve())));
+      return `http://127.0.0.1:${(server.address() as AddressInfo).port}/image`;
+    };
+
+    const { disks, run } = setup();
+    const out = await run("metal.ramdisk.writeImage", { url: await cutServer(true), sha256: digest });
+    expect(out).toMatchObject({ bytes: image.length, sha256: digest, written: { bytes: image.length, sha256: digest } });
+    expect(disks.disks.get("/dev/nvme0n1")!.sha256).toBe(digest);
+    expect(ranges).toHaveLength(2);
+    expect(ranges[0]).toBeUndefined();
+    expect(Number(/^bytes=(\d+)-$/.exec(ranges[1]!)?.[1])).toBeGreaterThanOrEqual(MiB);
+
+    const url = await cutServer(false);
+    const e = await agentFailure(setup().run("metal.ramdisk.writeImage", { url, sha256: digest }));
+    expect(e.code).toBe("DRIVER_ERROR");
+    expect(e.message).toMatch(new RegExp(`^the image ${url} stopped mid-transfer after \\d+ bytes: .* \\(no resume: 200\\)$`));
   });
 
   it("decompresses gzip and zstd (told by their magic, or by the body's format); the sha256 is over the bytes fetched", async () => {

@@ -4,7 +4,7 @@
 // exchanges run inside two network namespaces this test makes (a server with two bridges, a client
 // with a veth on each): nothing leaves them, and they are removed afterwards (also those a killed
 // run left behind).
-import { execFile, execFileSync } from "node:child_process";
+import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
 import { createServer, type Server } from "node:http";
@@ -14,11 +14,10 @@ import path from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { NetbootService } from "../../agent/roles/netboot/service.ts";
+import { canMakeNetns, makeNetns, removeLeftoverNetns, type Netns } from "../../testing/netns.ts";
 
 const exec = promisify(execFile);
 const PREFIX = "bc-nbtest";
-const server = `${PREFIX}-s-${process.pid}`;
-const client = `${PREFIX}-c-${process.pid}`;
 const work = fs.mkdtempSync(path.join(os.tmpdir(), "bc-netboot-"));
 const lines: string[] = [];
 const log = {
@@ -30,54 +29,33 @@ const KNOWN = "52:54:00:aa:00:01";
 const UNKNOWN = "52:54:00:aa:00:99";
 const TOKEN = "bcj_0123456789abcdef_not-a-real-token-but-secret-looking-xyz";
 
-const ip = (...args: string[]) => execFileSync("ip", args, { stdio: "pipe" });
-const canNetns = (() => {
-  try {
-    execFileSync("ip", ["netns", "list"], { stdio: "pipe" });
-    return process.getuid?.() === 0 && fs.existsSync("/usr/sbin/dnsmasq");
-  } catch {
-    return false;
-  }
-})();
-
-/** Namespaces of earlier runs whose process is gone (a killed run cleans up nothing itself). */
-function removeLeftovers(): void {
-  for (const line of execFileSync("ip", ["netns", "list"], { encoding: "utf8" }).split("\n")) {
-    const m = new RegExp(`^(${PREFIX}-[sc]-(\\d+))\\b`).exec(line);
-    if (!m) continue;
-    let alive = true;
-    try {
-      process.kill(Number(m[2]), 0);
-    } catch {
-      alive = false;
-    }
-    if (!alive || Number(m[2]) === process.pid) ip("netns", "del", m[1]!);
-  }
-}
+const canNetns = canMakeNetns() && fs.existsSync("/usr/sbin/dnsmasq");
+let server: Netns;
+let client: Netns;
 
 function makeNetwork(): void {
-  removeLeftovers();
-  ip("netns", "add", server);
-  ip("netns", "add", client);
+  removeLeftoverNetns(PREFIX);
+  server = makeNetns(PREFIX, "s");
+  client = makeNetns(PREFIX, "c");
   for (const [bridge, address, veth] of [
     ["br0", "10.77.0.1/24", "0"],
     ["br1", "10.78.0.1/24", "1"],
   ] as const) {
-    ip("-n", server, "link", "add", bridge, "type", "bridge");
-    ip("-n", server, "addr", "add", address, "dev", bridge);
-    ip("-n", server, "link", "set", bridge, "up");
+    server.ip("link", "add", bridge, "type", "bridge");
+    server.ip("addr", "add", address, "dev", bridge);
+    server.ip("link", "set", bridge, "up");
     // A veth from the bridge to the client's namespace, one per bridge.
-    ip("-n", server, "link", "add", `vb${veth}`, "type", "veth", "peer", "name", `vc${veth}`, "netns", client);
-    ip("-n", server, "link", "set", `vb${veth}`, "master", bridge, "up");
-    ip("-n", client, "link", "set", `vc${veth}`, "up");
+    server.ip("link", "add", `vb${veth}`, "type", "veth", "peer", "name", `vc${veth}`, "netns", client.name);
+    server.ip("link", "set", `vb${veth}`, "master", bridge, "up");
+    client.ip("link", "set", `vc${veth}`, "up");
   }
 }
 
 /** A DHCP client (busybox udhcpc) on the client's veth `dev` with this MAC: the lease it got, or null. */
 async function dhcp(dev: "vc0" | "vc1", mac: string, options: { ipxe?: boolean } = {}): Promise<{ ip: string; bootFile: string } | null> {
-  ip("-n", client, "link", "set", dev, "down");
-  ip("-n", client, "link", "set", dev, "address", mac);
-  ip("-n", client, "link", "set", dev, "up");
+  client.ip("link", "set", dev, "down");
+  client.ip("link", "set", dev, "address", mac);
+  client.ip("link", "set", dev, "up");
   const script = path.join(work, "udhcpc.sh");
   fs.writeFileSync(script, '#!/bin/sh\n[ "$1" = bound ] && echo "LEASE $ip ${boot_file:-none}"\nexit 0\n', { mode: 0o755 });
   // iPXE says who it is with user class (option 77) "iPXE".
@@ -85,7 +63,7 @@ async function dhcp(dev: "vc0" | "vc1", mac: string, options: { ipxe?: boolean }
   const run = exec("ip", [
     "netns",
     "exec",
-    client,
+    client.name,
     "busybox",
     "udhcpc",
     "-f",
@@ -138,7 +116,7 @@ function newService(maxBytes = 10_000_000): NetbootService {
       mode: { kind: "server", range: ["10.77.0.100", "10.77.0.199"], netmask: "255.255.255.0", leaseSeconds: 3600 },
       routerAdvertisements: false,
       tftpRoot: "/usr/lib/ipxe",
-      command: ["ip", "netns", "exec", server, "dnsmasq"],
+      command: [...server.prefix, "dnsmasq"],
     },
     ramdiskDir: fakeRamdisk(),
     ramdiskCmdline: "console=ttyS0",
@@ -161,15 +139,8 @@ beforeAll(async () => {
 afterAll(async () => {
   await service?.stop();
   upstream.close();
-  if (canNetns) {
-    for (const ns of [server, client]) {
-      try {
-        ip("netns", "del", ns);
-      } catch {
-        // not made
-      }
-    }
-  }
+  await server?.remove();
+  await client?.remove();
   fs.rmSync(work, { recursive: true, force: true });
 });
 
@@ -267,6 +238,14 @@ describe("scripts and images over HTTP", () => {
     files.delete("/img"); // served from the cache from now on
     expect((await web.cacheImage(`${upstreamUrl}/img`, sha(image))).bytes).toBe(image.length);
     expect((await get(cached.url)).text).toBe(image.toString());
+    // A ramdisk whose download stopped resumes it from the byte it got to.
+    const rest = await fetch(cached.url, { headers: { range: "bytes=10-" } });
+    expect(rest.status).toBe(206);
+    expect(rest.headers.get("content-range")).toBe(`bytes 10-${image.length - 1}/${image.length}`);
+    expect(await rest.text()).toBe(image.subarray(10).toString());
+    expect((await fetch(cached.url, { headers: { range: `bytes=${image.length}-` } })).status).toBe(416);
+    for (const range of ["bytes=0-5", "lines=1-"])
+      expect(await (await fetch(cached.url, { headers: { range } })).text(), range).toBe(image.toString());
 
     files.set("/bad", Buffer.from("other bytes"));
     const refused = await web.cacheImage(`${upstreamUrl}/bad?sig=secret`, sha(image).replace(/^./, "0")).catch((e: unknown) => e);

@@ -84,9 +84,11 @@ export class ImageStore {
 
   /**
    * Streams the image to `out`, hashing it on the way: bytes that no longer match their name
-   * (the disk changed them) are dropped from the cache, and the stream fails.
+   * (the disk changed them) are dropped from the cache, and the stream fails. From a byte past the
+   * first (a resumed download) nothing is checked here: the reader hashes the whole.
    */
-  async serve(image: StoredImage, out: NodeJS.WritableStream): Promise<void> {
+  async serve(image: StoredImage, out: NodeJS.WritableStream, from = 0): Promise<void> {
+    if (from > 0) return pipeline(createReadStream(image.path, { start: from }), out);
     const hash = createHash("sha256");
     const tee = new Transform({
       transform(chunk: Buffer, _enc, done) {

@@ -66,7 +66,7 @@ export class NetbootService {
     await this.machines.load();
     await this.images.open();
     if (this.#config.ramdiskDir) this.#ramdisk = await this.#loadRamdisk(this.#config.ramdiskDir);
-    this.#server = createServer((req, res) => void this.#answer(req.url ?? "", req.method ?? "GET", res));
+    this.#server = createServer((req, res) => void this.#answer(req.url ?? "", req.method ?? "GET", req.headers.range, res));
     await new Promise<void>((resolve, reject) => {
       this.#server!.once("error", reject);
       this.#server!.listen(this.#config.httpPort, this.#config.address, () => resolve());
@@ -129,7 +129,7 @@ export class NetbootService {
     return ipxeScript({ kernelUrl: url(this.#ramdisk.kernel), initrdUrl: this.#ramdisk.initrds.map(url), cmdline: cmdline.join(" ") });
   }
 
-  async #answer(url: string, method: string, res: import("node:http").ServerResponse): Promise<void> {
+  async #answer(url: string, method: string, range: string | undefined, res: import("node:http").ServerResponse): Promise<void> {
     const notFound = () => res.writeHead(404, { "content-type": "text/plain" }).end("not found\n");
     if (method !== "GET" && method !== "HEAD") return void notFound();
     const pathname = url.split("?")[0] ?? "";
@@ -146,9 +146,20 @@ export class NetbootService {
     const sha256 = /^\/images\/([0-9a-f]{64})$/.exec(pathname)?.[1];
     const image = sha256 ? await this.images.get(sha256) : undefined;
     if (!image) return void notFound();
-    res.writeHead(200, { "content-type": "application/octet-stream", "content-length": String(image.bytes) });
+    // A ramdisk whose download stopped (this agent restarted) resumes it from where it stopped;
+    // other ranges are ignored (HTTP allows it): the whole image.
+    const from = range === undefined ? undefined : /^bytes=(\d+)-$/.exec(range)?.[1];
+    if (from !== undefined && Number(from) >= image.bytes)
+      return void res.writeHead(416, { "content-range": `bytes */${image.bytes}` }).end();
+    const start = Number(from ?? 0);
+    res.writeHead(from === undefined ? 200 : 206, {
+      "content-type": "application/octet-stream",
+      "content-length": String(image.bytes - start),
+      "accept-ranges": "bytes",
+      ...(from === undefined ? {} : { "content-range": `bytes ${start}-${image.bytes - 1}/${image.bytes}` }),
+    });
     if (method === "HEAD") return void res.end();
-    await this.images.serve(image, res).catch((e: unknown) => {
+    await this.images.serve(image, res, start).catch((e: unknown) => {
       this.#config.log.error("serving an image failed", { sha256: image.sha256, error: (e as Error).message });
       res.destroy();
     });

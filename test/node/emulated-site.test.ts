@@ -1,0 +1,188 @@
+// The emulated site end to end (testing/emulated-site.ts, docs/emulated-site.md): two QEMU
+// machines, one SeaBIOS and one OVMF, behind the Redfish emulator, network-boot through the
+// installed bcd site agent (DHCP by its dnsmasq on a bridge inside this run's network namespace),
+// are inspected and wiped in the bcd ramdisk, take the OS image (zstd, through the site's image
+// cache) with a config drive, boot it from their NVMe disk, and the installed system's own bcd
+// joins as role node; undeploy wipes them and they are ready again. Every effect on a disk is
+// checked from outside the guest, by reading the disk's file. The control plane is the local
+// stack running examples/emulated-site's deployment. The first run builds the images (minutes).
+import { spawnSync } from "node:child_process";
+import { createHash, randomFillSync } from "node:crypto";
+import fs from "node:fs";
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { mbrEntryOffset } from "../../agent/roles/mbr.ts";
+import { startStack, type Stack } from "../../local/stack.ts";
+import { canMakeNetns } from "../../testing/netns.ts";
+import { callApi } from "../../testing/metal-sim-control-plane.ts";
+import {
+  buildForEmulatedSite,
+  startEmulatedSite,
+  type EmulatedMachine,
+  type EmulatedSite,
+  type EmulatedSiteBuilds,
+} from "../../testing/emulated-site.ts";
+import { OVMF_CODE } from "../../testing/qemu-machine.ts";
+
+const MiB = 2 ** 20;
+const MACHINE_MINUTES = 10;
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "bc-emulated-site-"));
+const missing = [
+  ...(canMakeNetns() ? [] : ["root and ip netns"]),
+  ...["qemu-system-x86_64", "dnsmasq", "socat"].filter((tool) => spawnSync("sh", ["-c", `command -v ${tool}`]).status !== 0),
+  ...(fs.existsSync(OVMF_CODE) ? [] : ["ovmf"]),
+];
+if (missing.length > 0) console.warn(`emulated-site: skipped: missing ${missing.join(", ")}`);
+
+let builds: EmulatedSiteBuilds;
+let stack: Stack;
+let site: EmulatedSite;
+let images: Server;
+let imageUrl: string;
+const lines: string[] = [];
+
+beforeAll(async () => {
+  if (missing.length > 0) return;
+  builds = await buildForEmulatedSite((line) => console.log(line));
+  stack = await startStack({
+    dataDir: path.join(tmp, "stack"),
+    main: "examples/emulated-site/worker.ts",
+    onOutput: (line) => lines.push(`[stack] ${line}`),
+  });
+  // The image server an operator names in metal.deploy: on this host's loopback, relayed into the site.
+  images = createServer((req, res) => {
+    if (req.url !== "/images/bc-os.img.zst") return void res.writeHead(404).end();
+    res.writeHead(200, { "content-length": builds.os.manifest.zstd.bytes });
+    fs.createReadStream(builds.os.zstd).pipe(res);
+  });
+  await new Promise<void>((resolve) => images.listen(0, "127.0.0.1", resolve));
+  const port = (images.address() as AddressInfo).port;
+  imageUrl = `http://127.0.0.1:${port}/images/bc-os.img.zst`;
+  site = await startEmulatedSite({
+    controlPlane: stack,
+    machines: [
+      { id: "bios", firmware: "bios" },
+      { id: "uefi", firmware: "uefi" },
+    ],
+    bcd: builds.bcd.launcher,
+    ramdiskDir: builds.ramdisk.dir,
+    workDir: path.join(tmp, "site"),
+    loopbackPorts: [port],
+    print: (line) => lines.push(line),
+  });
+}, 1_200_000);
+
+afterAll(async () => {
+  await site?.stop();
+  await new Promise((resolve) => (images ? images.close(resolve) : resolve(undefined)));
+  await stack?.stop();
+  fs.rmSync(tmp, { recursive: true, force: true });
+}, 120_000);
+
+const api = <T = any>(method: string, input: Record<string, unknown> = {}) => callApi<T>(stack.url, stack.adminKey, method, input);
+
+/** What explains a failure: the machine's console and the site agent's log, their ends. */
+function detail(machine: EmulatedMachine): string {
+  const console = fs.existsSync(machine.consoleFile) ? fs.readFileSync(machine.consoleFile, "utf8") : "";
+  return `--- ${machine.id}'s console (end) ---\n${console.slice(-3000)}\n--- site agent and stack (end) ---\n${lines.slice(-60).join("\n")}`;
+}
+
+async function waitForState(machine: EmulatedMachine, states: string[]): Promise<Record<string, any>> {
+  const until = Date.now() + MACHINE_MINUTES * 60_000;
+  for (;;) {
+    const node = await api("metal.nodes.get", { node: machine.id });
+    if (states.includes(node.state)) return node;
+    if (Date.now() > until)
+      throw new Error(`${machine.id} is ${node.state}, not ${states.join(" or ")}: ${JSON.stringify(node.lastError)}\n${detail(machine)}`);
+    await new Promise((r) => setTimeout(r, 1000));
+  }
+}
+
+/** Random bytes at the start of every 16 MiB of the disk: what a wipe must leave no trace of. */
+function scribble(file: string): void {
+  const fd = fs.openSync(file, "r+");
+  for (let at = 0; at < fs.fstatSync(fd).size; at += 16 * MiB) fs.writeSync(fd, randomFillSync(Buffer.alloc(MiB)), 0, MiB, at);
+  fs.closeSync(fd);
+}
+
+/** Whether every byte of the disk's file is zero (a wipe, as a later read of the disk sees it). */
+function allZero(file: string): boolean {
+  const fd = fs.openSync(file, "r");
+  const chunk = Buffer.alloc(8 * MiB);
+  try {
+    for (;;) {
+      const n = fs.readSync(fd, chunk, 0, chunk.length, null);
+      if (n === 0) return true;
+      if (chunk.subarray(0, n).some((b: number) => b !== 0)) return false;
+    }
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/**
+ * sha256 of the disk's first bytes, as long as the raw image, with the partition entry the config
+ * drive added zeroed (the image's own table has it empty): the image's sha256 if it is on the disk.
+ */
+function imageOnDisk(file: string, bytes: number): string {
+  const fd = fs.openSync(file, "r");
+  const data = Buffer.alloc(bytes);
+  fs.readSync(fd, data, 0, bytes, 0);
+  fs.closeSync(fd);
+  data.fill(0, mbrEntryOffset(1), mbrEntryOffset(1) + 16);
+  return createHash("sha256").update(data).digest("hex");
+}
+
+/** The installed system's agent: the node-role agent that joined for this machine (its join token's label). */
+async function installedAgent(machine: EmulatedMachine): Promise<Record<string, any> | undefined> {
+  const { nodes } = await api<{ nodes: Record<string, any>[] }>("nodes.list", { role: "node" });
+  return nodes.find((n) => n.labels?.["bc.dev/machine"] === machine.id);
+}
+
+async function lifecycle(machine: EmulatedMachine): Promise<void> {
+  scribble(machine.disk);
+  expect(allZero(machine.disk)).toBe(false);
+
+  const enrolled = await api("metal.enroll", {
+    pool: site.pool,
+    id: machine.id,
+    bmc: { address: machine.bmcAddress, username: "admin", password: "emulated-bmc-Pa55" },
+  });
+  expect(enrolled.state).toBe("commissioning");
+  const ready = await waitForState(machine, ["ready", "failed"]);
+  expect(ready.state, `${JSON.stringify(ready.lastError)}\n${detail(machine)}`).toBe("ready");
+  expect(allZero(machine.disk), "commissioning wiped the disk").toBe(true);
+  expect(ready.productUuid).toBe(machine.qemu.uuid.toLowerCase());
+
+  const deploy = await api("metal.deploy", {
+    node: machine.id,
+    profile: "metal.deploy.image-stream",
+    input: { image: { url: imageUrl, sha256: builds.os.manifest.zstd.sha256 } },
+  });
+  const deployed = await waitForState(machine, ["deployed", "failed"]);
+  expect(deployed.state, `${JSON.stringify(deployed.lastError)}\n${detail(machine)}`).toBe("deployed");
+  expect(deployed).toMatchObject({ role: "host", workflow: deploy.workflow });
+  expect(imageOnDisk(machine.disk, builds.os.manifest.raw.bytes)).toBe(builds.os.manifest.raw.sha256);
+  const agent = await installedAgent(machine);
+  expect(agent, "the installed system's bcd joined").toMatchObject({ role: "node", state: "connected", revoked: false });
+
+  const undeploy = await api("metal.undeploy", { node: machine.id });
+  const released = await waitForState(machine, ["ready", "failed"]);
+  expect(released.state, `${JSON.stringify(released.lastError)}\n${detail(machine)}`).toBe("ready");
+  expect(released.workflow).toBe(undeploy.workflow);
+  expect(allZero(machine.disk), "undeploy wiped the disk").toBe(true);
+  expect(await installedAgent(machine), "the installed system's agent went with its disk").toMatchObject({ id: agent!.id, revoked: true });
+}
+
+describe.skipIf(missing.length > 0)("the emulated site", () => {
+  it(
+    "a BIOS and a UEFI machine: enroll → ready (wiped) → deploy → deployed (the image on the disk, its agent joined) → undeploy → ready (wiped)",
+    async () => {
+      await Promise.all(site.machines.map((m) => lifecycle(m)));
+    },
+    2 * MACHINE_MINUTES * 60_000,
+  );
+});

@@ -1,7 +1,7 @@
 // npm run bench: runs the benchmark sections in order and prints their figures. Not a test:
 // nothing here asserts a timing; a section fails only when requests fail.
 //
-//   BENCH_ONLY          comma-separated section ids to run (api, commands, agents, workflows, fleet, vps, vms; default all)
+//   BENCH_ONLY          comma-separated section ids to run (api, commands, flood, agents, workflows, fleet, vps, vms, metal; default all)
 //   BENCH_CONCURRENCY   API section: concurrent closed-loop clients (default 8)
 //   BENCH_SECONDS       API section: measured window per target, seconds (default 10)
 //   BENCH_WARMUP        API section: unrecorded warm-up per target, seconds (default 2)
@@ -19,6 +19,7 @@
 //   BENCH_VPS_INSTANCES vps section: instances, split across the three providers (default 30)
 //   BENCH_VPS_ACTION_MS vps section: how long each emulated action, boot and task takes, ms (default 1500)
 //   BENCH_VMS_GUESTS    vms section: real guests booted on a real bcd node, per phase (default 6)
+//   BENCH_METAL_MACHINES  metal section: QEMU machines taken through enroll → deployed at once, after one alone (default 4)
 //   DATABASE_URL        bench a real Postgres instead of the embedded PGlite (an empty database: see below)
 //   BENCH_PROFILE=1     where the CPU goes, per module (zod, hono, drizzle-orm, pg, ours) and function: the api
 //                       section profiles the Worker in one more window per target; the fleet section profiles
@@ -34,6 +35,7 @@ import { workflowsSection } from "./workflows.ts";
 import { fleetSection } from "./fleet.ts";
 import { vpsSection } from "./vps.ts";
 import { vmsSection } from "./vms.ts";
+import { metalSection } from "./metal.ts";
 
 export interface BenchContext {
   concurrency: number;
@@ -62,6 +64,8 @@ export interface BenchContext {
     lastHoldSeconds: number;
     heartbeatSeconds: number;
   };
+  /** The metal section: QEMU machines deployed at once (after one alone). */
+  metal: { machines: number };
   /** BENCH_PROFILE=1: the api section profiles the Worker in an extra window per target, the fleet its processes (bench/profile.ts). */
   profile: boolean;
   /** DATABASE_URL when set; otherwise the section uses the embedded PGlite. */
@@ -88,6 +92,7 @@ const allSections: BenchSection[] = [
   fleetSection,
   vpsSection,
   vmsSection,
+  metalSection,
 ];
 const only = (process.env.BENCH_ONLY ?? "")
   .split(",")
@@ -112,6 +117,7 @@ const ctx: BenchContext = {
     timeoutSeconds: positiveNumber("BENCH_FLEET_TIMEOUT", 1800),
     lanes: positiveInt("BENCH_FLEET_LANES", os.availableParallelism()),
   },
+  metal: { machines: positiveInt("BENCH_METAL_MACHINES", 4) },
   vps: { instances: positiveInt("BENCH_VPS_INSTANCES", 30), actionMs: positiveNumber("BENCH_VPS_ACTION_MS", 1500, true) },
   agents: {
     max: positiveInt("BENCH_AGENTS_MAX", 200),
@@ -146,6 +152,7 @@ console.log(
   `  vps: ${ctx.vps.instances} instances (BENCH_VPS_INSTANCES), emulated actions of ${ctx.vps.actionMs} ms (BENCH_VPS_ACTION_MS)`,
 );
 console.log(`  commands: ${ctx.commands} sequential round trips per path (BENCH_COMMANDS)`);
+console.log(`  metal: 1 QEMU machine, then ${ctx.metal.machines} at once (BENCH_METAL_MACHINES), on the emulated site`);
 console.log(
   `  flood: two windows of ${ctx.flood.seconds} s (BENCH_FLOOD_SECONDS), the second with one socket sending ${ctx.flood.rate} frames/s (BENCH_FLOOD_RATE)`,
 );

@@ -70,6 +70,8 @@ export interface EmulatedSiteOptions {
   hardwareProfile?: string;
   /** Ports of HTTP servers on this host's loopback the site agent must reach (image servers), at the same 127.0.0.1:<port> inside. */
   loopbackPorts?: number[];
+  /** More of the ramdisk's kernel command line (e.g. npm run bench's bc.dd=<MiB>). */
+  ramdiskCmdline?: string;
   /** One line each: the site agent's log and each machine's start. Default: nothing. */
   print?: (line: string) => void;
 }
@@ -111,7 +113,7 @@ export interface EmulatedSiteBuilds {
 }
 
 export async function buildForEmulatedSite(log: (line: string) => void = () => {}): Promise<EmulatedSiteBuilds> {
-  const bcd = await buildBcd({ log });
+  const bcd = await buildBcd(); // the ramdisk's build logs it
   const ramdisk = await buildRamdisk({ log });
   // The installed system boots under TCG too: its kernel needs the TSC's rate as the ramdisk's does.
   const tsc = await hostTscKhz();
@@ -203,7 +205,10 @@ export async function startEmulatedSite(options: EmulatedSiteOptions): Promise<E
           ...["--netboot-address", SITE_ADDRESS, "--netboot-interface", "br0", "--netboot-mode", "server"],
           ...["--netboot-range", DHCP_RANGE, "--netboot-ra", "--ramdisk-dir", options.ramdiskDir],
           // Under TCG the kernel must be told the TSC's rate, or about one boot in 25 hangs calibrating it.
-          ...(tsc ? ["--ramdisk-cmdline", `console=ttyS0 tsc_early_khz=${tsc}`] : ["--ramdisk-cmdline", "console=ttyS0"]),
+          "--ramdisk-cmdline",
+          ["console=ttyS0", ...(tsc ? [`tsc_early_khz=${tsc}`] : []), ...(options.ramdiskCmdline ? [options.ramdiskCmdline] : [])].join(
+            " ",
+          ),
         ],
         tag: "site-agent",
         print,

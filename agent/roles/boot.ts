@@ -30,7 +30,21 @@ export function ipxeScript({ kernelUrl, initrdUrl, cmdline }: IpxeBoot): string 
   // iPXE needs it: without it the kernel finds no root file system).
   const names = initrds.map((_, i) => (initrds.length === 1 ? "initrd" : `initrd${i}`));
   const args = [...names.map((n) => `initrd=${n}`), cmdline.trim()].filter(Boolean).join(" ");
-  return ["#!ipxe", `kernel ${kernelUrl} ${args}`, ...initrds.map((url, i) => `initrd --name ${names[i]} ${url}`), "boot", ""].join("\n");
+  // A fetch that fails (the site agent restarting) is tried again every 5 s, not left to the
+  // firmware's next boot device: the workflow waiting for the machine decides when to give up.
+  return [
+    "#!ipxe",
+    ":load",
+    `kernel ${kernelUrl} ${args} || goto retry`,
+    ...initrds.map((url, i) => `initrd --name ${names[i]} ${url} || goto retry`),
+    "boot || goto retry",
+    ":retry",
+    "imgfree",
+    "echo the ramdisk did not load, trying again in 5 s",
+    "sleep 5",
+    "goto load",
+    "",
+  ].join("\n");
 }
 
 /**

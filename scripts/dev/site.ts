@@ -10,7 +10,7 @@ import { createMetalSim, joinedSiteAgent, simRamdiskDir, type MetalSim } from ".
 import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { startBcd } from "../../local/bcd-process.ts";
 import { freePort, type Stack } from "../../local/stack.ts";
-import { Cleanup, eventFeed } from "./common.ts";
+import { Cleanup, watchMachines } from "./common.ts";
 
 export interface DevSiteOptions {
   /** Simulated machines to enroll. */
@@ -87,48 +87,10 @@ export async function startDevSite(stack: Stack, options: DevSiteOptions): Promi
       machines,
       image: { url: `${images.url}/images/${sha256}`, sha256, bytes: DEMO_IMAGE.byteLength },
       watch() {
-        const stopWatching = watchMachines(sim, enrolled, options.print);
+        const stopWatching = watchMachines((method, input) => sim.call(method, input), enrolled, options.print, { what: "simulated" });
         cleanup.push(async () => stopWatching());
       },
       stop: cleanup.stop,
     };
   });
-}
-
-/** Prints each machine's transitions as they are recorded; one line once all the enrolled ones are ready. */
-function watchMachines(sim: MetalSim, enrolled: ReadonlyMap<string, string>, print: (line: string) => void): () => void {
-  const known = new Map(enrolled);
-  const nodes = [...enrolled.keys()];
-  let allReady = false;
-  let lastProblem = "";
-  let stopped = false;
-  const transitions = eventFeed((method, input) => sim.call(method, input), "metal.node.*");
-  const poll = async () => {
-    try {
-      for await (const event of transitions()) {
-        const id = event.subject?.replace(/^metal\/nodes\//, "");
-        const { from, to, reason } = event.data;
-        if (!id || !known.has(id) || typeof from !== "string" || typeof to !== "string" || from === to) continue;
-        known.set(id, to);
-        print(`  ${id}  ${from} → ${to}${to === "failed" && typeof reason === "string" ? `  (${reason})` : ""}`);
-      }
-      if (!allReady && nodes.every((id) => known.get(id) === "ready")) {
-        allReady = true;
-        print(`  ${nodes.length} simulated machine${nodes.length === 1 ? "" : "s"} ready`);
-      }
-      lastProblem = "";
-    } catch (err) {
-      const problem = err instanceof Error ? err.message : String(err);
-      if (!stopped && problem !== lastProblem) print(`  could not read the machines' transitions (events.list): ${problem}`);
-      lastProblem = problem;
-    }
-  };
-  const loop = async () => {
-    while (!stopped) {
-      await poll();
-      await new Promise((r) => setTimeout(r, 1_000));
-    }
-  };
-  void loop();
-  return () => void (stopped = true);
 }

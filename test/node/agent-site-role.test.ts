@@ -482,12 +482,21 @@ describe("site role: Redfish", () => {
 });
 
 describe("site role: network boot", () => {
-  it("renders an iPXE script", () => {
-    expect(
-      ipxeScript({ kernelUrl: "http://10.0.0.1/vmlinuz", initrdUrl: "http://10.0.0.1/initrd.img", cmdline: "console=ttyS0 ip=dhcp" }),
-    ).toBe(
-      "#!ipxe\nkernel http://10.0.0.1/vmlinuz initrd=initrd console=ttyS0 ip=dhcp\ninitrd --name initrd http://10.0.0.1/initrd.img\nboot\n",
-    );
+  it("renders an iPXE script that loads the kernel and initrd, and tries again every 5 s when a fetch fails", () => {
+    const script = ipxeScript({
+      kernelUrl: "http://10.0.0.1/vmlinuz",
+      initrdUrl: "http://10.0.0.1/initrd.img",
+      cmdline: "console=ttyS0 ip=dhcp",
+    }).split("\n");
+    expect(script.slice(0, 5)).toEqual([
+      "#!ipxe",
+      ":load",
+      "kernel http://10.0.0.1/vmlinuz initrd=initrd console=ttyS0 ip=dhcp || goto retry",
+      "initrd --name initrd http://10.0.0.1/initrd.img || goto retry",
+      "boot || goto retry",
+    ]);
+    expect(script.slice(5)).toEqual(expect.arrayContaining([":retry", "imgfree", "sleep 5", "goto load"]));
+    expect(script.at(-2)).toBe("goto load");
   });
 
   it("refuses values that would change the script", () => {

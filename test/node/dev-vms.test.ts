@@ -15,7 +15,7 @@ import { processesNaming } from "../../agent/runtimes/microvm/helpers.ts";
 import { netnsExists, netnsName } from "../../agent/runtimes/microvm/network.ts";
 import { freePort } from "../../local/stack.ts";
 import { repoRoot } from "../../local/node-store.ts";
-import { NpmRunDev } from "../support/npm-run-dev.ts";
+import { NpmRunDev, pasteCommand } from "../support/npm-run-dev.ts";
 
 const baseDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-dev-vms-"));
 const devDir = path.join(baseDir, "dev");
@@ -33,29 +33,7 @@ afterAll(async () => {
   fs.rmSync(baseDir, { recursive: true, force: true });
 });
 
-/** `npx better-compute` without npm's start-up: a shim first on PATH that runs the CLI, so a printed line runs verbatim. */
-const shimDir = path.join(baseDir, "bin");
-fs.mkdirSync(shimDir);
-fs.writeFileSync(
-  path.join(shimDir, "npx"),
-  `#!/bin/sh\n[ "$1" = better-compute ] || exit 127\nshift\nexec ${process.execPath} ${path.join(repoRoot, "scripts", "better-compute.mjs")} "$@"\n`,
-  { mode: 0o755 },
-);
-
-/** A printed command pasted into bash as a user would (its quoting and $(…) included). */
-function paste(command: string, env: Record<string, string>): Promise<string> {
-  const shell = spawn("bash", ["-c", `set -euo pipefail\n${command}`], {
-    cwd: repoRoot,
-    env: { ...process.env, PATH: `${shimDir}:${process.env.PATH}`, ...env },
-    stdio: "pipe",
-  });
-  let text = "";
-  shell.stdout.on("data", (d) => (text += d));
-  shell.stderr.on("data", (d) => (text += d));
-  return new Promise((resolve, reject) =>
-    shell.once("exit", (code) => (code === 0 ? resolve(text) : reject(new Error(`${command} exited with ${code}:\n${text}`)))),
-  );
-}
+const paste = pasteCommand(baseDir);
 
 async function get(tenant: Record<string, string>, id: string): Promise<any> {
   const res = await fetch(`${tenant.BC_URL}/v1/vps.instances.get`, {

@@ -102,6 +102,23 @@ describe("better-compute doctor", () => {
     expect(json.findings.find((f) => f.check === "migrations")!.message).toMatch(/^all \d+ applied and unchanged$/);
   });
 
+  it("passes on examples/emulated-site's deployment (its config loads, its migrations are the applied ones, its wrangler.toml declares what it needs)", async () => {
+    const example = path.join(repoRoot, "examples", "emulated-site");
+    const { compute: emulated } = await import("../../examples/emulated-site/better-compute.config.ts");
+    expect(emulated.migrations()).toEqual(compute.migrations());
+    const run = await findings([
+      "--config",
+      path.join(example, "better-compute.config.ts"),
+      "--wrangler",
+      path.join(example, "wrangler.toml"),
+    ]);
+    expect(errors(run.findings)).toEqual([]);
+    expect(run.code).toBe(0);
+    expect(run.findings.find((f) => f.check === "config")!.message).toMatch(
+      /emulated-site\/better-compute\.config\.ts loads: modules .*metal/,
+    );
+  });
+
   it("finds a missing, a short and a low-entropy BC_SECRET", async () => {
     const missing = await doctor([], { BC_SECRET: "" });
     expect(missing.code).toBe(1);

@@ -13,9 +13,12 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
+import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { mbrEntryOffset } from "../../agent/roles/mbr.ts";
+import { openNodeStore, type NodeStore } from "../../local/node-store.ts";
 import { startStack, type Stack } from "../../local/stack.ts";
+import { destructiveTwice } from "../../testing/metal-sim.ts";
 import { canMakeNetns } from "../../testing/netns.ts";
 import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import {
@@ -26,6 +29,7 @@ import {
   type EmulatedSiteBuilds,
 } from "../../testing/emulated-site.ts";
 import { OVMF_CODE } from "../../testing/qemu-machine.ts";
+import { eventually } from "../support/eventually.ts";
 
 const MiB = 2 ** 20;
 const MACHINE_MINUTES = 10;
@@ -39,6 +43,11 @@ if (missing.length > 0) console.warn(`emulated-site: skipped: missing ${missing.
 
 let builds: EmulatedSiteBuilds;
 let stack: Stack;
+const stackOptions = () => ({
+  dataDir: path.join(tmp, "stack"),
+  main: "examples/emulated-site/worker.ts",
+  onOutput: (line: string) => void lines.push(`[stack] ${line}`),
+});
 let site: EmulatedSite;
 let images: Server;
 let imageUrl: string;
@@ -47,11 +56,7 @@ const lines: string[] = [];
 beforeAll(async () => {
   if (missing.length > 0) return;
   builds = await buildForEmulatedSite((line) => console.log(line));
-  stack = await startStack({
-    dataDir: path.join(tmp, "stack"),
-    main: "examples/emulated-site/worker.ts",
-    onOutput: (line) => lines.push(`[stack] ${line}`),
-  });
+  stack = await startStack(stackOptions());
   // The image server an operator names in metal.deploy: on this host's loopback, relayed into the site.
   images = createServer((req, res) => {
     if (req.url !== "/images/bc-os.img.zst") return void res.writeHead(404).end();
@@ -66,6 +71,8 @@ beforeAll(async () => {
     machines: [
       { id: "bios", firmware: "bios" },
       { id: "uefi", firmware: "uefi" },
+      { id: "dying", firmware: "bios", failWrites: true },
+      { id: "lost", firmware: "bios", unplugged: true },
     ],
     bcd: builds.bcd.launcher,
     ramdiskDir: builds.ramdisk.dir,
@@ -136,21 +143,48 @@ function imageOnDisk(file: string, bytes: number): string {
   return createHash("sha256").update(data).digest("hex");
 }
 
-/** The installed system's agent: the node-role agent that joined for this machine (its join token's label). */
+/** The installed system's agent: the node-role agent that joined last for this machine (its join token's label). */
 async function installedAgent(machine: EmulatedMachine): Promise<Record<string, any> | undefined> {
   const { nodes } = await api<{ nodes: Record<string, any>[] }>("nodes.list", { role: "node" });
-  return nodes.find((n) => n.labels?.["bc.dev/machine"] === machine.id);
+  return nodes
+    .filter((n) => n.labels?.["bc.dev/machine"] === machine.id)
+    .sort((a, b) => a.joinedAt.localeCompare(b.joinedAt))
+    .at(-1);
+}
+
+/** The machine as the emulated site made it. */
+const machine = (id: string) => site.machines.find((m) => m.id === id)!;
+
+const enroll = (m: EmulatedMachine) =>
+  api("metal.enroll", { pool: site.pool, id: m.id, bmc: { address: m.bmcAddress, username: "admin", password: "emulated-bmc-Pa55" } });
+
+/** Waits until the workflow's step has begun (or, with `sent`, until its command went out); answers the workflow. */
+async function stepReached(workflow: string, step: string, sent = false): Promise<Record<string, any>> {
+  const until = Date.now() + MACHINE_MINUTES * 60_000;
+  for (;;) {
+    const wf = await api("workflows.get", { id: workflow });
+    const attempts = wf.steps.find((s: { name: string }) => s.name === step)?.attempts ?? [];
+    if (attempts.some((a: { commandId: string | null }) => !sent || a.commandId)) return wf;
+    if (wf.state !== "running" || Date.now() > until) throw new Error(`workflow ${workflow} never reached ${step}: ${JSON.stringify(wf)}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** Runs `check` on a connection of its own to the control plane's database. */
+async function inDatabase<T>(check: (store: NodeStore) => Promise<T>): Promise<T> {
+  const store = await openNodeStore(stack.databaseUrl);
+  try {
+    return await check(store);
+  } finally {
+    await store.close();
+  }
 }
 
 async function lifecycle(machine: EmulatedMachine): Promise<void> {
   scribble(machine.disk);
   expect(allZero(machine.disk)).toBe(false);
 
-  const enrolled = await api("metal.enroll", {
-    pool: site.pool,
-    id: machine.id,
-    bmc: { address: machine.bmcAddress, username: "admin", password: "emulated-bmc-Pa55" },
-  });
+  const enrolled = await enroll(machine);
   expect(enrolled.state).toBe("commissioning");
   const ready = await waitForState(machine, ["ready", "failed"]);
   expect(ready.state, `${JSON.stringify(ready.lastError)}\n${detail(machine)}`).toBe("ready");
@@ -181,8 +215,106 @@ describe.skipIf(missing.length > 0)("the emulated site", () => {
   it(
     "a BIOS and a UEFI machine: enroll → ready (wiped) → deploy → deployed (the image on the disk, its agent joined) → undeploy → ready (wiped)",
     async () => {
-      await Promise.all(site.machines.map((m) => lifecycle(m)));
+      await Promise.all([machine("bios"), machine("uefi")].map((m) => lifecycle(m)));
     },
     2 * MACHINE_MINUTES * 60_000,
+  );
+
+  it(
+    "a disk that fails every write: commissioning's wipe fails, the machine ends failed with maintenance on, never ready",
+    async () => {
+      const dying = machine("dying");
+      await enroll(dying);
+      const failed = await waitForState(dying, ["failed", "ready"]);
+      expect(failed.state, detail(dying)).toBe("failed");
+      expect(failed.maintenance).toBe(true);
+      expect(JSON.stringify(failed.lastError)).toMatch(/disk\.wipe/);
+      await dying.qemu.forceOff();
+    },
+    MACHINE_MINUTES * 60_000,
+  );
+
+  it(
+    "an image whose sha256 does not match is refused by the site's cache before a byte is written: never deployed",
+    async () => {
+      const bios = machine("bios");
+      const wrong = createHash("sha256").update("not the OS image").digest("hex");
+      await api("metal.deploy", {
+        node: bios.id,
+        profile: "metal.deploy.image-stream",
+        input: { image: { url: imageUrl, sha256: wrong } },
+      });
+      const failed = await waitForState(bios, ["failed", "deployed"]);
+      expect(failed.state, detail(bios)).toBe("failed");
+      expect(JSON.stringify(failed.lastError)).toMatch(/image\.cache.*digest mismatch|digest mismatch.*image\.cache/);
+      expect(allZero(bios.disk), "nothing was written").toBe(true);
+      await bios.qemu.forceOff();
+    },
+    MACHINE_MINUTES * 60_000,
+  );
+
+  it(
+    "the site agent restarted while the ramdisk boots from it, the control plane while the image is written: deployed, nothing sent twice; rescue leaves the disk alone",
+    async () => {
+      const uefi = machine("uefi");
+      const { workflow } = await api("metal.deploy", {
+        node: uefi.id,
+        profile: "metal.deploy.image-stream",
+        input: { image: { url: imageUrl, sha256: builds.os.manifest.zstd.sha256 } },
+      });
+      await stepReached(workflow, "wait.ramdisk");
+      await site.restartSiteAgent();
+      await stepReached(workflow, "image.write", true);
+      const port = Number(new URL(stack.url).port);
+      await stack.stop();
+      stack = await startStack({ ...stackOptions(), port });
+
+      const deployed = await waitForState(uefi, ["deployed", "failed"]);
+      expect(deployed.state, `${JSON.stringify(deployed.lastError)}\n${detail(uefi)}`).toBe("deployed");
+      expect(imageOnDisk(uefi.disk, builds.os.manifest.raw.bytes)).toBe(builds.os.manifest.raw.sha256);
+      const agent = await installedAgent(uefi);
+      expect(agent).toMatchObject({ state: "connected", revoked: false });
+      expect(await inDatabase((store) => destructiveTwice(store))).toEqual([]);
+      const wf = await api("workflows.get", { id: workflow });
+      expect(wf.steps.filter((step: { attempts: unknown[] }) => step.attempts.length !== 1)).toEqual([]);
+
+      // Rescue boots the ramdisk and leaves the disk alone; unrescue boots the disk again.
+      await api("metal.rescue", { node: uefi.id });
+      const rescued = await waitForState(uefi, ["rescue", "failed"]);
+      expect(rescued.state, `${JSON.stringify(rescued.lastError)}\n${detail(uefi)}`).toBe("rescue");
+      await api("metal.unrescue", { node: uefi.id });
+      const back = await waitForState(uefi, ["deployed", "failed"]);
+      expect(back.state, `${JSON.stringify(back.lastError)}\n${detail(uefi)}`).toBe("deployed");
+      expect(imageOnDisk(uefi.disk, builds.os.manifest.raw.bytes)).toBe(builds.os.manifest.raw.sha256);
+      // The same installed system, its identity on its config drive: it reconnects as the node it was.
+      const again = await eventually(
+        () => installedAgent(uefi),
+        (n) => n?.state === "connected",
+        "the installed system reconnected",
+        {
+          ms: 120_000,
+          detail: () => detail(uefi),
+        },
+      );
+      expect(again).toMatchObject({ id: agent!.id, revoked: false });
+    },
+    MACHINE_MINUTES * 60_000,
+  );
+
+  // Last: it moves the control plane's clock half an hour on.
+  it(
+    "a machine that never network-boots fails commissioning at wait.ramdisk once its deadline passes",
+    async () => {
+      const lost = machine("lost");
+      const enrolled = await enroll(lost);
+      expect(enrolled.workflow, "commissioning started at enrollment").toBeTruthy();
+      await stepReached(enrolled.workflow, "wait.ramdisk");
+      await inDatabase((store) => store.db.execute(sql`UPDATE bc_clock SET skew = skew + make_interval(secs => 1830)`));
+      const failed = await waitForState(lost, ["failed", "ready"]);
+      expect(failed.state).toBe("failed");
+      expect(failed.maintenance).toBe(true);
+      expect(JSON.stringify(failed.lastError)).toContain("step wait.ramdisk was still not ready at its deadline");
+    },
+    MACHINE_MINUTES * 60_000,
   );
 });

@@ -1,6 +1,8 @@
 // `npm run dev` as a user runs it, for the tests that read its terminal: its output collected,
 // waited on by pattern, and Ctrl-C.
 import { spawn, type ChildProcess } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
 import { repoRoot } from "../../local/node-store.ts";
 
 export class NpmRunDev {
@@ -51,4 +53,32 @@ export class NpmRunDev {
       process.kill(-this.process.pid!, "SIGINT");
     });
   }
+}
+
+/**
+ * Pastes a command npm run dev printed into bash, as a user would (its quoting and $(…) included),
+ * with `npx better-compute` a shim (in `dir`/bin) that runs the CLI without npm's start-up.
+ * Answers its output; rejects when it exits non-zero.
+ */
+export function pasteCommand(dir: string): (command: string, env: Record<string, string>) => Promise<string> {
+  const shimDir = path.join(dir, "bin");
+  fs.mkdirSync(shimDir, { recursive: true });
+  fs.writeFileSync(
+    path.join(shimDir, "npx"),
+    `#!/bin/sh\n[ "$1" = better-compute ] || exit 127\nshift\nexec ${process.execPath} ${path.join(repoRoot, "scripts", "better-compute.mjs")} "$@"\n`,
+    { mode: 0o755 },
+  );
+  return (command, env) => {
+    const shell = spawn("bash", ["-c", `set -euo pipefail\n${command}`], {
+      cwd: repoRoot,
+      env: { ...process.env, PATH: `${shimDir}:${process.env.PATH}`, ...env },
+      stdio: "pipe",
+    });
+    let text = "";
+    shell.stdout.on("data", (d) => (text += d));
+    shell.stderr.on("data", (d) => (text += d));
+    return new Promise((resolve, reject) =>
+      shell.once("exit", (code) => (code === 0 ? resolve(text) : reject(new Error(`${command} exited with ${code}:\n${text}`)))),
+    );
+  };
 }

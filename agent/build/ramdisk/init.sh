@@ -100,9 +100,24 @@ for arg in $(cat /proc/cmdline); do
     bc.token=*) TOKEN=${arg#bc.token=} ;;
     bc.attestor=*) ATTESTOR=${arg#bc.attestor=} ;;
     bc.mode=*) MODE=${arg#bc.mode=} ;;
+    bc.dd=*) DD=${arg#bc.dd=} ;;
   esac
 done
 set +f
+
+# bc.dd=<MiB> (npm run bench only): the first disk's raw write speed, for the image write's to be
+# compared with, measured by writing that many MiB of zeros over the disk's start before bcd
+# starts. It destroys what the disk held.
+if [ -n "$DD" ] && [ "$MODE" = ramdisk ]; then
+  for block in /sys/block/nvme* /sys/block/vd* /sys/block/sd*; do
+    [ -e "$block" ] || continue
+    t0=$(cut -d' ' -f1 /proc/uptime)
+    dd if=/dev/zero of="/dev/${block##*/}" bs=1M count="$DD" conv=fsync 2>/dev/null
+    t1=$(cut -d' ' -f1 /proc/uptime)
+    say "bc.dd: $DD MiB of zeros to /dev/${block##*/} in $(awk "BEGIN { print $t1 - $t0 }") s"
+    break
+  done
+fi
 idle() {
   say "$*: bcd is not started"
   while :; do

@@ -357,16 +357,17 @@ export function ramdiskHandlers(options: RamdiskHandlerOptions): Record<string, 
           `the image ${shownUrl(body.url)} answered ${res.status}${res.statusText ? ` ${res.statusText}` : ""}`,
         );
       }
-      // sha256 over the bytes as fetched (what the body names), and over what lands on the disk.
+      // sha256 over the bytes as fetched (what the body names), and over what lands on the disk
+      // (for a raw image the same bytes: hashed once, the CPU being the write's bottleneck).
       const asFetched = tally();
-      const written = tally();
       const fetched = await peek(
         tallied(downloaded(body.url, res.body, { fetch: fetchImpl, signal: ctx.signal }), asFetched),
         ZSTD_MAGIC.length,
       );
       const format =
         body.format ?? (fetched.head.subarray(0, 2).equals(GZIP_MAGIC) ? "gzip" : fetched.head.equals(ZSTD_MAGIC) ? "zstd" : "raw");
-      let image = tallied(decompressed(format, fetched.all, body.url), written);
+      const written = format === "raw" ? asFetched : tally();
+      let image = format === "raw" ? fetched.all : tallied(decompressed(format, fetched.all, body.url), written);
       if (token !== undefined) {
         // Refused before a byte is written: an image without an MBR table could not take the config drive.
         const first = await peek(image, 512);
@@ -385,7 +386,7 @@ export function ramdiskHandlers(options: RamdiskHandlerOptions): Record<string, 
         bytes: asFetched.bytes,
         sha256,
         format,
-        written: { bytes: written.bytes, sha256: written.hash.digest("hex") },
+        written: { bytes: written.bytes, sha256: written === asFetched ? sha256 : written.hash.digest("hex") },
       };
       if (token === undefined) return result;
       const files = configDriveFiles(

@@ -167,6 +167,7 @@ interface WranglerConfig {
   durable_objects?: { bindings?: { name: string; class_name: string; script_name?: string }[] };
   migrations?: { tag: string; new_sqlite_classes?: string[]; new_classes?: string[]; deleted_classes?: string[] }[];
   triggers?: { crons?: string[] };
+  r2_buckets?: { binding: string; bucket_name?: string }[];
 }
 
 /** The wrangler config as wrangler itself reads it. */
@@ -221,6 +222,18 @@ function checkWrangler(config: WranglerConfig | undefined, findings: Finding[]):
           check: "durable objects",
           severity: "ok",
           message: DURABLE_OBJECTS.map((d) => `${d.binding} → ${d.className}`).join(", ") + " declared with their migrations",
+        },
+  );
+  // A warning: everything but what renders ISOs and config drives (ctx.blobs) works without it.
+  const blobs = config.r2_buckets?.find((b) => b.binding === "BLOBS");
+  findings.push(
+    blobs
+      ? { check: "blobs", severity: "ok", message: `R2 bucket ${blobs.bucket_name ?? "(provisioned by wrangler)"} bound as BLOBS` }
+      : {
+          check: "blobs",
+          severity: "warning",
+          message: "no R2 bucket bound as BLOBS: steps that render ISOs or config drives (ctx.blobs) fail with FAILED_PRECONDITION",
+          fix: 'add to wrangler.toml:\n[[r2_buckets]]\nbinding = "BLOBS"\nbucket_name = "better-compute-blobs"',
         },
   );
   const crons = config.triggers?.crons ?? [];

@@ -22,4 +22,6 @@ export type Bindings = {
   WORKFLOW?: DurableObjectNamespace<WakeableObject>;
   /** The one SinkDO (idFromName("sinks")): delivers the outbox to the event and audit sinks. */
   SINKS?: DurableObjectNamespace<WakeableObject>;
+  /** An R2 bucket: the BlobStore (ctx.blobs) of rendered ISOs and config drives. */
+  BLOBS?: R2Bucket;
 };

@@ -9,8 +9,9 @@ import { coreModule } from "./core-module.ts";
 import { checkSinks } from "./events/dispatch.ts";
 import { sinksModule } from "./events/module.ts";
 import { watchRoutes } from "./events/watch.ts";
-import type { ApprovalsPort, Approvers, CapacityPort, Clock, PlatformContext, RegisteredView, SecretStore } from "./context.ts";
+import type { ApprovalsPort, Approvers, BlobStore, CapacityPort, Clock, PlatformContext, RegisteredView, SecretStore } from "./context.ts";
 import { databaseClock, databaseCommands, databaseEvents, databaseNodes, databaseSecrets, databaseWork } from "./store/ports.ts";
+import { noBlobs, r2Blobs } from "./store/blobs.ts";
 import { frameBudgets, type FrameBudgets } from "./agents/frame-budget.ts";
 import { gatewayRoutes, joinRoutes } from "./agents/join.ts";
 import { agentsModule } from "./agents/module.ts";
@@ -49,6 +50,8 @@ export interface ComputeOptions extends RegistryInput {
   clock?: (store: Store) => Clock;
   /** Where secrets are sealed; default the bc_secrets table. */
   secrets?: (store: Store, secret: string) => SecretStore;
+  /** Where blobs (rendered ISOs, config drives) are kept; default the R2 bucket bound as BLOBS, else none (FAILED_PRECONDITION on use). */
+  blobs?: (env: Bindings) => BlobStore;
   pki?: PkiOptions;
   limits?: {
     maxBodyBytes?: number;
@@ -123,6 +126,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     extensions: <T extends { contract: string }>(contract: string) => reg.byContract(contract as never) as unknown as T[],
     commandKind: (kind) => reg.commandKinds.get(kind)?.command,
   };
+  const blobsFor = (env: Bindings): BlobStore => options.blobs?.(env) ?? (env.BLOBS ? r2Blobs(env.BLOBS) : noBlobs);
   const contextFor = (mod: Module, env: Bindings, store: Store, principal?: Principal, requestId?: string): PlatformContext => {
     const log = createLogger({ module: mod.id, ...(requestId ? { requestId } : {}) });
     let secrets: SecretStore | undefined;
@@ -177,6 +181,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
         ]);
       },
       clock: (options.clock ?? databaseClock)(store),
+      blobs: blobsFor(env),
       // Resolved on first use: a deployment without BC_SECRET serves everything that needs no secret.
       get secrets() {
         return (secrets ??= (options.secrets ?? databaseSecrets)(store, deploymentSecret(options, env)));
@@ -210,7 +215,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   const app = serviceApp({ database, modules });
   app.get("/openapi.json", (c) => c.json(openapiDoc()));
   app.route("/", join);
-  app.route("/", gatewayRoutes());
+  app.route("/", gatewayRoutes({ blobs: blobsFor }));
   const reconcileModule = async (mod: Module, env: Bindings) => {
     const store = database.open(env);
     try {

@@ -78,6 +78,24 @@ export interface SecretStore {
   resolveAll(refs: readonly SecretRef[], tx?: Tx): Promise<Map<SecretRef, string>>;
 }
 
+/** A blob's name and size: its sha256 (64 hex digits) and its length in bytes. */
+export interface StoredBlob {
+  sha256: string;
+  bytes: number;
+}
+
+/**
+ * Content-addressed bytes too large for a row: ISOs and config drives rendered per machine.
+ * An R2 bucket bound as BLOBS on Cloudflare (miniflare's locally); the site agents fetch a blob
+ * by its sha256 (GET /agent/v1/blobs/<sha256> with their credential) and check it.
+ */
+export interface BlobStore {
+  /** Keeps the bytes under their sha256; the same bytes again change nothing. */
+  put(bytes: Uint8Array): Promise<StoredBlob>;
+  /** The blob of that sha256, or undefined. */
+  get(sha256: string): Promise<(StoredBlob & { body: ReadableStream<Uint8Array> }) | undefined>;
+}
+
 export interface CommandInput {
   nodeId: string;
   /** A kind some registered module declares (CommandKind). */
@@ -304,6 +322,8 @@ export interface ModuleContext {
   readonly wake: WakePort;
   readonly clock: Clock;
   readonly secrets: SecretStore;
+  /** Rendered ISOs and config drives; its calls throw FAILED_PRECONDITION when the deployment binds no blob store (BLOBS). */
+  readonly blobs: BlobStore;
   readonly pki: PkiPort;
   readonly nodes: NodesPort;
   /** NodeSpecs: the desired state delivered to node agents, and what they report. */

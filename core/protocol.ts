@@ -345,6 +345,8 @@ export async function verifyMessage(publicKey: string, message: string, signatur
 export const JOIN_PATH = "/join/v1/join";
 export const RENEW_PATH = "/join/v1/renew";
 export const CONNECT_PATH = "/agent/v1/connect";
+/** GET <BLOBS_PATH>/<sha256> with a site agent's credential: a blob (ctx.blobs) by its digest. */
+export const BLOBS_PATH = "/agent/v1/blobs";
 
 export const joinRequest = z.object({
   /** Which attestor verifies the evidence: "join-token", "provisioned", "discovery", ... */

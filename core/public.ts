@@ -36,6 +36,8 @@ export type {
   ResourceAmounts,
   SecretRef,
   SecretStore,
+  BlobStore,
+  StoredBlob,
   StatementEvent,
   WorkInput,
   WorkPort,
@@ -60,5 +62,6 @@ export type { DatabasePort, Db, Runner, Store, Tx } from "./store/database.ts";
 export { literal, one, rows, sendWithCommit } from "./store/database.ts";
 export { isSecretRef, MAX_ID_LENGTH, resourceId, SECRET_REF, slugId } from "./schemas.ts";
 export { sha256Hex } from "./encoding.ts";
+export { memoryBlobs, r2Blobs, sha256Bytes } from "./store/blobs.ts";
 export { canonicalJson, instanceEntry, type InstanceEntry } from "./protocol.ts";
 export { objectOrigin, originObject } from "./agents/notify.ts";

@@ -6,7 +6,7 @@
 // writing through the same core/agents/sessions.ts. SIMULATED: only the socket (in memory).
 import { sql } from "drizzle-orm";
 import { betterCompute, postgres, type Compute, type Module, type PkiOptions } from "better-compute";
-import { rows, type DatabasePort, type Store, type Tx } from "better-compute/core";
+import { memoryBlobs, rows, type DatabasePort, type Store, type Tx } from "better-compute/core";
 import { metalModule, type HardwareProfile } from "better-compute/metal";
 import { advance, provisionModule, wakeStalledWorkflows } from "better-compute/provision";
 import { AgentError, type AgentTransport } from "../agent/client.ts";
@@ -71,8 +71,10 @@ export async function inProcessControlPlane(options: {
     const { store, engine = store } = db;
 
     const extra = options.modules ?? [];
+    const blobs = memoryBlobs(); // the R2 bucket's stand-in
     const compute = betterCompute({
       secret: SECRET,
+      blobs: () => blobs,
       ...(db.port ? { database: db.port } : {}),
       ...(options.pki ? { pki: options.pki } : {}),
       modules: [

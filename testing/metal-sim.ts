@@ -35,6 +35,7 @@ import { ramdiskHandlers } from "../agent/roles/ramdisk.ts";
 import { netbootHandlers } from "../agent/roles/netboot/handlers.ts";
 import { normalMac, type NetbootMachine } from "../agent/roles/netboot/machines.ts";
 import { NetbootService } from "../agent/roles/netboot/service.ts";
+import { BLOBS_PATH } from "../core/protocol.ts";
 import { simulatedDisks, type SimulatedDisks } from "./sim-disks.ts";
 import { fakeMac, startRedfishEmulator, type MachineState, type RedfishEmulator, type RedfishFaults } from "./redfish-emulator.ts";
 import { callApi, inProcessControlPlane, type ChaosPlan, type SimControlPlane } from "./metal-sim-control-plane.ts";
@@ -346,6 +347,12 @@ async function simulateSite(
       ramdiskDir,
       controlPlaneUrl: control.baseUrl,
       images: { dir: path.join(work, "images"), maxBytes: 2 ** 30 },
+      // Blobs come from the control plane with the site agent's credential, as bcd fetches them.
+      blob: (sha256, signal) =>
+        transport.fetch(`${control.baseUrl}${BLOBS_PATH}/${sha256}`, {
+          headers: { authorization: `Bearer ${siteAgent.identity?.credential ?? ""}` },
+          ...(signal ? { signal } : {}),
+        }),
       log: { info() {}, warn() {}, error() {} },
     });
     await netboot.start();

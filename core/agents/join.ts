@@ -9,12 +9,13 @@ import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import type { Bindings } from "../bindings.ts";
 import type { AttestorDefinition } from "../contracts.ts";
-import type { PlatformContext } from "../context.ts";
+import type { BlobStore, PlatformContext } from "../context.ts";
 import { hex } from "../encoding.ts";
-import { ComputeError, invalidArgument } from "../errors.ts";
+import { ComputeError, invalidArgument, notFound } from "../errors.ts";
 import {
   CHALLENGE_PATH,
   challengeRequest,
+  BLOBS_PATH,
   CONNECT_PATH,
   JOIN_PATH,
   joinMessage,
@@ -28,6 +29,7 @@ import {
 } from "../protocol.ts";
 import type { Registry } from "../registry.ts";
 import { one, type Store } from "../store/database.ts";
+import { SHA256_HEX } from "../store/blobs.ts";
 import { readInput, type AppEnv } from "../http.ts";
 import { databaseSeconds, issueCredential, verifyCredential } from "./credentials.ts";
 import { nodeNamespace } from "./notify.ts";
@@ -148,9 +150,22 @@ export function joinRoutes(deps: JoinDeps): Hono<AppEnv> {
   return app;
 }
 
-/** The agent gateway: a node's WebSocket, handed to its NodeDO. */
-export function gatewayRoutes(): Hono<AppEnv> {
+/** The agent gateway: a node's WebSocket, handed to its NodeDO; and the blobs a site agent fetches by digest. */
+export function gatewayRoutes(deps: { blobs: (env: Bindings) => BlobStore }): Hono<AppEnv> {
   const app = new Hono<AppEnv>();
+  // A rendered ISO or config drive, for a site agent's image cache (metal.images.cache { blob }):
+  // named by its sha256, which the agent checks again as it stores it.
+  app.get(`${BLOBS_PATH}/:sha256`, async (c) => {
+    const node = await verifyCredential(c.get("store"), bearer(c.req.raw));
+    if (node.role !== "site") throw new ComputeError("PERMISSION_DENIED", `blobs are for site agents; this node's role is ${node.role}`);
+    const sha256 = c.req.param("sha256");
+    if (!SHA256_HEX.test(sha256)) throw invalidArgument("a blob is named by its sha256: 64 lowercase hex digits");
+    const blob = await deps.blobs(c.env ?? {}).get(sha256);
+    if (!blob) throw notFound(`no blob ${sha256}`);
+    return new Response(blob.body, {
+      headers: { "content-type": "application/octet-stream", "content-length": String(blob.bytes), "cache-control": "no-store" },
+    });
+  });
   app.get(CONNECT_PATH, async (c) => {
     if (c.req.header("upgrade")?.toLowerCase() !== "websocket") {
       throw new ComputeError("FAILED_PRECONDITION", "the agent gateway speaks WebSocket only (send Upgrade: websocket)");

@@ -93,8 +93,12 @@ export const metalCommands: CommandKind[] = [
   },
   {
     kind: "metal.images.cache",
-    description: "Mirror an image into the site's cache (verified by sha256); answers its URL on the provisioning network",
-    input: z.object({ url: z.string().url(), sha256: z.string().regex(/^[0-9a-fA-F]{64}$/) }),
+    description:
+      "Mirror an image (a URL and its sha256) or a blob of the control plane's (its sha256) into the site's cache, verified; answers its URL on the provisioning network",
+    input: z.union([
+      z.strictObject({ url: z.string().url(), sha256: z.string().regex(/^[0-9a-fA-F]{64}$/) }),
+      z.strictObject({ blob: z.string().regex(/^[0-9a-f]{64}$/) }),
+    ]),
     roles: ["site"],
   },
   // Destructive: what an agentless machine's API does with a request is not known (Talos: reset, upgrade).
@@ -472,12 +476,14 @@ export const netbootDisk = siteStep(
   { body: (i) => ({ machine: i.machine, macs: i.macs, action: "disk" }) },
   "Have the site's network boot leave the machine to its disk",
 );
+const sha256Hex = z.string().regex(/^[0-9a-f]{64}$/);
 export const cacheImage = siteStep(
   "image.cache",
   "metal.images.cache",
-  { image: z.object({ url: z.string().url(), sha256: z.string().regex(/^[0-9a-f]{64}$/) }) },
-  { body: (i) => ({ url: i.image.url, sha256: i.image.sha256 }) },
-  "Mirror the image into the site's cache (verified by sha256), where the ramdisk fetches it",
+  // An ImageSource (a URL and its sha256), or a blob the control plane keeps (ctx.blobs: a rendered ISO).
+  { image: z.union([z.object({ url: z.string().url(), sha256: sha256Hex }), z.object({ blob: sha256Hex })]) },
+  { body: (i) => ("blob" in i.image ? { blob: i.image.blob } : { url: i.image.url, sha256: i.image.sha256 }) },
+  "Mirror the image (input.image: { url, sha256 }, or { blob: sha256 } of ctx.blobs) into the site's cache, verified by sha256, where the machines fetch it",
 );
 
 export const metalSteps = [

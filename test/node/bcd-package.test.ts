@@ -77,9 +77,11 @@ describe("the bcd Debian package", () => {
     expect(fs.statSync(path.join(root, INSTALLED.stateDir)).mode & 0o777).toBe(0o700);
   });
 
-  it("runs bcd version from the installed tree, on the packaged Node", async () => {
-    const { stdout } = await exec(path.join(root, INSTALLED.launcher), ["version"]);
-    expect(stdout.trim()).toBe(`bcd ${built.manifest.version} (node v${built.manifest.node.version})`);
+  it("runs bcd version (and bcd --version) from the installed tree, on the packaged Node", async () => {
+    for (const command of ["version", "--version"]) {
+      const { stdout } = await exec(path.join(root, INSTALLED.launcher), [command]);
+      expect(stdout.trim(), command).toBe(`bcd ${built.manifest.version} (node v${built.manifest.node.version})`);
+    }
   });
 
   it("the unit's ExecStartPre check passes on a configured node and refuses a bad configuration", async () => {

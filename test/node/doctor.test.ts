@@ -89,7 +89,7 @@ describe("better-compute doctor", () => {
   it("passes on the default deployment, and says so for each check", async () => {
     const human = await doctor();
     expect(human.code, human.stdout + human.stderr).toBe(0);
-    for (const check of ["config", "durable objects", "cron", "BC_SECRET", "database", "migrations", "iam"])
+    for (const check of ["config", "durable objects", "blobs", "cron", "BC_SECRET", "database", "migrations", "iam"])
       expect(human.stdout).toContain(`✔ ${check}:`);
     expect(human.stdout).toContain("no errors");
     // Never a secret: not BC_SECRET, not the database password.
@@ -170,7 +170,7 @@ describe("better-compute doctor", () => {
     expect((await findings()).code).toBe(0);
   });
 
-  it("finds a wrangler.toml without the NODE or SINKS binding, and one without a cron trigger", async () => {
+  it("finds a wrangler.toml without the NODE or SINKS binding, one without a cron trigger, and one without a blob store", async () => {
     const noNode = wranglerCopy("no-node.toml", (toml) =>
       toml.replace('[[durable_objects.bindings]]\nname = "NODE"\nclass_name = "NodeDO"\n', ""),
     );
@@ -192,6 +192,15 @@ describe("better-compute doctor", () => {
     expect(errors(withoutCron.findings)).toMatchObject([
       { check: "cron", message: expect.stringContaining("no cron trigger"), fix: expect.stringContaining("[triggers]") },
     ]);
+
+    // No blob store: a warning, not an error (only what renders ISOs and config drives needs it).
+    const noBlobs = wranglerCopy("no-blobs.toml", (toml) => toml.replace(/\[\[r2_buckets\]\]\nbinding = "BLOBS"\n.*\n/, ""));
+    const withoutBlobs = await findings(["--wrangler", noBlobs]);
+    expect(withoutBlobs.code).toBe(0);
+    expect(withoutBlobs.findings.find((f) => f.check === "blobs")).toMatchObject({
+      severity: "warning",
+      fix: expect.stringContaining('binding = "BLOBS"'),
+    });
   });
 
   it("finds an unreachable database without printing its password", async () => {

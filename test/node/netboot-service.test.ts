@@ -234,10 +234,10 @@ describe("scripts and images over HTTP", () => {
   it("caches an image once, verified by sha256, serves it, and refuses one that does not match", async () => {
     const image = Buffer.from("an image, 40 bytes of it, give or take..");
     files.set("/img", image);
-    const cached = await web.cacheImage(`${upstreamUrl}/img?sig=secret`, sha(image));
+    const cached = await web.cacheImage({ url: `${upstreamUrl}/img?sig=secret`, sha256: sha(image) });
     expect(cached).toEqual({ url: `${web.baseUrl}/images/${sha(image)}`, sha256: sha(image), bytes: image.length });
     files.delete("/img"); // served from the cache from now on
-    expect((await web.cacheImage(`${upstreamUrl}/img`, sha(image))).bytes).toBe(image.length);
+    expect((await web.cacheImage({ url: `${upstreamUrl}/img`, sha256: sha(image) })).bytes).toBe(image.length);
     expect((await get(cached.url)).text).toBe(image.toString());
     // A ramdisk whose download stopped resumes it from the byte it got to.
     const rest = await fetch(cached.url, { headers: { range: "bytes=10-" } });
@@ -249,7 +249,9 @@ describe("scripts and images over HTTP", () => {
       expect(await (await fetch(cached.url, { headers: { range } })).text(), range).toBe(image.toString());
 
     files.set("/bad", Buffer.from("other bytes"));
-    const refused = await web.cacheImage(`${upstreamUrl}/bad?sig=secret`, sha(image).replace(/^./, "0")).catch((e: unknown) => e);
+    const refused = await web
+      .cacheImage({ url: `${upstreamUrl}/bad?sig=secret`, sha256: sha(image).replace(/^./, "0") })
+      .catch((e: unknown) => e);
     expect(refused).toMatchObject({ code: "DRIVER_ERROR", message: expect.stringContaining("digest mismatch") });
     expect((refused as Error).message).not.toContain("secret");
   });
@@ -264,7 +266,7 @@ describe("scripts and images over HTTP", () => {
       ["/c", c],
     ] as const) {
       files.set(name, body);
-      await web.cacheImage(`${upstreamUrl}${name}`, sha(body));
+      await web.cacheImage({ url: `${upstreamUrl}${name}`, sha256: sha(body) });
     }
     const kept = fs.readdirSync(path.join(work, "web-images")).filter((f) => /^[0-9a-f]{64}$/.test(f));
     expect(kept).not.toContain(sha(a));

@@ -15,5 +15,6 @@ declare namespace Cloudflare {
   interface Env {
     NODE: DurableObjectNamespace<InstanceType<typeof import("./worker.ts").NodeDO>>;
     WORKFLOW: DurableObjectNamespace<import("./worker.ts").WorkflowDO>;
+    BLOBS: R2Bucket;
   }
 }

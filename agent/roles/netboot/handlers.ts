@@ -16,10 +16,9 @@ const setBody = z.object({
   token: z.string().regex(SECRET_REF, "must be a secret://<id> reference, never the token itself").optional(),
 });
 
-const imageBody = z.object({
-  url: z.url({ protocol: /^https?$/ }),
-  sha256: z.string().regex(/^[0-9a-fA-F]{64}$/, "must be 64 hex digits"),
-});
+const sha256 = z.string().regex(/^[0-9a-fA-F]{64}$/, "must be 64 hex digits");
+/** An image at a URL with its sha256, or a blob of the control plane's by its sha256. */
+const imageBody = z.union([z.strictObject({ url: z.url({ protocol: /^https?$/ }), sha256 }), z.strictObject({ blob: sha256 })]);
 
 export function netbootHandlers(service: NetbootService): Record<string, CommandHandler> {
   return {
@@ -39,11 +38,11 @@ export function netbootHandlers(service: NetbootService): Record<string, Command
     },
     // One image at a time per image: a second command for one being fetched waits for it.
     "metal.images.cache": inLane(
-      (body) => (typeof body.sha256 === "string" ? `image:${body.sha256.toLowerCase()}` : undefined),
-      async (raw, ctx) => {
-        const body = parseBody(ctx.kind, imageBody, raw);
-        return service.cacheImage(body.url, body.sha256, ctx.signal);
+      (body) => {
+        const digest = body.sha256 ?? body.blob;
+        return typeof digest === "string" ? `image:${digest.toLowerCase()}` : undefined;
       },
+      async (raw, ctx) => service.cacheImage(parseBody(ctx.kind, imageBody, raw), ctx.signal),
     ),
   };
 }

@@ -58,15 +58,21 @@ export class ImageStore {
     return { sha256, bytes: stat.size, path: file };
   }
 
-  /** The image named by url and sha256: from the cache, or downloaded once and verified. */
-  async fetch(url: string, sha256: string, signal?: AbortSignal): Promise<StoredImage> {
+  /**
+   * The image named by url and sha256: from the cache, or downloaded once and verified. `open`
+   * answers the download in place of a plain GET of url (a blob from the control plane, with the
+   * agent's credential); url then only names it in messages.
+   */
+  async fetch(url: string, sha256: string, signal?: AbortSignal, open?: () => Promise<Response>): Promise<StoredImage> {
     sha256 = sha256.toLowerCase();
     if (!SHA256.test(sha256)) throw new AgentError("INVALID_ARGUMENT", "an image's sha256 is 64 hex digits");
     const cached = await this.get(sha256);
     if (cached) return cached;
     let pending = this.#pending.get(sha256);
     if (!pending) {
-      pending = this.#download(url, sha256, signal).finally(() => this.#pending.delete(sha256));
+      pending = this.#download(url, sha256, open ?? (() => this.#fetch(url, { ...(signal ? { signal } : {}) }))).finally(() =>
+        this.#pending.delete(sha256),
+      );
       this.#pending.set(sha256, pending);
     }
     return pending;
@@ -103,11 +109,11 @@ export class ImageStore {
     }
   }
 
-  async #download(url: string, sha256: string, signal?: AbortSignal): Promise<StoredImage> {
+  async #download(url: string, sha256: string, open: () => Promise<Response>): Promise<StoredImage> {
     await this.open();
     let res: Response;
     try {
-      res = await this.#fetch(url, { ...(signal ? { signal } : {}) });
+      res = await open();
     } catch (e) {
       throw new AgentError("DRIVER_ERROR", `could not fetch the image ${shownUrl(url)}: ${(e as Error).message}`);
     }

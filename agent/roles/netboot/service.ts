@@ -31,8 +31,13 @@ export interface NetbootConfig {
   controlPlaneUrl: string;
   images: { dir: string; maxBytes: number };
   fetch?: FetchLike;
+  /** A blob from the control plane by its sha256 (GET /agent/v1/blobs/<sha256> with the agent's credential); absent: none can be cached. */
+  blob?: (sha256: string, signal?: AbortSignal) => Promise<Response>;
   log: AgentLogger;
 }
+
+/** What the cache mirrors: an image at a URL (an ImageSource), or a blob of the control plane's (a rendered ISO). */
+export type ImageSourceRef = { url: string; sha256: string } | { blob: string };
 
 /** What npm run ramdisk-image's manifest says of its files (agent/build/ramdisk.ts): a kernel and one initrd, or several. */
 interface RamdiskFiles {
@@ -115,8 +120,14 @@ export class NetbootService {
   }
 
   /** The image's URL on the provisioning network, fetched into the store first if it is not there. */
-  async cacheImage(url: string, sha256: string, signal?: AbortSignal): Promise<{ url: string; sha256: string; bytes: number }> {
-    const image = await this.images.fetch(url, sha256, signal);
+  async cacheImage(source: ImageSourceRef, signal?: AbortSignal): Promise<{ url: string; sha256: string; bytes: number }> {
+    let image: StoredImage;
+    if ("url" in source) image = await this.images.fetch(source.url, source.sha256, signal);
+    else {
+      const blob = this.#config.blob;
+      if (!blob) throw new AgentError("UNSUPPORTED", "this site agent fetches no blobs from the control plane");
+      image = await this.images.fetch(`blob ${source.blob}`, source.blob, signal, () => blob(source.blob.toLowerCase(), signal));
+    }
     return { url: `${this.#baseUrl}/images/${image.sha256}`, sha256: image.sha256, bytes: image.bytes };
   }
 

@@ -43,8 +43,9 @@ export interface OsImage {
   manifest: OsImageManifest;
 }
 
+/** What a build booting the ramdisk's kernel and initrd takes (the OS image, the installer ISO). */
 export interface BuildOsImageOptions {
-  /** Default $BC_BUILD_CACHE/os-image or ~/.cache/better-compute/os-image. */
+  /** Default $BC_BUILD_CACHE/<the build's name> or ~/.cache/better-compute/<the build's name>. */
   cacheDir?: string;
   /** More kernel command line (console=ttyS0 is there; tsc_early_khz=… for TCG guests, ...). */
   cmdline?: string;
@@ -55,20 +56,12 @@ export interface BuildOsImageOptions {
 }
 
 export async function buildOsImage(opts: BuildOsImageOptions = {}): Promise<OsImage> {
-  const run = opts.run ?? debian.runProgram;
-  const log = opts.log ?? (() => {});
-  const cacheDir = opts.cacheDir ?? defaultBuildCacheDir("os-image");
-  const ramdisk = opts.ramdisk ?? (await buildRamdisk({ log }));
-  const cmdline = ["quiet", "console=ttyS0", "bc.mode=os", opts.cmdline ?? ""].join(" ").trim();
-  const versions = await debian.packageVersions(run, PACKAGES);
-  const digest = sha256(
-    JSON.stringify({
-      builder: OS_IMAGE_BUILDER_VERSION,
-      ramdisk: ramdisk.manifest.digest,
-      cmdline,
-      packages: PACKAGES.map((name) => `${name}=${versions[name]}`),
-    }),
-  );
+  const { run, log, cacheDir, ramdisk, cmdline, versions, digest } = await ramdiskBootInputs(opts, {
+    cache: "os-image",
+    mode: "os",
+    builderVersion: OS_IMAGE_BUILDER_VERSION,
+    packages: PACKAGES,
+  });
   const built = await cachedBuild<OsImageManifest>({
     cacheDir,
     digest,
@@ -79,6 +72,31 @@ export async function buildOsImage(opts: BuildOsImageOptions = {}): Promise<OsIm
     build: (out, work) => writeOsImage({ out, work, run, log, cacheDir, versions, ramdisk, cmdline, digest }),
   });
   return { dir: built.dir, raw: path.join(built.dir, "os.img"), zstd: path.join(built.dir, "os.img.zst"), manifest: built.manifest };
+}
+
+/**
+ * What a build booting the ramdisk with bc.mode=<mode> starts from: the ramdisk, the command line,
+ * the Debian packages' versions, and the digest of them all with the builder's version.
+ */
+export async function ramdiskBootInputs(
+  opts: BuildOsImageOptions,
+  build: { cache: string; mode: string; builderVersion: string; packages: readonly string[] },
+) {
+  const run = opts.run ?? debian.runProgram;
+  const log = opts.log ?? (() => {});
+  const cacheDir = opts.cacheDir ?? defaultBuildCacheDir(build.cache);
+  const ramdisk = opts.ramdisk ?? (await buildRamdisk({ log }));
+  const cmdline = ["quiet", "console=ttyS0", `bc.mode=${build.mode}`, opts.cmdline ?? ""].join(" ").trim();
+  const versions = await debian.packageVersions(run, [...build.packages]);
+  const digest = sha256(
+    JSON.stringify({
+      builder: build.builderVersion,
+      ramdisk: ramdisk.manifest.digest,
+      cmdline,
+      packages: build.packages.map((name) => `${name}=${versions[name]}`),
+    }),
+  );
+  return { run, log, cacheDir, ramdisk, cmdline, versions, digest };
 }
 
 interface OsImageBuild {

@@ -4,6 +4,7 @@
 //   bcd run   --state-dir DIR [--url URL] [--label k=v ...] [--heartbeat SECONDS]
 //             [--runtime-dir DIR] [--access-file FILE] [--firecracker-bin PATH]   (role node)
 //   bcd start --url URL [--attestor ID] <its flags> --role ROLE --state-dir DIR [...]   join unless joined, then run
+//   bcd install --config FILE   the installer ISO's one job: the image FILE names onto the first disk (agent/roles/install.ts)
 //
 // A join token (--token TOKEN) may also come from --token-file FILE or the BC_JOIN_TOKEN environment variable
 // (a command line is visible to every user of the machine). It is sent once and never
@@ -39,6 +40,7 @@ import type { NetbootService } from "./roles/netboot/service.ts";
 import { blockDevices } from "./roles/block-devices.ts";
 import { machineFacts, readProductUuid } from "./roles/machine-facts.ts";
 import { ramdiskHandlers } from "./roles/ramdisk.ts";
+import { install } from "./roles/install.ts";
 import { nodeTransport } from "./node-transport.ts";
 import { evidenceProducers, ProducerUsageError } from "./attestation/index.ts";
 import type { Role } from "./state.ts";
@@ -54,6 +56,8 @@ ${Object.entries(evidenceProducers)
             [--firecracker-bin PATH]   role node: the firecracker binary (the firecracker runtime)
 ${NETBOOT_USAGE}
   bcd start --url URL [--attestor ID] <its flags> --role ROLE --state-dir DIR [run options]   join unless already joined, then run
+  bcd install --config FILE    write the image the install config names onto this machine's first disk, with a
+                               config drive holding its join token (the installer ISO's bc.mode=install; Linux)
   bcd run|start ... --check    check the options and the state directory, connect nowhere, exit 0 if they would do
   bcd version                  print bcd's and Node's versions
   bcd help`;
@@ -112,6 +116,8 @@ interface Parsed {
   runtimeDir?: string;
   accessFile?: string;
   firecrackerBin?: string;
+  /** install: the install config's file. */
+  config?: string;
 }
 
 function parse(argv: string[]): Parsed {
@@ -119,6 +125,7 @@ function parse(argv: string[]): Parsed {
   if (!command || command === "help" || command === "--help" || command === "-h") throw new UsageError("");
   if (command === "version" || command === "--version")
     return { command: "version", labels: {}, attestor: "", flags: {}, quiet: true, check: false };
+  if (command === "install") return parseInstall(rest);
   if (!["join", "run", "start"].includes(command)) throw new UsageError(`unknown command: ${command}`);
   let values;
   try {
@@ -174,6 +181,17 @@ function parse(argv: string[]): Parsed {
   if (p.url === "") throw new UsageError("--url is empty: give the control plane's URL (https://…)");
   if (p.url !== undefined && !/^https?:\/\//i.test(p.url)) throw new UsageError(`--url must be http:// or https://, got ${p.url}`);
   return p;
+}
+
+function parseInstall(args: string[]): Parsed {
+  let values;
+  try {
+    ({ values } = parseArgs({ args, strict: true, allowPositionals: false, options: { config: { type: "string" } } }));
+  } catch (e) {
+    throw new UsageError((e as Error).message);
+  }
+  if (!values.config) throw new UsageError("install needs --config FILE");
+  return { command: "install", config: values.config, labels: {}, attestor: "", flags: values, quiet: false, check: false };
 }
 
 interface JoinArgs {
@@ -305,6 +323,32 @@ async function check(p: Parsed, state: FileState): Promise<number> {
   }
 }
 
+/** `bcd install`: this machine's block devices, its product UUID, progress on stdout; 1 when it fails. */
+async function runInstall(configFile: string): Promise<number> {
+  if (process.platform !== "linux") {
+    process.stderr.write("bcd: install writes this machine's block devices: Linux only\n");
+    return 1;
+  }
+  try {
+    const productUuid = await readProductUuid();
+    await install(configFile, {
+      disks: blockDevices(),
+      ...(productUuid ? { productUuid } : {}),
+      print: (line) => process.stdout.write(`bcd install: ${line}\n`),
+    });
+    return 0;
+  } catch (e) {
+    writeFailure("install failed", e);
+    return 1;
+  }
+}
+
+/** A command's failure on stderr: an AgentError's code and message (never a secret: its messages name none). */
+function writeFailure(what: string, e: unknown): void {
+  if (e instanceof AgentError) process.stderr.write(`bcd: ${what}: ${e.code}: ${e.message}${e.status ? ` (HTTP ${e.status})` : ""}\n`);
+  else process.stderr.write(`bcd: ${what}: ${(e as Error).message ?? String(e)}\n`);
+}
+
 /** The network boot service the flags ask for (a usage error when they cannot work), or undefined. */
 function netbootService(p: Parsed, url: string, log: AgentLogger): NetbootService | undefined {
   try {
@@ -337,6 +381,7 @@ export async function main(argv: string[]): Promise<number> {
     process.stdout.write(`bcd ${AGENT_VERSION} (node ${process.version})\n`);
     return 0;
   }
+  if (p.command === "install") return runInstall(p.config!);
   const state = new FileState(p.stateDir!);
   if (p.check) return check(p, state);
   const log = stderrLogger(p.quiet);
@@ -467,8 +512,7 @@ export async function main(argv: string[]): Promise<number> {
       return 2;
     }
     const what = p.command === "join" || (p.command === "start" && !client?.identity) ? "join failed" : `${p.command} failed`;
-    if (e instanceof AgentError) process.stderr.write(`bcd: ${what}: ${e.code}: ${e.message}${e.status ? ` (HTTP ${e.status})` : ""}\n`);
-    else process.stderr.write(`bcd: ${what}: ${(e as Error).message ?? String(e)}\n`);
+    writeFailure(what, e);
     return 1;
   } finally {
     await state.close().catch(() => {});

@@ -140,7 +140,7 @@ export const httpGet: FetchLike = async (url, init) => {
 };
 
 /** The URL as named in messages: no credentials, no query (a signed URL's query is a secret). */
-const shownUrl = (url: string) => {
+export const shownUrl = (url: string) => {
   const u = new URL(url);
   return u.origin + u.pathname;
 };

@@ -5,6 +5,9 @@
 # with a backoff whenever it exits. docs/ramdisk.md describes it. The token never reaches the
 # console: it goes to a file only root reads, and bcd reads it from there.
 #
+# With bc.mode=install (the installer ISO, agent/build/installer-iso.ts) it runs `bcd install` with
+# the config the ISO's machine image put at /etc/bc-install.json, then reboots into what it wrote.
+#
 # With bc.mode=os on the command line the same image is the installed system (the OS image a
 # deploy writes: agent/build/os-image.ts, docs/os-image.md): its URL, token and host name come
 # from the config drive the ramdisk wrote (label config-2, OpenStack's layout), bcd runs as role
@@ -118,13 +121,33 @@ if [ -n "$DD" ] && [ "$MODE" = ramdisk ]; then
     break
   done
 fi
-idle() {
-  say "$*: bcd is not started"
+stay() {
   while :; do
     sleep 3600 &
     wait $!
   done
 }
+idle() {
+  say "$*: bcd is not started"
+  stay
+}
+if [ "$MODE" = install ]; then
+  # The installer ISO: the kernel unpacked the machine's own cpio (the ISO's 64 KiB window) over
+  # this root, so /etc/bc-install.json says which image to write and the token the installed
+  # system joins with. bcd prints its progress and its errors, never the token. A failed install
+  # stays here for someone to read the console: rebooting would only boot the CD again.
+  CONFIG=/etc/bc-install.json
+  [ -s "$CONFIG" ] || idle "no $CONFIG: this ISO holds no machine's install config (its window is empty)"
+  /usr/lib/bcd/node -e 'JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"))' "$CONFIG" 2>/dev/null ||
+    idle "$CONFIG is not JSON"
+  if bcd install --config "$CONFIG"; then
+    say "installed: rebooting"
+    sync
+    reboot -f
+  fi
+  say "the install failed (above): nothing was rebooted; the machine waits here"
+  stay
+fi
 ROLE=ramdisk
 STATE=/run/bcd
 if [ "$MODE" = os ]; then

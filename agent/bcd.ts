@@ -25,18 +25,18 @@ import { cpus, hostname as osHostname, totalmem } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { AGENT_VERSION, AgentClient, AgentError, type AgentLogger, type CommandHandler } from "./client.ts";
+import { AGENT_VERSION, AgentClient, AgentError, trimBase, type AgentLogger, type CommandHandler } from "./client.ts";
 import { FileState, writeAtomic } from "./file-state.ts";
 import { nodeCommandHandlers, nodeRole, type NodeRole } from "./roles/node.ts";
 import type { RuntimeDriver } from "./runtimes/contract.ts";
 import { firecrackerRuntime, qemuMicroVmRuntime, type CrashStep } from "./runtimes/index.ts";
 import { ensureGuestImage, GUEST_IMAGE_NAME, type GuestImage } from "./runtimes/microvm/image.ts";
-import type { HelloFrame } from "../core/protocol.ts";
+import { BLOBS_PATH, type HelloFrame } from "../core/protocol.ts";
 import { httpProxyHandlers } from "./roles/http-proxy.ts";
 import { siteHandlers } from "./roles/site.ts";
 import { netbootHandlers } from "./roles/netboot/handlers.ts";
 import { NETBOOT_FLAGS, NETBOOT_USAGE, NetbootFlagError, netbootFromFlags } from "./roles/netboot/options.ts";
-import type { NetbootService } from "./roles/netboot/service.ts";
+import type { NetbootConfig, NetbootService } from "./roles/netboot/service.ts";
 import { blockDevices } from "./roles/block-devices.ts";
 import { machineFacts, readProductUuid } from "./roles/machine-facts.ts";
 import { ramdiskHandlers } from "./roles/ramdisk.ts";
@@ -299,7 +299,7 @@ async function check(p: Parsed, state: FileState): Promise<number> {
     return 1;
   }
   try {
-    netbootService(p, p.url ?? "", stderrLogger(true));
+    netbootService(p, p.url ?? "", stderrLogger(true), undefined);
   } catch (e) {
     process.stderr.write(`bcd: ${(e as Error).message}\n`);
     return 2;
@@ -350,9 +350,9 @@ function writeFailure(what: string, e: unknown): void {
 }
 
 /** The network boot service the flags ask for (a usage error when they cannot work), or undefined. */
-function netbootService(p: Parsed, url: string, log: AgentLogger): NetbootService | undefined {
+function netbootService(p: Parsed, url: string, log: AgentLogger, blob: NetbootConfig["blob"]): NetbootService | undefined {
   try {
-    return netbootFromFlags(p.flags, { url, stateDir: p.stateDir!, log });
+    return netbootFromFlags(p.flags, { url, stateDir: p.stateDir!, log, blob });
   } catch (e) {
     if (e instanceof NetbootFlagError) throw new UsageError(e.message);
     throw e;
@@ -403,8 +403,9 @@ export async function main(argv: string[]): Promise<number> {
       host = { runtimes, resources: await hostResources(runtimeDir) };
     }
 
+    const transport = nodeTransport();
     client = new AgentClient({
-      transport: nodeTransport(),
+      transport,
       state,
       ...(p.url !== undefined ? { baseUrl: p.url } : {}),
       labels: p.labels,
@@ -449,7 +450,13 @@ export async function main(argv: string[]): Promise<number> {
     if (joinedRole === "site")
       for (const [kind, h] of Object.entries({ ...siteHandlers({ log }), ...httpProxyHandlers() })) c.handle(kind, h);
     // The site boots its machines itself when told where (docs/netboot.md).
-    netboot = netbootService(p, joined?.baseUrl ?? p.url ?? "", log);
+    // Blobs (ISOs rendered per machine) come from the control plane with this agent's own credential.
+    const blob = (sha256: string, signal?: AbortSignal) =>
+      transport.fetch(`${trimBase(c.identity?.baseUrl ?? p.url ?? "")}${BLOBS_PATH}/${sha256}`, {
+        headers: { authorization: `Bearer ${c.identity?.credential ?? ""}` },
+        ...(signal ? { signal } : {}),
+      });
+    netboot = netbootService(p, joined?.baseUrl ?? p.url ?? "", log, blob);
     if (netboot && joinedRole !== "site") throw new UsageError("the --netboot-* flags are for role site");
     if (netboot) {
       await netboot.start();

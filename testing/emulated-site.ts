@@ -18,6 +18,7 @@
 import { existsSync, mkdirSync } from "node:fs";
 import path from "node:path";
 import { buildBcd, type BcdBuild } from "../agent/build/bcd.ts";
+import { buildInstallerIso, type InstallerIso } from "../agent/build/installer-iso.ts";
 import { buildOsImage, type OsImage } from "../agent/build/os-image.ts";
 import { buildRamdisk, type RamdiskImage } from "../agent/build/ramdisk.ts";
 import { startBcd, type BcdProcess } from "../local/bcd-process.ts";
@@ -36,6 +37,8 @@ export const SITE_ADDRESS = "10.77.0.1";
 const SITE_PREFIX = 24;
 const DHCP_RANGE = "10.77.0.100,10.77.0.199";
 const SITE_ADDRESS_V6 = "fd77::1/64";
+/** bcd's network boot HTTP port (its default). */
+const NETBOOT_PORT = 8780;
 const NETNS_PREFIX = "bc";
 /** The hardware profile examples/emulated-site's config adds (the same drivers as redfish-pxe). */
 export const EMULATED_HARDWARE_PROFILE = "emulated-redfish";
@@ -105,11 +108,12 @@ export interface EmulatedSite {
   stop(): Promise<void>;
 }
 
-/** What the emulated site runs: the bcd build, the ramdisk and the OS image (each cached; minutes the first time). */
+/** What the emulated site runs: the bcd build, the ramdisk, the OS image and the installer ISO (each cached; minutes the first time). */
 export interface EmulatedSiteBuilds {
   bcd: BcdBuild;
   ramdisk: RamdiskImage;
   os: OsImage;
+  installer: InstallerIso;
 }
 
 export async function buildForEmulatedSite(log: (line: string) => void = () => {}): Promise<EmulatedSiteBuilds> {
@@ -117,8 +121,10 @@ export async function buildForEmulatedSite(log: (line: string) => void = () => {
   const ramdisk = await buildRamdisk({ log });
   // The installed system boots under TCG too: its kernel needs the TSC's rate as the ramdisk's does.
   const tsc = await hostTscKhz();
-  const os = await buildOsImage({ ramdisk, log, ...(tsc ? { cmdline: `tsc_early_khz=${tsc}` } : {}) });
-  return { bcd, ramdisk, os };
+  const cmdline = tsc ? { cmdline: `tsc_early_khz=${tsc}` } : {};
+  const os = await buildOsImage({ ramdisk, log, ...cmdline });
+  const installer = await buildInstallerIso({ ramdisk, log, ...cmdline });
+  return { bcd, ramdisk, os, installer };
 }
 
 let sitesMade = 0;
@@ -168,10 +174,15 @@ export async function startEmulatedSite(options: EmulatedSiteOptions): Promise<E
       machines.push({ id, qemu, mac, disk: qemu.disks[0]!.file, bmcAddress: "", consoleFile });
     }
 
+    // The BMC downloads virtual media from the site agent's image server, as a real one would over
+    // the management network: here through a forward into the namespace.
+    const netbootOrigin = `http://${SITE_ADDRESS}:${NETBOOT_PORT}`;
+    const forwarded = `http://127.0.0.1:${await netns.forward(SITE_ADDRESS, NETBOOT_PORT)}`;
     const bmc = await startRedfishEmulator({
       machines: machines.map((m) => ({ id: m.id, qemu: m.qemu })),
       username: EMULATED_BMC_USER,
       password: EMULATED_BMC_PASSWORD,
+      mediaRoute: (url) => (url.startsWith(`${netbootOrigin}/`) ? forwarded + url.slice(netbootOrigin.length) : url),
     });
     cleanup.push(() => bmc.stop());
     for (const m of machines) m.bmcAddress = `${bmc.url}/redfish/v1/Systems/${m.id}`;
@@ -216,7 +227,7 @@ export async function startEmulatedSite(options: EmulatedSiteOptions): Promise<E
       });
     let siteAgent = startSiteAgent();
     cleanup.push(() => siteAgent.stop());
-    const joined = await joinedSiteAgent(stateDir, `http://${SITE_ADDRESS}:8780`, siteAgent.process, call);
+    const joined = await joinedSiteAgent(stateDir, `http://${SITE_ADDRESS}:${NETBOOT_PORT}`, siteAgent.process, call);
 
     return {
       site,
@@ -235,7 +246,7 @@ export async function startEmulatedSite(options: EmulatedSiteOptions): Promise<E
       async restartSiteAgent() {
         await siteAgent.stop();
         siteAgent = startSiteAgent();
-        await joinedSiteAgent(stateDir, `http://${SITE_ADDRESS}:8780`, siteAgent.process, call);
+        await joinedSiteAgent(stateDir, `http://${SITE_ADDRESS}:${NETBOOT_PORT}`, siteAgent.process, call);
       },
       stop: cleanup.stop,
     };

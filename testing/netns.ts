@@ -23,6 +23,12 @@ export interface Netns {
    * process connects on the host.
    */
   relay(port: number, hostPort: number, bind?: string): Promise<void>;
+  /**
+   * The other way: address:port inside the namespace, reachable from this host at 127.0.0.1:<the
+   * port answered> (each connection a socat inside that connects to it). What a BMC on the
+   * management network uses to download virtual media from the site agent.
+   */
+  forward(address: string, port: number): Promise<number>;
   /** Stops the relays and removes the namespace with everything in it. */
   remove(): Promise<void>;
 }
@@ -105,6 +111,22 @@ export function makeNetns(prefix: string, label: string): Netns {
         if (socat.exitCode !== null || tries > 50) throw new Error(`the relay to port ${hostPort} did not start inside ${name}`);
         await new Promise((r) => setTimeout(r, 100));
       }
+    },
+    async forward(address, port) {
+      const server = net.createServer((conn) => {
+        const socat = spawn("ip", ["netns", "exec", name, "socat", "STDIO", `TCP:${address}:${port}`], {
+          stdio: ["pipe", "pipe", "ignore"],
+        });
+        relays.push(socat);
+        conn.pipe(socat.stdin!);
+        socat.stdout!.pipe(conn);
+        const end = () => (conn.destroy(), socat.kill("SIGKILL"));
+        conn.on("error", end).on("close", end);
+        socat.on("exit", () => conn.end());
+      });
+      await new Promise<void>((resolve, reject) => server.once("error", reject).listen(0, "127.0.0.1", resolve));
+      servers.push(server);
+      return (server.address() as net.AddressInfo).port;
     },
     async remove() {
       for (const r of relays) r.kill("SIGKILL");

@@ -220,6 +220,11 @@ export interface RedfishEmulatorOptions {
    * file: URL), used in place. Off by default: a BMC on the network must not open the host's files.
    */
   mediaFromFiles?: boolean;
+  /**
+   * Where this BMC's network takes an image URL before it downloads it (default: as it is): the
+   * emulated site's BMC reaches the site agent's address inside its namespace through a forward.
+   */
+  mediaRoute?: (url: string) => string;
 }
 
 export interface RedfishEmulator {
@@ -1401,7 +1406,8 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
           pipeline(res, createWriteStream(file)).then(resolve, reject);
         };
         // As BMCs do unless told to (VerifyCertificate false): the image server's certificate is not checked.
-        const req = url.startsWith("https:") ? httpsGet(url, { rejectUnauthorized: false }, answer) : httpGet(url, answer);
+        const routed = opts.mediaRoute?.(url) ?? url;
+        const req = routed.startsWith("https:") ? httpsGet(routed, { rejectUnauthorized: false }, answer) : httpGet(routed, answer);
         req.on("error", reject);
       });
     } catch (e) {

@@ -19,13 +19,12 @@ export const hardwareProfiles: Record<string, HardwareProfile> = {
   "hetzner-robot": hetznerRobotHardwareProfile,
 };
 
-export const compute = betterCompute({
-  modules: [
-    provisionModule(),
-    capacity(),
-    metalModule({ hardwareProfiles }),
-    hetznerRobotMetal(),
-    vps({ providers: [hetznerCloudProvider, hetznerRobotProvider, proxmoxProvider] }),
-  ],
-  plugins: [],
-});
+export const modules = [
+  provisionModule(),
+  capacity(),
+  metalModule({ hardwareProfiles }),
+  hetznerRobotMetal(),
+  vps({ providers: [hetznerCloudProvider, hetznerRobotProvider, proxmoxProvider] }),
+];
+
+export const compute = betterCompute({ modules, plugins: [] });

@@ -14,3 +14,4 @@ export { renderTemplate } from "./template.ts";
 export { bmcBinding, metalCommands, metalProfiles, metalSteps, redfishAddress, WIPE_STEP, type BmcBinding } from "./steps.ts";
 export { httpViaSite, type HttpViaSiteAnswer, type HttpViaSiteRequest } from "./http-via-site.ts";
 export { agentlessCommissionProfile, agentlessReleaseProfile } from "./steps.ts";
+export { installConfigImage, INSTALL_CONFIG_PATH, machineImage, MACHINE_IMAGE_BYTES, type InstallConfig } from "./installer-iso.ts";

@@ -23,6 +23,7 @@ import { canMakeNetns } from "../../testing/netns.ts";
 import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import {
   buildForEmulatedSite,
+  SITE_ADDRESS,
   startEmulatedSite,
   type EmulatedMachine,
   type EmulatedSite,
@@ -45,12 +46,13 @@ let builds: EmulatedSiteBuilds;
 let stack: Stack;
 const stackOptions = () => ({
   dataDir: path.join(tmp, "stack"),
-  main: "examples/emulated-site/worker.ts",
+  main: "test/node/emulated-site.worker.ts",
   onOutput: (line: string) => void lines.push(`[stack] ${line}`),
 });
 let site: EmulatedSite;
 let images: Server;
 let imageUrl: string;
+let installerUrl: string;
 const lines: string[] = [];
 
 beforeAll(async () => {
@@ -59,19 +61,27 @@ beforeAll(async () => {
   stack = await startStack(stackOptions());
   // The image server an operator names in metal.deploy: on this host's loopback, relayed into the site.
   images = createServer((req, res) => {
-    if (req.url !== "/images/bc-os.img.zst") return void res.writeHead(404).end();
-    res.writeHead(200, { "content-length": builds.os.manifest.zstd.bytes });
-    fs.createReadStream(builds.os.zstd).pipe(res);
+    const [file, bytes] =
+      req.url === "/images/bc-os.img.zst"
+        ? [builds.os.zstd, builds.os.manifest.zstd.bytes]
+        : req.url === "/images/installer.iso"
+          ? [builds.installer.iso, builds.installer.manifest.iso.bytes]
+          : [];
+    if (!file) return void res.writeHead(404).end();
+    res.writeHead(200, { "content-length": bytes });
+    fs.createReadStream(file).pipe(res);
   });
   await new Promise<void>((resolve) => images.listen(0, "127.0.0.1", resolve));
   const port = (images.address() as AddressInfo).port;
   imageUrl = `http://127.0.0.1:${port}/images/bc-os.img.zst`;
+  installerUrl = `http://127.0.0.1:${port}/images/installer.iso`;
   site = await startEmulatedSite({
     controlPlane: stack,
     machines: [
       { id: "bios", firmware: "bios" },
       { id: "uefi", firmware: "uefi" },
       { id: "dying", firmware: "bios", failWrites: true },
+      { id: "installer", firmware: "bios" },
       { id: "lost", firmware: "bios", unplugged: true },
     ],
     bcd: builds.bcd.launcher,
@@ -297,6 +307,54 @@ describe.skipIf(missing.length > 0)("the emulated site", () => {
         },
       );
       expect(again).toMatchObject({ id: agent!.id, revoked: false });
+    },
+    MACHINE_MINUTES * 60_000,
+  );
+
+  it(
+    "Walkthrough 1 for real: an installer ISO rendered with the machine's token, kept as a blob, mirrored by the site by its digest, booted from the BMC's virtual CD; the installed system joins",
+    async () => {
+      const m = machine("installer");
+      await enroll(m);
+      const ready = await waitForState(m, ["ready", "failed"]);
+      expect(ready.state, detail(m)).toBe("ready");
+      const { workflow } = await api("metal.deploy", {
+        node: m.id,
+        profile: "bc-os.autoinstall",
+        input: {
+          image: { url: imageUrl, sha256: builds.os.manifest.zstd.sha256 },
+          installer: {
+            url: installerUrl,
+            sha256: builds.installer.manifest.iso.sha256,
+            machineImage: builds.installer.manifest.machineImage,
+          },
+          joinUrl: `http://${SITE_ADDRESS}:${new URL(stack.url).port}`,
+          hostname: "installed-1",
+        },
+      });
+      const deployed = await waitForState(m, ["deployed", "failed"]);
+      expect(deployed.state, `${JSON.stringify(deployed.lastError)}\n${detail(m)}`).toBe("deployed");
+      expect(imageOnDisk(m.disk, builds.os.manifest.raw.bytes)).toBe(builds.os.manifest.raw.sha256);
+      expect(await installedAgent(m)).toMatchObject({ role: "node", state: "connected", hostname: "installed-1" });
+
+      // The CD the BMC booted: the site's copy of the blob the control plane rendered, ejected since.
+      const steps = (await api("workflows.get", { id: workflow })).steps as { name: string; attempts: { output: any }[] }[];
+      const rendered = steps.find((s) => s.name === "autoinstall.renderInstallerIso")!.attempts.at(-1)!.output.image.blob as string;
+      const mirrored = steps.find((s) => s.name === "iso.cache")!.attempts.at(-1)!.output;
+      expect(mirrored).toMatchObject({ sha256: rendered, url: `http://${SITE_ADDRESS}:8780/images/${rendered}` });
+      expect(rendered).not.toBe(builds.installer.manifest.iso.sha256); // its window holds this machine's config
+      expect(site.bmc.machines.get(m.id)!.media).toMatchObject({ inserted: false });
+      // The token is in the ISO alone: no command, step or event carries one.
+      const recorded = await inDatabase(async (store) =>
+        JSON.stringify(
+          await Promise.all([
+            store.db.execute(sql`SELECT body, result FROM bc_commands`),
+            store.db.execute(sql`SELECT input, output, error FROM workflow_steps`),
+            store.db.execute(sql`SELECT data FROM bc_events`),
+          ]),
+        ),
+      );
+      expect(recorded).not.toMatch(/bcj_[0-9a-f]{16}_/);
     },
     MACHINE_MINUTES * 60_000,
   );

@@ -196,6 +196,7 @@ describe.skipIf(biosMissing.length > 0)("a BIOS machine (SeaBIOS) behind the emu
       media: { inserted: false, image: null },
       storage: { drives: 1, volumes: [] },
       addresses: [],
+      macs: [MAC.toLowerCase()],
     });
     const nic = await redfish(emu, "GET", "/redfish/v1/Systems/bios-1/EthernetInterfaces/NIC.1");
     expect(nic.json).toMatchObject({ MACAddress: MAC.toUpperCase(), PermanentMACAddress: MAC.toUpperCase() });

@@ -3,7 +3,7 @@
 import path from "node:path";
 import type { AgentLogger } from "../../contracts.ts";
 import type { DhcpConfig } from "./dnsmasq.ts";
-import { NetbootService } from "./service.ts";
+import { NetbootService, type NetbootConfig } from "./service.ts";
 
 /** The flags, as node:util parseArgs options. */
 export const NETBOOT_FLAGS = {
@@ -38,7 +38,10 @@ export class NetbootFlagError extends Error {}
 type Flags = Record<string, string | boolean | string[] | undefined>;
 
 /** The network boot service the flags ask for, or undefined when they ask for none. */
-export function netbootFromFlags(flags: Flags, opts: { url: string; stateDir: string; log: AgentLogger }): NetbootService | undefined {
+export function netbootFromFlags(
+  flags: Flags,
+  opts: { url: string; stateDir: string; log: AgentLogger; blob?: NetbootConfig["blob"] },
+): NetbootService | undefined {
   const str = (name: keyof typeof NETBOOT_FLAGS) => (typeof flags[name] === "string" ? (flags[name] as string) : undefined);
   const address = str("netboot-address");
   if (!address) {
@@ -83,6 +86,7 @@ export function netbootFromFlags(flags: Flags, opts: { url: string; stateDir: st
     ...(ramdiskCmdline ? { ramdiskCmdline } : {}),
     controlPlaneUrl: str("ramdisk-url") ?? opts.url,
     images: { dir: path.resolve(str("image-cache-dir") ?? path.join(opts.stateDir, "images")), maxBytes: Math.floor(gib * 2 ** 30) },
+    ...(opts.blob ? { blob: opts.blob } : {}),
     log: opts.log,
   });
 }

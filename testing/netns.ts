@@ -57,7 +57,7 @@ export function removeLeftoverNetns(prefix: string): void {
     } catch {
       alive = false;
     }
-    if (alive && Number(m[2]) !== process.pid) continue;
+    if (alive) continue; // a live run's (this one's too)
     killInside(m[1]!);
     ip("netns", "del", m[1]!);
   }

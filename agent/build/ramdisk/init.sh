@@ -110,7 +110,8 @@ set +f
 
 # bc.dd=<MiB> (npm run bench only): the first disk's raw write speed, for the image write's to be
 # compared with, measured by writing that many MiB of zeros over the disk's start before bcd
-# starts. It destroys what the disk held.
+# starts (it destroys what the disk held); and how fast bcd's Node hashes that many MiB (sha256),
+# which an image write must do for every byte.
 if [ -n "$DD" ] && [ "$MODE" = ramdisk ]; then
   for block in /sys/block/nvme* /sys/block/vd* /sys/block/sd*; do
     [ -e "$block" ] || continue
@@ -120,6 +121,13 @@ if [ -n "$DD" ] && [ "$MODE" = ramdisk ]; then
     say "bc.dd: $DD MiB of zeros to /dev/${block##*/} in $(awk "BEGIN { print $t1 - $t0 }") s"
     break
   done
+  /usr/lib/bcd/node -e '
+    const mib = Number(process.argv[1]), chunk = Buffer.alloc(2 ** 20, 1), hash = require("node:crypto").createHash("sha256");
+    const t = performance.now();
+    for (let i = 0; i < mib; i++) hash.update(chunk);
+    hash.digest();
+    console.log(`bc-ramdisk: bc.dd: sha256 of ${mib} MiB in ${((performance.now() - t) / 1000).toFixed(3)} s`);
+  ' "$DD"
 fi
 stay() {
   while :; do

@@ -170,11 +170,14 @@ describe("one socket flooding its NodeDO", () => {
     const statements = nodeRoundTrips.count - roundTripsBefore;
     expect(statements).toBeLessThan(frames / 10);
 
-    const limited = await vi.waitFor(async () => {
-      const events = await eventsOf(flooder.nodeId);
-      expect(events.map((e) => e.type)).toEqual(expect.arrayContaining(["node.rate-limited", "node.disconnected"]));
-      return events.find((e) => e.type === "node.rate-limited")!;
-    });
+    const limited = await vi.waitFor(
+      async () => {
+        const events = await eventsOf(flooder.nodeId);
+        expect(events.map((e) => e.type)).toEqual(expect.arrayContaining(["node.rate-limited", "node.disconnected"]));
+        return events.find((e) => e.type === "node.rate-limited")!;
+      },
+      { timeout: 10_000 },
+    ); // the events are written after the close: a busy machine takes more than waitFor's default second
     expect(limited.data).toMatchObject({ code: CloseCode.POLICY_VIOLATION, sessionId: expect.any(String) });
     const summary = limited.data as { frames: Record<string, { taken: number; dropped: number }>; refused: Record<string, number> };
     expect(summary.frames.ack!.dropped).toBeGreaterThan(0);

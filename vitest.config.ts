@@ -5,6 +5,7 @@ const NODE_SUITES = [
   "test/node/**/*.test.ts",
   "test/extensions/ubuntu-autoinstall.test.ts",
   "test/extensions/talos.test.ts",
+  "test/extensions/bcx-runtime.test.ts",
   "test/metal/**/*.test.ts",
 ];
 import { cloudflareTest } from "@cloudflare/vitest-plugin";

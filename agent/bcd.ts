@@ -1,7 +1,7 @@
 // bcd: the Better Compute agent (Node). Run with `tsx agent/bcd.ts <command> ...`.
 //
 //   bcd join  --url URL --role site|node|ramdisk --state-dir DIR [--hostname NAME] [--attestor ID] <the attestor's flags>
-//   bcd run   --state-dir DIR [--url URL] [--label k=v ...] [--heartbeat SECONDS]
+//   bcd run   --state-dir DIR [--url URL] [--label k=v ...] [--heartbeat SECONDS] [--config FILE]
 //             [--runtime-dir DIR] [--access-file FILE] [--firecracker-bin PATH]   (role node)
 //   bcd start --url URL [--attestor ID] <its flags> --role ROLE --state-dir DIR [...]   join unless joined, then run
 //   bcd install --config FILE   the installer ISO's one job: the image FILE names onto the first disk (agent/roles/install.ts)
@@ -17,6 +17,10 @@
 // As a node, bcd runs the node role (agent/roles/node.ts): it converges the NodeSpec the control
 // plane sends (docs/nodespec.md) with the runtimes this host has, advertises them as drivers in its
 // hello, and reports the host's CPUs, memory and the runtime directory's disk.
+//
+// With --config FILE (TOML), whatever its role, bcd hosts the bcx driver plugins its [plugins]
+// section pins (agent/bcx/, docs/bcx.md): each checked against its sha256 and sandboxed, its driver
+// advertised in the hello and reachable with the driver.invoke command (and a site's BMC commands).
 //
 // Exit codes: 0 done (or stopped by SIGINT/SIGTERM), 1 runtime failure, 2 usage.
 import { constants, realpathSync } from "node:fs";
@@ -44,6 +48,10 @@ import { install } from "./roles/install.ts";
 import { nodeTransport } from "./node-transport.ts";
 import { evidenceProducers, ProducerUsageError } from "./attestation/index.ts";
 import type { Role } from "./state.ts";
+import { ConfigError, isPrivileged, pluginFileName, readBcdConfig, readPinned, type BcdConfig } from "./bcx/config.ts";
+import { checkSandbox, PluginHost } from "./bcx/host.ts";
+import { driverInvokeHandlers } from "./bcx/handlers.ts";
+import { pluginRuntimes } from "./bcx/plugin-runtime.ts";
 
 const USAGE = `usage:
   bcd join  --url URL --role site|node|ramdisk --state-dir DIR [--hostname NAME] [--attestor ID] <the attestor's flags>
@@ -51,6 +59,8 @@ ${Object.entries(evidenceProducers)
   .map(([id, p]) => `            --attestor ${id}${id === "join-token" ? " (default)" : ""}: ${p.usage}`)
   .join("\n")}
   bcd run   --state-dir DIR [--url URL] [--label KEY=VALUE ...] [--heartbeat SECONDS]
+            [--config FILE]            bcd's configuration (TOML): its [plugins] section pins the bcx driver
+                                       plugins it hosts, whatever its role (docs/bcx.md)
             [--runtime-dir DIR]        role node: where guests' work dirs live (default <state-dir>/runtime)
             [--access-file FILE]       role node: the authorized_keys file the NodeSpec's access section owns
             [--firecracker-bin PATH]   role node: the firecracker binary (the firecracker runtime)
@@ -63,6 +73,8 @@ ${NETBOOT_USAGE}
   bcd help`;
 
 const ROLES: readonly Role[] = ["site", "node", "ramdisk"];
+/** The drivers built into bcd, which no plugin may shadow (whether or not this host offers them). */
+const BUILTIN_DRIVERS = ["redfish", "ipxe", "image-stream", "qemu-microvm", "firecracker"] as const;
 /** The attestors bcd makes evidence for. */
 const ATTESTORS = Object.keys(evidenceProducers);
 /** Every producer's flags, parsed with bcd's own. */
@@ -118,6 +130,8 @@ interface Parsed {
   firecrackerBin?: string;
   /** install: the install config's file. */
   config?: string;
+  /** run, start: bcd's configuration file (--config). */
+  configFile?: string;
 }
 
 function parse(argv: string[]): Parsed {
@@ -148,6 +162,7 @@ function parse(argv: string[]): Parsed {
         "access-file": { type: "string" },
         "firecracker-bin": { type: "string" },
         check: { type: "boolean" },
+        config: { type: "string" },
       },
     }));
   } catch (e) {
@@ -169,6 +184,8 @@ function parse(argv: string[]): Parsed {
   if (!ATTESTORS.includes(attestor)) throw new UsageError(`--attestor wants ${ATTESTORS.join("|")}, got ${attestor}`);
   const p: Parsed = { command, labels, attestor, flags: values, quiet: values.quiet ?? false, check: values.check ?? false };
   if (p.check && command === "join") throw new UsageError("--check is for run and start");
+  if (values.config !== undefined && command === "join") throw new UsageError("--config is for run and start");
+  if (values.config !== undefined) p.configFile = values.config;
   if (values.url !== undefined) p.url = values.url;
   if (values.role !== undefined) p.role = values.role;
   if (values["state-dir"] !== undefined) p.stateDir = values["state-dir"];
@@ -290,7 +307,13 @@ async function hostResources(runtimeDir: string): Promise<NonNullable<HelloFrame
  * identity to run with, or the URL and role to join with), checked without connecting. A systemd
  * unit runs it as ExecStartPre, so a bad configuration fails with one line in the journal.
  */
-async function check(p: Parsed, state: FileState): Promise<number> {
+async function check(p: Parsed, state: FileState, config: BcdConfig): Promise<number> {
+  const problem = await checkPlugins(config);
+  if (problem) {
+    process.stderr.write(`bcd: ${problem}\n`);
+    return 2;
+  }
+  if (config.plugins) process.stdout.write(`bcd: plugins OK: ${config.plugins.pins.length} pinned, each file's sha256 checked\n`);
   try {
     await mkdir(p.stateDir!, { recursive: true, mode: 0o700 });
     await access(p.stateDir!, constants.W_OK);
@@ -321,6 +344,24 @@ async function check(p: Parsed, state: FileState): Promise<number> {
     process.stderr.write(`bcd: ${(e as Error).message}\n`);
     return 2;
   }
+}
+
+/** What would keep a pinned plugin from running (a file whose bytes differ, no sandbox), or undefined. */
+async function checkPlugins(config: BcdConfig): Promise<string | undefined> {
+  const plugins = config.plugins;
+  if (!plugins) return undefined;
+  for (const pin of plugins.pins) {
+    try {
+      await readPinned(pin);
+    } catch (e) {
+      return `bcx plugin ${pluginFileName(pin)}: ${(e as Error).message}`;
+    }
+  }
+  if (plugins.pins.some((pin) => !isPrivileged(plugins, pin))) {
+    const sandbox = await checkSandbox(plugins);
+    if (sandbox) return `the bcx plugin sandbox is not available, and every plugin not named under privileged needs it: ${sandbox}`;
+  }
+  return undefined;
 }
 
 /** `bcd install`: this machine's block devices, its product UUID, progress on stdout; 1 when it fails. */
@@ -382,24 +423,40 @@ export async function main(argv: string[]): Promise<number> {
     return 0;
   }
   if (p.command === "install") return runInstall(p.config!);
+  let config: BcdConfig = {};
+  try {
+    if (p.configFile) config = await readBcdConfig(p.configFile);
+  } catch (e) {
+    if (!(e instanceof ConfigError)) throw e;
+    process.stderr.write(`bcd: --config ${e.message}\n`);
+    return 2;
+  }
   const state = new FileState(p.stateDir!);
-  if (p.check) return check(p, state);
+  if (p.check) return check(p, state, config);
   const log = stderrLogger(p.quiet);
   let client: AgentClient | undefined;
   let netboot: NetbootService | undefined;
+  let plugins: PluginHost | undefined;
   const bootId = crypto.randomUUID();
   try {
     let join: JoinArgs | undefined;
     if (p.command === "join") join = joinArgs(p);
     if (p.command === "start" && !(await state.loadIdentity())) join = joinArgs(p);
 
-    // A node host: its runtimes and resources go into every hello.
+    // The bcx plugins the configuration pins, whatever the role; a plugin that fails never stops bcd.
+    if (p.command !== "join" && config.plugins?.pins.length)
+      plugins = await PluginHost.start(config.plugins, { log, builtinDrivers: BUILTIN_DRIVERS });
+
+    // A node host: its runtimes (hosted runtime plugins among them) and resources go into every hello.
     const role = join?.role ?? (await state.loadIdentity())?.role;
     let host: { runtimes: RuntimeDriver[]; resources: NonNullable<HelloFrame["resources"]> } | undefined;
     if (p.command !== "join" && role === "node") {
       const runtimeDir = path.resolve(p.runtimeDir ?? path.join(p.stateDir!, "runtime"));
       await mkdir(runtimeDir, { recursive: true, mode: 0o700 });
-      const runtimes = await nodeRuntimes({ runtimeDir, log, ...(p.firecrackerBin ? { firecrackerBin: p.firecrackerBin } : {}) });
+      const runtimes = [
+        ...(await nodeRuntimes({ runtimeDir, log, ...(p.firecrackerBin ? { firecrackerBin: p.firecrackerBin } : {}) })),
+        ...(plugins ? pluginRuntimes(plugins, BUILTIN_DRIVERS) : []),
+      ];
       host = { runtimes, resources: await hostResources(runtimeDir) };
     }
 
@@ -413,7 +470,15 @@ export async function main(argv: string[]): Promise<number> {
       bootId,
       logger: log,
       ...(p.heartbeatMs !== undefined ? { heartbeatMs: p.heartbeatMs } : {}),
-      ...(host ? { drivers: host.runtimes.map((r) => ({ id: r.id, version: r.version })), resources: host.resources } : {}),
+      // Asked at every hello: a plugin that comes up later is advertised from the next connection.
+      drivers: () => {
+        // The host's runtimes, runtime plugins among them: one that was not up when the node role took
+        // its runtimes serves no instance, so it is not advertised (the next bcd start takes it).
+        const runtimes = (host?.runtimes ?? []).map((r) => ({ id: r.id, version: r.version }));
+        const hosted = (plugins?.drivers() ?? []).filter((d) => !d.kinds.includes("runtime"));
+        return [...runtimes, ...hosted.map((d) => ({ id: d.id, version: d.version }))];
+      },
+      ...(host ? { resources: host.resources } : {}),
     });
     const c = client;
     for (const [kind, h] of Object.entries(
@@ -447,8 +512,10 @@ export async function main(argv: string[]): Promise<number> {
     // only; the simulated ramdisk is in better-compute/testing/metal).
     const joined = await state.loadIdentity();
     const joinedRole = joined?.role;
+    if (plugins) for (const [kind, h] of Object.entries(driverInvokeHandlers(plugins))) c.handle(kind, h);
     if (joinedRole === "site")
-      for (const [kind, h] of Object.entries({ ...siteHandlers({ log }), ...httpProxyHandlers() })) c.handle(kind, h);
+      for (const [kind, h] of Object.entries({ ...siteHandlers({ log, ...(plugins ? { hosted: plugins } : {}) }), ...httpProxyHandlers() }))
+        c.handle(kind, h);
     // The site boots its machines itself when told where (docs/netboot.md).
     // Blobs (ISOs rendered per machine) come from the control plane with this agent's own credential.
     const blob = (sha256: string, signal?: AbortSignal) =>
@@ -522,6 +589,7 @@ export async function main(argv: string[]): Promise<number> {
     writeFailure(what, e);
     return 1;
   } finally {
+    await plugins?.close().catch(() => {});
     await state.close().catch(() => {});
   }
 }

@@ -27,7 +27,8 @@ import type { SocketLike } from "./socket.ts";
 
 export interface SessionOptions {
   labels?: Record<string, string>;
-  drivers?: { id: string; version: string }[];
+  /** The drivers this agent serves; a function is asked at every hello (bcd's plugins come and go). */
+  drivers?: { id: string; version: string }[] | (() => { id: string; version: string }[]);
   /** What the machine has, reported in every hello (a node agent's; capacity reads it). */
   resources?: HelloFrame["resources"];
   /** Send PING this often once welcomed (ms). Default 30 000. */
@@ -256,7 +257,7 @@ export class Session {
       version,
       bootId,
       labels: this.#opts.labels ?? {},
-      drivers: this.#opts.drivers ?? [],
+      drivers: typeof this.#opts.drivers === "function" ? this.#opts.drivers() : (this.#opts.drivers ?? []),
       ...(this.#opts.resources ? { resources: this.#opts.resources } : {}),
     };
     // Labels, drivers or version outside the protocol's bounds would be refused on every

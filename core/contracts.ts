@@ -170,6 +170,8 @@ export interface DriverDefinition extends ExtensionBase {
   manifest?: z.ZodType;
   /** Fields of the binding that hold secret references, never values. */
   secretFields?: string[];
+  /** How its code is reached: in the process that runs it (default), or a bcx plugin bcd hosts (externalDriver, docs/bcx.md). */
+  transport?: "in-process" | "bcx";
 }
 
 /** What a joining agent asked for, its key already proven (it signed the join request). */

@@ -100,6 +100,7 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
         runsOn: z.string(),
         secretFields: z.array(z.string()),
         manifest: z.unknown().nullable(),
+        transport: z.enum(["in-process", "bcx"]),
       }),
     },
     find: async (_tx, _input, ctx) =>
@@ -110,6 +111,7 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
         runsOn: d.runsOn,
         secretFields: d.secretFields ?? [],
         manifest: d.manifest ? jsonSchema(d.manifest, "input") : null,
+        transport: d.transport ?? "in-process",
       })),
   });
 

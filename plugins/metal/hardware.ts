@@ -28,6 +28,11 @@ export const DEFAULT_HARDWARE_PROFILES: HardwareProfiles = {
     description: "Redfish BMC, PXE into the bcd ramdisk through the site agent, image streamed from the ramdisk",
     drivers: { power: "redfish", management: "redfish", boot: "ipxe", deploy: "image-stream" },
   },
+  "ipmi-pxe": {
+    description:
+      "IPMI BMC (bcx-ipmi, hosted by the site agent: docs/drivers.md), PXE into the bcd ramdisk through the site agent, image streamed from the ramdisk",
+    drivers: { power: "ipmi", management: "ipmi", boot: "ipxe", deploy: "image-stream" },
+  },
 };
 
 /** A hardware profile with BIOS settings or a RAID layout commissions with its own profile. */

@@ -28,12 +28,20 @@ const tlsFitsAddress = (b: { address: string; tls?: z.infer<typeof bmcTls> }, ct
   const problem = bmcTlsProblem(b.address, b.tls);
   if (problem) ctx.addIssue({ code: "custom", path: ["tls"], message: problem });
 };
-/** A BMC binding: its address, its username, the password by reference, and how to trust its certificate (tls). */
+/** A Redfish BMC binding: its address, its username, the password by reference, and how to trust its certificate (tls). */
 export const bmcBinding = z.object(bindingShape).superRefine(tlsFitsAddress);
-export type BmcBinding = z.infer<typeof bmcBinding>;
+/**
+ * A BMC binding as a workflow carries it: the power driver's manifest checked it at enroll (a
+ * Redfish URL, an IPMI host and cipher suite, ...), so only what every driver shares is read here;
+ * the rest travels to the site agent as it is.
+ */
+export const anyBmcBinding = z
+  .object({ driver: z.string().min(1), address: z.string().min(1), username: z.string(), password: secretRef })
+  .catchall(z.unknown());
+export type BmcBinding = z.infer<typeof anyBmcBinding> & { tls?: z.infer<typeof bmcTls> };
 
 /** What metal puts into every workflow it starts. */
-const machineInput = z.object({ machine: z.string(), siteAgent: z.string(), bmc: bmcBinding });
+const machineInput = z.object({ machine: z.string(), siteAgent: z.string(), bmc: anyBmcBinding });
 
 export const redfishDriver = defineDriver({
   id: "redfish",
@@ -152,10 +160,8 @@ function bmcStep<S extends z.ZodRawShape>(
     kind,
     shape,
     {
-      body: (value) => {
-        const { address, username, password, tls } = value.bmc;
-        return { bmc: { address, username, password, ...(tls ? { tls } : {}) }, ...body(value) };
-      },
+      // The whole binding (its driver picks the client on the site agent), the password by reference.
+      body: (value) => ({ bmc: value.bmc, ...body(value) }),
       secretRefs: (value) => [value.bmc.password as SecretRef],
     },
     description,

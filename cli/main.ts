@@ -10,6 +10,7 @@ import { runDoctor } from "./doctor.ts";
 import { formatOutput } from "./format.ts";
 import { followWorkflow, waitForMachine, workflowLines, type WorkflowView } from "./progress.ts";
 import { eventsWatch } from "./watch.ts";
+import { metalConsole } from "./console.ts";
 
 /** Methods that start a machine on a way, and the state it should settle in. */
 const MACHINE_WAITS: Record<string, string> = {
@@ -83,6 +84,7 @@ export async function main(argv: string[]): Promise<number> {
 
   const api = createApi(resolveConnection(flags));
   if (words[0] === "call") return call(api, flags, words.slice(1), tail);
+  if (words[0] === "metal" && words[1] === "console") return metalConsole(api, words.slice(2), tail, flags.help);
   if (words[0] === "workflows" && words[1] === "watch") return watch(api, flags, words.slice(2), tail);
 
   const methods = methodsOf(await api.openapi());

@@ -65,3 +65,4 @@ export { sha256Hex } from "./encoding.ts";
 export { memoryBlobs, r2Blobs, sha256Bytes } from "./store/blobs.ts";
 export { canonicalJson, instanceEntry, type InstanceEntry } from "./protocol.ts";
 export { objectOrigin, originObject } from "./agents/notify.ts";
+export { askAgent, type AgentAnswer } from "./agents/ask.ts";

@@ -10,7 +10,8 @@
 //   --sim N            join N simulated ping-only agents (FakeDaemon, role node)
 //   --site             the simulated site (what npm run dev passes); --machines N of them (default 3)
 //   --emulated         with --site: QEMU machines that really network-boot through the installed bcd
-//                      site agent instead of simulated ones (scripts/dev/emulated.ts); --machines N (default 2)
+//                      site agent instead of simulated ones (scripts/dev/emulated.ts); --machines N (default 2);
+//                      --ipmi: behind IPMI BMCs (ipmi_sim), driven by the site agent's bcx-ipmi plugin
 //   --providers        with --site: the Hetzner Cloud, Hetzner Robot and Proxmox emulators, registered
 //                      as accounts and pools with a tenant (scripts/dev/providers.ts)
 //   --vms              with --site: this machine as the host of a host pool (a real bcd node booting
@@ -27,7 +28,7 @@ import { repoRoot } from "../local/node-store.ts";
 import { shownPath, StackRefusedError, startStack, type Stack } from "../local/stack.ts";
 
 const USAGE =
-  "usage: npm start -- [--port P] [--new-admin-key] [--sim N]    npm run dev -- [--emulated] [--machines N] [--providers] [--vms] [--port P] [--sim N]";
+  "usage: npm start -- [--port P] [--new-admin-key] [--sim N]    npm run dev -- [--emulated [--ipmi]] [--machines N] [--providers] [--vms] [--port P] [--sim N]";
 
 let values;
 try {
@@ -38,6 +39,7 @@ try {
       site: { type: "boolean", default: false },
       machines: { type: "string" },
       emulated: { type: "boolean", default: false },
+      ipmi: { type: "boolean", default: false },
       providers: { type: "boolean", default: false },
       vms: { type: "boolean", default: false },
       "new-admin-key": { type: "boolean", default: false },
@@ -53,6 +55,7 @@ if (values.machines !== undefined && !siteMode) usage("--machines is for the sim
 if (values.providers && !siteMode) usage("--providers is for npm run dev (its data starts afresh): npm run dev -- --providers");
 if (values.vms && !siteMode) usage("--vms is for npm run dev (its data starts afresh): npm run dev -- --vms");
 if (values.emulated && !siteMode) usage("--emulated is for npm run dev: npm run dev -- --emulated");
+if (values.ipmi && !values.emulated) usage("--ipmi is for the emulated site: npm run dev -- --emulated --ipmi");
 const emulated = values.emulated;
 const machines = emulated
   ? count(values.machines ?? "2", "--machines", "emulated machines", 1, 8)
@@ -87,7 +90,7 @@ if (vmsProblem) {
 }
 const guestImage = values.vms ? devGuestImage((line) => console.log(line)) : undefined;
 guestImage?.catch(() => {}); // awaited below, once the stack runs
-const emulatedProblem = emulated ? devEmulatedProblem() : undefined;
+const emulatedProblem = emulated ? devEmulatedProblem(values.ipmi) : undefined;
 if (emulatedProblem) {
   await providers?.stop();
   console.error(emulatedProblem);
@@ -134,7 +137,12 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
 
 try {
   running.daemons = await simulate(stack, simulated);
-  if (emulated) running.emulated = await startDevEmulated(stack, await emulatedBuilds!, { machines, print: (line) => console.log(line) });
+  if (emulated)
+    running.emulated = await startDevEmulated(stack, await emulatedBuilds!, {
+      machines,
+      ipmi: values.ipmi,
+      print: (line) => console.log(line),
+    });
   else if (siteMode) running.site = await startDevSite(stack, { machines, print: (line) => console.log(line) });
   if (providers) running.tenant = await providers.register(stack);
   if (guestImage) running.vms = await registerDevVms(stack, await guestImage, (line) => console.log(line));
@@ -223,9 +231,11 @@ function emulatedBanner(emulated: DevEmulated): string[] {
     `             the ramdisk (${builds.ramdisk.manifest.digest.slice(0, 12)}) and the image cache over HTTP;`,
     `             ${site.machines.length} QEMU machines (${accel}): their firmware, NICs, NVMe disks and network boot,`,
     `             the bcd ramdisk that inspects and wipes them, the OS image (${builds.os.manifest.digest.slice(0, 12)}) it writes and they boot`,
-    `  EMULATED   their BMCs: a Redfish emulator at ${site.bmc.url} working each machine over QMP`,
+    site.ipmi
+      ? `  EMULATED   their BMCs: IPMI BMCs (ipmi_sim, UDP in the namespace at ${site.machines.map((m) => m.bmcAddress).join(", ")}),\n             driven by the site agent's bcx-ipmi plugin (ipmitool); each works its machine over QMP`
+      : `  EMULATED   their BMCs: a Redfish emulator at ${site.bmc.url} working each machine over QMP`,
     "",
-    `  machines in pool ${site.pool}: ${emulated.machines.map((m) => `${m.node} (${m.firmware})`).join(", ")} (enrolled; their progress follows below)`,
+    `  machines in pool ${site.ipmiPool ?? site.pool}: ${emulated.machines.map((m) => `${m.node} (${m.firmware})`).join(", ")} (enrolled; their progress follows below)`,
     `  their consoles: ${emulated.machines.map((m) => shownPath(m.console)).join(", ")}`,
     "",
     ...metalCommands(first?.node, image),
@@ -238,6 +248,7 @@ function metalCommands(node: string | undefined, image: { url: string; sha256: s
   return [
     "  try:",
     "    npx better-compute metal nodes list",
+    ...(node ? [`    npx better-compute metal console ${node}            # its serial console, live (Ctrl-C leaves)`] : []),
     ...(node
       ? [
           `    npx better-compute metal deploy ${node} --profile metal.deploy.image-stream --input '${input}'`,

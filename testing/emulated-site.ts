@@ -11,11 +11,15 @@
 //   Redfish emulator :B ◄─ relay ─── 127.0.0.1:B   ◄── site agent's Redfish client
 //   image servers :I ◄─── relay ──── 127.0.0.1:I   ◄── site agent's image cache
 //                                    br0 10.77.0.1/24: dnsmasq, netboot HTTP :8780, tap<i> ── machine i
+//   Redfish consoles :T ◄── relay ── 127.0.0.1:T   ◄── site agent's console reader (Telnet, raw)
+//                                    127.0.0.1:<udp> ipmi_sim: the IPMI machines' BMCs (UDP stays inside),
+//                                                    driven by the site agent's bcx-ipmi plugin
 //
 // Nothing in the namespace is routed anywhere: what must reach the host crosses through relays
 // over unix sockets (testing/netns.ts). Everything is removed at stop(), and a run killed before
 // its stop() is cleaned up by the next one.
-import { existsSync, mkdirSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { buildBcd, type BcdBuild } from "../agent/build/bcd.ts";
 import { buildInstallerIso, type InstallerIso } from "../agent/build/installer-iso.ts";
@@ -28,6 +32,7 @@ import { callApi } from "./metal-sim-control-plane.ts";
 import { joinedSiteAgent } from "./metal-sim.ts";
 import { makeNetns, removeLeftoverNetns, type Netns } from "./netns.ts";
 import { startQemuMachine, type Firmware, type QemuMachine } from "./qemu-machine.ts";
+import { startIpmiBmc, type IpmiBmc } from "./ipmi-bmc.ts";
 import { fakeMac, startRedfishEmulator, type RedfishEmulator } from "./redfish-emulator.ts";
 
 export const EMULATED_BMC_USER = "admin";
@@ -55,6 +60,8 @@ export interface EmulatedMachineOptions {
   unplugged?: boolean;
   /** Default 1024 (the ramdisk's 38 MiB initrd unpacks to ~150 MiB, and Node runs in it). */
   memoryMiB?: number;
+  /** Its BMC: the Redfish emulator (default), or an IPMI BMC (ipmi_sim) driven through the site agent's bcx-ipmi plugin. */
+  bmc?: "redfish" | "ipmi";
 }
 
 export interface EmulatedSiteOptions {
@@ -85,7 +92,8 @@ export interface EmulatedMachine {
   mac: string;
   /** Its disk's file on this host: read it to see what the machine wrote. */
   disk: string;
-  /** Its BMC address, as metal.enroll takes it. */
+  bmc: "redfish" | "ipmi";
+  /** Its BMC address, as metal.enroll takes it (an IPMI one: 127.0.0.1:<port> inside the namespace). */
   bmcAddress: string;
   /** Where its serial console is written. */
   consoleFile: string;
@@ -96,6 +104,10 @@ export interface EmulatedSite {
   pool: string;
   netns: Netns;
   bmc: RedfishEmulator;
+  /** The IPMI BMCs, when a machine has one. */
+  ipmi?: IpmiBmc;
+  /** The pool of the IPMI machines (hardware profile ipmi-pxe), when there are any. */
+  ipmiPool?: string;
   machines: EmulatedMachine[];
   /** The site agent's node id. */
   siteAgentNodeId: string;
@@ -128,6 +140,21 @@ export async function buildForEmulatedSite(log: (line: string) => void = () => {
 }
 
 let sitesMade = 0;
+
+/** A bcd configuration pinning the plugins the build ships (usr/lib/bcd/plugins beside the launcher's bcd), by their sha256. */
+function pinShippedPlugins(launcher: string, workDir: string): string {
+  const dir = path.resolve(path.dirname(launcher), "..", "lib", "bcd", "plugins");
+  const pins = readdirSync(dir).map((file) => {
+    const sha256 = createHash("sha256")
+      .update(readFileSync(path.join(dir, file)))
+      .digest("hex");
+    return `[[plugins.pin]]\npath = "${file}"\nsha256 = "${sha256}"\n`;
+  });
+  const file = path.join(workDir, "site-agent.toml");
+  mkdirSync(workDir, { recursive: true });
+  writeFileSync(file, `[plugins]\ndir = "${dir}"\n\n${pins.join("\n")}`);
+  return file;
+}
 
 /** Starts the namespace, the machines (powered off), their BMC and the site agent; creates the site and its pool. */
 export async function startEmulatedSite(options: EmulatedSiteOptions): Promise<EmulatedSite> {
@@ -171,7 +198,7 @@ export async function startEmulatedSite(options: EmulatedSiteOptions): Promise<E
         consoleFile,
         log: print,
       });
-      machines.push({ id, qemu, mac, disk: qemu.disks[0]!.file, bmcAddress: "", consoleFile });
+      machines.push({ id, qemu, mac, disk: qemu.disks[0]!.file, bmc: spec.bmc ?? "redfish", bmcAddress: "", consoleFile });
     }
 
     // The BMC downloads virtual media from the site agent's image server, as a real one would over
@@ -179,19 +206,35 @@ export async function startEmulatedSite(options: EmulatedSiteOptions): Promise<E
     const netbootOrigin = `http://${SITE_ADDRESS}:${NETBOOT_PORT}`;
     const forwarded = `http://127.0.0.1:${await netns.forward(SITE_ADDRESS, NETBOOT_PORT)}`;
     const bmc = await startRedfishEmulator({
-      machines: machines.map((m) => ({ id: m.id, qemu: m.qemu })),
+      machines: machines.filter((m) => m.bmc === "redfish").map((m) => ({ id: m.id, qemu: m.qemu })),
       username: EMULATED_BMC_USER,
       password: EMULATED_BMC_PASSWORD,
       mediaRoute: (url) => (url.startsWith(`${netbootOrigin}/`) ? forwarded + url.slice(netbootOrigin.length) : url),
     });
     cleanup.push(() => bmc.stop());
-    for (const m of machines) m.bmcAddress = `${bmc.url}/redfish/v1/Systems/${m.id}`;
+    for (const m of machines.filter((m) => m.bmc === "redfish")) m.bmcAddress = `${bmc.url}/redfish/v1/Systems/${m.id}`;
+    // IPMI is UDP, which the relays do not carry: those BMCs run inside the namespace, beside the site agent.
+    const ipmiMachines = machines.filter((m) => m.bmc === "ipmi");
+    const ipmi = ipmiMachines.length
+      ? await startIpmiBmc({
+          machines: ipmiMachines.map((m) => ({ machine: m.qemu, id: m.id })),
+          user: EMULATED_BMC_USER,
+          password: EMULATED_BMC_PASSWORD,
+          workDir: options.workDir,
+          netns,
+          log: print,
+        })
+      : undefined;
+    if (ipmi) cleanup.push(() => ipmi.stop());
+    for (const m of ipmiMachines) m.bmcAddress = ipmi!.address(m.id);
 
     // What the namespace reaches on this host: the control plane on every address (the machines
     // reach it at SITE_ADDRESS), the BMC and the image servers on its loopback, at their own ports.
     const cpPort = Number(new URL(options.controlPlane.url).port);
     await netns.relay(cpPort, cpPort);
-    for (const port of [Number(new URL(bmc.url).port), ...(options.loopbackPorts ?? [])]) await netns.relay(port, port, "127.0.0.1");
+    const consolePorts = [...bmc.machines.values()].flatMap((m) => (m.consolePort ? [m.consolePort] : []));
+    for (const port of [Number(new URL(bmc.url).port), ...consolePorts, ...(options.loopbackPorts ?? [])])
+      await netns.relay(port, port, "127.0.0.1");
 
     await call("metal.sites.create", { id: site });
     await call("metal.pools.create", {
@@ -201,7 +244,13 @@ export async function startEmulatedSite(options: EmulatedSiteOptions): Promise<E
       policy: { hardwareProfile: options.hardwareProfile ?? EMULATED_HARDWARE_PROFILE },
     });
 
+    const ipmiPool = ipmi ? `${site}-ipmi` : undefined;
+    if (ipmiPool) await call("metal.pools.create", { id: ipmiPool, site, agent: "bcd", policy: { hardwareProfile: "ipmi-pxe" } });
+
     const stateDir = path.join(options.workDir, "site-agent");
+    // The site agent hosts the IPMI driver as an operator would set it up: the bcx-ipmi plugin that
+    // ships beside bcd, pinned by its sha256 in bcd's configuration (docs/drivers.md).
+    const config = ipmi ? [`--config`, pinShippedPlugins(options.bcd, options.workDir)] : [];
     const url = `http://${SITE_ADDRESS}:${cpPort}`;
     const { token } = await call<{ token: string }>("siteTokens.create", { site });
     const startSiteAgent = () =>
@@ -213,6 +262,7 @@ export async function startEmulatedSite(options: EmulatedSiteOptions): Promise<E
         hostname: `${site}-site-agent`,
         token,
         args: [
+          ...config,
           ...["--netboot-address", SITE_ADDRESS, "--netboot-interface", "br0", "--netboot-mode", "server"],
           ...["--netboot-range", DHCP_RANGE, "--netboot-ra", "--ramdisk-dir", options.ramdiskDir],
           // Under TCG the kernel must be told the TSC's rate, or about one boot in 25 hangs calibrating it.
@@ -234,14 +284,21 @@ export async function startEmulatedSite(options: EmulatedSiteOptions): Promise<E
       pool,
       netns,
       bmc,
+      ...(ipmi ? { ipmi, ipmiPool: ipmiPool! } : {}),
       machines,
       siteAgentNodeId: joined.nodeId,
       siteAgent: () => siteAgent,
       enroll: (machine) =>
         call("metal.enroll", {
-          pool,
+          pool: machine.bmc === "ipmi" ? ipmiPool : pool,
           id: machine.id,
-          bmc: { address: machine.bmcAddress, username: EMULATED_BMC_USER, password: EMULATED_BMC_PASSWORD },
+          bmc: {
+            address: machine.bmcAddress,
+            username: EMULATED_BMC_USER,
+            password: EMULATED_BMC_PASSWORD,
+            // An IPMI BMC does not report the machine's NICs: the operator names them (as Ironic's ports).
+            ...(machine.bmc === "ipmi" ? { macs: [machine.mac] } : {}),
+          },
         }),
       async restartSiteAgent() {
         await siteAgent.stop();

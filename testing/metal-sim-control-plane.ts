@@ -39,6 +39,8 @@ export interface SimControlPlane {
   store: NodeStore;
   compute?: Compute;
   call<T>(method: string, input?: Record<string, unknown>): Promise<T>;
+  /** The same with another API key (a role's view of the API). */
+  callAs<T>(apiKey: string, method: string, input?: Record<string, unknown>): Promise<T>;
   /** Moves compute_now() forward and wakes what waits on time. */
   advanceClock(seconds: number): Promise<void>;
   roundTrips(): number;
@@ -129,6 +131,7 @@ export async function inProcessControlPlane(options: {
       store,
       compute,
       call: (method, input) => callApi(BASE_URL, adminKey, method, input, (request) => compute.fetch(request, env)),
+      callAs: (apiKey, method, input) => callApi(BASE_URL, apiKey, method, input, (request) => compute.fetch(request, env)),
       async advanceClock(seconds) {
         await store.db.execute(sql`UPDATE bc_clock SET skew = skew + make_interval(secs => ${seconds})`);
         const running = await rows<{ id: string }>(store.db, sql`SELECT id FROM workflows WHERE state = 'running'`);

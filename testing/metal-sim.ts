@@ -269,6 +269,7 @@ async function stackControlPlane(stack: SimStack): Promise<SimControlPlane> {
     transport: nodeTransport(),
     store,
     call: (method, input) => callApi(stack.url, stack.adminKey, method, input),
+    callAs: (apiKey, method, input) => callApi(stack.url, apiKey, method, input),
     // The WorkflowDOs see the new time at their next alarm.
     advanceClock: async (seconds) =>
       void (await store.db.execute(sql`UPDATE bc_clock SET skew = skew + make_interval(secs => ${seconds})`)),

@@ -26,6 +26,7 @@
 //   /redfish/v1/Managers/<id>/VirtualMedia[/Cd]   InsertMedia { Image } / EjectMedia actions; or under
 //                                                 /Systems/<id>/VirtualMedia (newer BMCs), or both (virtualMedia)
 //   /redfish/v1/Managers/<id>/LogServices/Log[/Entries]   what the BMC was asked to do (resets, boot, media)
+//   a QEMU-backed machine's serial console: raw TCP on the port its Manager's SerialConsole.Telnet names
 //
 // Tests read and change each simulated machine through `machines` (plain state objects),
 // get told of power transitions via `onPowerChange` (so a simulation can "boot" the
@@ -37,7 +38,7 @@ import { createHash, randomBytes, randomUUID, timingSafeEqual } from "node:crypt
 import { createWriteStream, mkdtempSync, rmSync } from "node:fs";
 import { createServer, get as httpGet, type IncomingMessage, type ServerResponse } from "node:http";
 import { createServer as createHttpsServer, get as httpsGet } from "node:https";
-import { isIP, type AddressInfo } from "node:net";
+import { createServer as createNetServer, isIP, type AddressInfo, type Server as NetServer, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { pipeline } from "node:stream/promises";
@@ -174,6 +175,8 @@ export interface MachineState {
   virtualMedia: VirtualMediaLocation;
   /** Its manager's log (LogServices/Log): resets, boot overrides, media, oldest first. */
   log: BmcLogEntry[];
+  /** A QEMU-backed machine's serial console, served raw over TCP (SerialConsole.Telnet: no negotiation). */
+  consolePort?: number;
 }
 
 export interface RedfishFaults {
@@ -527,6 +530,13 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       Status: { State: "Enabled", Health: "OK" },
       ...(mediaUnder(m, "Manager") ? { VirtualMedia: { "@odata.id": mediaPath(m, "Manager") } } : {}),
       LogServices: { "@odata.id": `${mgr(m)}/LogServices` },
+      // A real machine's console is offered on a Telnet port, as many BMCs do; a simulated one has none.
+      SerialConsole: {
+        MaxConcurrentSessions: m.consolePort ? 4 : 0,
+        Telnet: { ServiceEnabled: m.consolePort !== undefined, ...(m.consolePort ? { Port: m.consolePort } : {}) },
+        SSH: { ServiceEnabled: false },
+        IPMI: { ServiceEnabled: false },
+      },
       Links: { ManagerForServers: [{ "@odata.id": sys(m) }], ManagerForChassis: [{ "@odata.id": chassisPath(m) }] },
     };
   }
@@ -1579,6 +1589,23 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
     });
   });
   const { port } = server.address() as AddressInfo;
+  // Each real machine's serial console on its own port: what it prints goes to every connection, what one types to the machine.
+  const consoles: NetServer[] = [];
+  const consoleSockets = new Set<Socket>();
+  for (const m of machines.values()) {
+    const q = m.qemu;
+    if (!q) continue;
+    const serialServer = createNetServer((socket) => {
+      consoleSockets.add(socket);
+      const unsubscribe = q.console.subscribe((bytes) => socket.write(bytes));
+      socket.on("data", (bytes) => q.writeConsole(bytes));
+      socket.on("error", () => {});
+      socket.on("close", () => (unsubscribe(), consoleSockets.delete(socket)));
+    });
+    await new Promise<void>((resolve) => serialServer.listen(0, host, resolve));
+    m.consolePort = (serialServer.address() as AddressInfo).port;
+    consoles.push(serialServer);
+  }
   // Listening on every address: name the loopback one.
   const shown = host === "0.0.0.0" ? "127.0.0.1" : host === "::" ? "[::1]" : isIP(host) === 6 ? `[${host}]` : host;
 
@@ -1594,6 +1621,8 @@ export async function startRedfishEmulator(opts: RedfishEmulatorOptions): Promis
       stopped = true;
       for (const t of timers) clearTimeout(t);
       if (mediaDir) rmSync(mediaDir, { recursive: true, force: true });
+      for (const c of consoles) c.close();
+      for (const socket of consoleSockets) socket.destroy();
       return new Promise<void>((resolve, reject) => {
         server.close((err) => (err ? reject(err) : resolve()));
         server.closeAllConnections();

@@ -174,7 +174,13 @@ const IPV4 = /^(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(\.(25[0-5]|2[0-4]\d|1\d\d|[1-9]
 const IPV6 = /^[0-9a-f:.]*:[0-9a-f:.]*$/;
 /** Addresses no one can reach the machine at from elsewhere: link-local (fe80::/10) and unspecified. */
 const unusable = (ip: string) => ip === "0.0.0.0" || ip === "::" || /^fe[89ab][0-9a-f]:/.test(ip);
-const managerResource = z.object({ FirmwareVersion: text, VirtualMedia: link.nullish() });
+const consoleService = z.object({ ServiceEnabled: z.boolean().nullish(), Port: z.number().int().min(1).max(65535).nullish() }).nullish();
+const managerResource = z.object({
+  FirmwareVersion: text,
+  VirtualMedia: link.nullish(),
+  /** Manager v1.10+: how the system's serial console is offered (SSH, Telnet, IPMI). */
+  SerialConsole: z.object({ Telnet: consoleService, SSH: consoleService, IPMI: consoleService }).nullish(),
+});
 const collectionResource = z.object({ Members: z.array(link) });
 const mediaResource = z.object({
   Image: text,
@@ -481,6 +487,26 @@ export class RedfishClient {
     const made = (await this.#volumes(volumesPath)).volumes.find(fits);
     if (!made) throw this.#fail(`accepted the ${level} volume but ${volumesPath} does not list it`);
     return { volume: { id: made.id, level, drives: count } };
+  }
+
+  /**
+   * Where the system's serial console is: the Manager's SerialConsole Telnet service, on the BMC's
+   * host. Telnet is the one a site agent can read with no session of its own; a BMC that offers
+   * only SSH or IPMI is UNSUPPORTED here (an IPMI BMC's SOL: the ipmi driver).
+   */
+  async consoleEndpoint(): Promise<{ host: string; port: number }> {
+    const offered = (await this.#manager(await this.#system())).SerialConsole;
+    const telnet = offered?.Telnet;
+    if (telnet?.ServiceEnabled !== true || !telnet.Port) {
+      const others = (["SSH", "IPMI"] as const).filter((k) => offered?.[k]?.ServiceEnabled === true);
+      throw new AgentError(
+        "UNSUPPORTED",
+        `BMC ${this.address} offers no Telnet serial console (SerialConsole.Telnet)${others.length ? `; it offers ${others.join(" and ")}, which the site agent does not read` : ""}`,
+        undefined,
+        { permanent: true },
+      );
+    }
+    return { host: new URL(this.#origin).hostname.replace(/^\[|\]$/g, ""), port: telnet.Port };
   }
 
   // ------------------------------------------------------------ resources

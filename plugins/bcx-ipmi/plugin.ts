@@ -8,7 +8,7 @@
 // for an operator to pin in bcd's [plugins] (docs/drivers.md).
 import { serveDriver, DriverError } from "better-compute/driver-sdk";
 import { IPMI_DRIVER, IPMI_PLUGIN_VERSION } from "./binding.ts";
-import { fruIdentity, IpmiClient, type BootDevice, type IpmiCredential } from "./ipmitool.ts";
+import { fruIdentity, IpmiClient, POWER_ACTIONS, type BootDevice, type IpmiCredential, type PowerAction } from "./ipmitool.ts";
 
 interface Binding extends IpmiCredential {
   /** The provisioning NICs' MACs (the BMC does not report them; the binding carries them). */
@@ -72,10 +72,14 @@ serveDriver({
         sensors,
       };
     },
+    async "power.status"(binding: Binding) {
+      return { powerState: shownPower(await client(binding).powerStatus()) };
+    },
+    /** on, off, cycle (each waited for: what the metal lifecycle sends); soft (the ACPI button) and reset, for driver.invoke. */
     async "power.set"(binding: Binding, action: unknown) {
-      if (action !== "on" && action !== "off" && action !== "cycle")
-        throw new DriverError("INVALID_ARGUMENT", `power action must be on, off or cycle, not ${JSON.stringify(action)}`);
-      const { previous, powerState } = await client(binding).power(action);
+      if (!(POWER_ACTIONS as readonly unknown[]).includes(action))
+        throw new DriverError("INVALID_ARGUMENT", `power action must be one of ${POWER_ACTIONS.join(", ")}, not ${JSON.stringify(action)}`);
+      const { previous, powerState } = await client(binding).power(action as PowerAction);
       return { previous: shownPower(previous), powerState: shownPower(powerState) };
     },
     async "boot.set"(binding: Binding, device: unknown, once: unknown) {

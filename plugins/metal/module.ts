@@ -3,8 +3,11 @@
 // that does the work; the reconciler moves it on when that workflow ends, and starts
 // commissioning for enrolled machines by itself. This file composes them: the tables
 // (schema.ts), the machine methods (methods.ts), the site and pool methods (sites.ts), the
-// reconciler (reconciler.ts), and the drivers, steps and profiles (steps.ts).
+// reconciler (reconciler.ts), the drivers, steps and profiles (steps.ts), and the operators'
+// serial consoles (console.ts).
 import { defineModule, type Module } from "better-compute";
+import { ipmiDriver } from "better-compute/bcx-ipmi";
+import { consoleActions, consoleCommand, consoleMethods, consoleRoles } from "./console.ts";
 import { commissionProfiles, DEFAULT_HARDWARE_PROFILES, type HardwareProfile } from "./hardware.ts";
 import { nodeActions, nodeMethods } from "./methods.ts";
 import { lifecycleReconciler } from "./reconciler.ts";
@@ -23,11 +26,11 @@ export function metalModule(options: MetalOptions = {}): Module {
   return defineModule({
     id: "metal",
     description: "Bare-metal machines behind BMCs: sites, pools, hardware profiles and their lifecycle",
-    iam: { actions: { ...siteAndPoolActions, ...nodeActions } },
+    iam: { actions: { ...siteAndPoolActions, ...nodeActions, ...consoleActions }, roles: consoleRoles },
     migrations: metalMigrations,
-    api: [...siteAndPoolMethods(hardwareProfiles), ...nodeMethods(hardwareProfiles)],
-    commands: metalCommands,
-    extensions: [redfishDriver, ipxeDriver, imageStreamDriver, ...metalSteps],
+    api: [...siteAndPoolMethods(hardwareProfiles), ...nodeMethods(hardwareProfiles), ...consoleMethods()],
+    commands: [...metalCommands, consoleCommand],
+    extensions: [redfishDriver, ipmiDriver, ipxeDriver, imageStreamDriver, ...metalSteps],
     profiles: [...metalProfiles, ...commissionProfiles(hardwareProfiles)],
     reconcilers: [lifecycleReconciler(hardwareProfiles)],
   });

@@ -70,9 +70,20 @@ DROP INDEX IF EXISTS metal_nodes_bmc;
 CREATE UNIQUE INDEX IF NOT EXISTS metal_nodes_bmc_address ON metal_nodes ((rtrim(bmc->>'address', '/'))) WHERE state <> 'retired';
 CREATE UNIQUE INDEX IF NOT EXISTS metal_nodes_product_uuid ON metal_nodes ((lower(product_uuid))) WHERE state <> 'retired';`;
 
+// Operators' console sessions (console.ts): who opened which machine's console, until when.
+const CONSOLE_SQL = `
+CREATE TABLE IF NOT EXISTS metal_console_sessions (
+  id text PRIMARY KEY,
+  node_id text NOT NULL REFERENCES metal_nodes (id),
+  actor text NOT NULL,
+  opened_at timestamptz NOT NULL DEFAULT compute_now(),
+  expires_at timestamptz NOT NULL
+);`;
+
 export const metalMigrations: Migration[] = [
   { name: "metal/0001_metal", sql: SCHEMA_SQL },
   { name: "metal/0002_addresses", sql: ADDRESSES_SQL },
   { name: "metal/0003_rescue", sql: RESCUE_SQL },
   { name: "metal/0004_one_machine_per_bmc_and_uuid", sql: UNIQUE_MACHINE_SQL },
+  { name: "metal/0005_console_sessions", sql: CONSOLE_SQL },
 ];

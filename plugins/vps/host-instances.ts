@@ -13,6 +13,7 @@ import { sql, type SQL } from "drizzle-orm";
 import { z } from "zod";
 import type { CommandKind, NodeSpecSection, Reconciler } from "better-compute";
 import {
+  askAgent,
   ComputeError,
   defineMethod,
   instanceEntry,
@@ -27,7 +28,6 @@ import {
   type NodeSpecView,
   type PlacementRejection,
   type PlacementRequest,
-  type PlatformContext,
   type Tx,
 } from "better-compute/core";
 import type { InstanceRow, InstanceState } from "./instances.ts";
@@ -463,49 +463,43 @@ export async function readConsole(ctx: MethodContext, row: InstanceRow, maxBytes
       state: row.state,
     });
   const host = row.host_node_id;
-  const sent = await ctx.store.transaction((tx) =>
-    ctx.commands.enqueue(tx, {
+  const now = await askAgent<{ console?: unknown }>(
+    ctx,
+    {
       nodeId: host,
       kind: CONSOLE_KIND,
       key: `${CONSOLE_KIND}/${row.id}/${crypto.randomUUID()}`,
       body: { name: row.id, maxBytes },
       deadlineSeconds: 60,
-    }),
+    },
+    CONSOLE_WAIT_MS,
   );
-  // The method's own wake-up comes only after its handler; the host must hear of the command now.
-  await (ctx as unknown as PlatformContext).afterCommit();
+  const tail = (r: { result: { console?: unknown } | null }) =>
+    typeof r.result?.console === "string" ? r.result.console.slice(-maxBytes) : "";
+  if (now.state === "succeeded") return { id: row.id, host, console: tail(now), at: now.at, stale: false, error: null };
+  if (now.state !== "pending")
+    return {
+      id: row.id,
+      host,
+      console: null,
+      at: null,
+      stale: false,
+      error: now.error ?? { code: "DEADLINE_EXCEEDED", message: "no answer" },
+    };
 
-  type Answer = { state: string; result: { console?: unknown } | null; error: { code: string; message: string } | null; at: string | null };
-  const answer = (where: SQL) =>
-    one<Answer>(
-      ctx.store.db,
-      sql`
-        SELECT state, result, error, completed_at AS at FROM bc_commands WHERE ${where} ORDER BY completed_at DESC NULLS LAST LIMIT 1`,
-    );
-  const tail = (r: Answer) => (typeof r.result?.console === "string" ? r.result.console.slice(-maxBytes) : "");
-  const iso = (v: string | null) => (v === null ? null : new Date(v).toISOString());
-
-  for (const started = Date.now(); Date.now() - started < CONSOLE_WAIT_MS; await new Promise((r) => setTimeout(r, 100))) {
-    const now = await answer(sql`id = ${sent.id}::bigint`);
-    if (now?.state === "succeeded") return { id: row.id, host, console: tail(now), at: iso(now.at), stale: false, error: null };
-    if (now?.state === "failed" || now?.state === "expired")
-      return {
-        id: row.id,
-        host,
-        console: null,
-        at: null,
-        stale: false,
-        error: now.error ?? { code: "DEADLINE_EXCEEDED", message: "no answer" },
-      };
-  }
-  const last = await answer(
-    sql`node_id = ${host} AND kind = ${CONSOLE_KIND} AND body ->> 'name' = ${row.id} AND state = 'succeeded' AND id <> ${sent.id}::bigint`,
+  type Answer = { result: { console?: unknown } | null; at: string | null };
+  const last = await one<Answer>(
+    ctx.store.db,
+    sql`
+      SELECT result, completed_at AS at FROM bc_commands
+      WHERE node_id = ${host} AND kind = ${CONSOLE_KIND} AND body ->> 'name' = ${row.id} AND state = 'succeeded' AND id <> ${now.id}::bigint
+      ORDER BY completed_at DESC LIMIT 1`,
   );
   return {
     id: row.id,
     host,
     console: last ? tail(last) : null,
-    at: last ? iso(last.at) : null,
+    at: last?.at ? new Date(last.at).toISOString() : null,
     stale: true,
     error: {
       code: "DEADLINE_EXCEEDED",

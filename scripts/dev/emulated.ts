@@ -30,11 +30,11 @@ export interface DevEmulated {
 }
 
 /** Why this machine cannot run the emulated site, or undefined. */
-export function devEmulatedProblem(): string | undefined {
+export function devEmulatedProblem(ipmi = false): string | undefined {
   if (!canMakeNetns()) return "--emulated needs Linux and root: its machines' network lives in a network namespace it makes (ip netns)";
-  for (const program of ["qemu-system-x86_64", "dnsmasq", "socat"])
+  for (const program of ["qemu-system-x86_64", "dnsmasq", "socat", ...(ipmi ? ["ipmi_sim", "ipmitool"] : [])])
     if (spawnSync("sh", ["-c", `command -v ${program}`]).status !== 0)
-      return `--emulated needs ${program} (Debian: qemu-system-x86, dnsmasq-base, socat; docs/emulated-site.md)`;
+      return `--emulated needs ${program} (Debian: qemu-system-x86, dnsmasq-base, socat${ipmi ? ", openipmi, ipmitool" : ""}; docs/emulated-site.md)`;
   return undefined;
 }
 
@@ -49,7 +49,7 @@ export function devEmulatedBuilds(print: (line: string) => void): Promise<Emulat
 export async function startDevEmulated(
   stack: Stack,
   builds: EmulatedSiteBuilds,
-  options: { machines: number; print: (line: string) => void },
+  options: { machines: number; ipmi?: boolean; print: (line: string) => void },
 ): Promise<DevEmulated> {
   const cleanup = new Cleanup();
   return cleanup.guard(async () => {
@@ -66,7 +66,11 @@ export async function startDevEmulated(
     const firmware = (i: number): Firmware => (i % 2 === 1 && fs.existsSync(OVMF_CODE) ? "uefi" : "bios");
     const site = await startEmulatedSite({
       controlPlane: stack,
-      machines: Array.from({ length: options.machines }, (_, i) => ({ id: `m${i + 1}`, firmware: firmware(i) })),
+      machines: Array.from({ length: options.machines }, (_, i) => ({
+        id: `m${i + 1}`,
+        firmware: firmware(i),
+        bmc: options.ipmi ? ("ipmi" as const) : ("redfish" as const),
+      })),
       bcd: builds.bcd.launcher,
       ramdiskDir: builds.ramdisk.dir,
       workDir: path.join(stack.dataDir, "emulated-site"),

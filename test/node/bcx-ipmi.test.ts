@@ -68,7 +68,7 @@ afterAll(async () => {
 
 describe.skipIf(skipReason !== undefined)("the bcx-ipmi plugin", () => {
   it("passes driverConformanceCases as bcd runs it (sandboxed)", async () => {
-    const subject = () => bcxSubject({ file: pluginFile, samples: { inspect: [binding()] } });
+    const subject = () => bcxSubject({ file: pluginFile, samples: { inspect: [binding()], "power.status": [binding()] } });
     const report = await runConformance(driverConformanceCases(), subject);
     expect(report.failed).toEqual([]);
   }, 120_000);
@@ -94,6 +94,7 @@ describe.skipIf(skipReason !== undefined)("the bcx-ipmi plugin", () => {
       powerState: "On",
     });
     await machine.console.waitFor(/Booting from DVD\/CD/, { from, timeoutMs: 60_000 });
+    expect(await host.invoke("ipmi", "power.status", [binding()])).toEqual({ powerState: "On" });
     expect(await host.invoke("ipmi", "power.set", [binding(), "off"], { deadlineMs: 60_000 })).toMatchObject({ powerState: "Off" });
     expect(await host.invoke("ipmi", "inspect", [binding()])).toMatchObject({ powerState: "Off" });
   }, 120_000);

@@ -1,12 +1,13 @@
-// The emulated site end to end (testing/emulated-site.ts, docs/emulated-site.md): two QEMU
-// machines, one SeaBIOS and one OVMF, behind the Redfish emulator, network-boot through the
+// The emulated site end to end (testing/emulated-site.ts, docs/emulated-site.md): QEMU machines,
+// SeaBIOS and OVMF, behind the Redfish emulator or an IPMI BMC (ipmi_sim, driven through the site
+// agent's bcx-ipmi plugin), network-boot through the
 // installed bcd site agent (DHCP by its dnsmasq on a bridge inside this run's network namespace),
 // are inspected and wiped in the bcd ramdisk, take the OS image (zstd, through the site's image
 // cache) with a config drive, boot it from their NVMe disk, and the installed system's own bcd
 // joins as role node; undeploy wipes them and they are ready again. Every effect on a disk is
 // checked from outside the guest, by reading the disk's file. The control plane is the local
 // stack running examples/emulated-site's deployment. The first run builds the images (minutes).
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { createHash, randomFillSync } from "node:crypto";
 import fs from "node:fs";
 import { createServer, type Server } from "node:http";
@@ -16,7 +17,7 @@ import path from "node:path";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { mbrEntryOffset } from "../../agent/roles/mbr.ts";
-import { openNodeStore, type NodeStore } from "../../local/node-store.ts";
+import { openNodeStore, repoRoot, type NodeStore } from "../../local/node-store.ts";
 import { startStack, type Stack } from "../../local/stack.ts";
 import { destructiveTwice } from "../../testing/metal-sim.ts";
 import { canMakeNetns } from "../../testing/netns.ts";
@@ -37,7 +38,9 @@ const MACHINE_MINUTES = 10;
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "bc-emulated-site-"));
 const missing = [
   ...(canMakeNetns() ? [] : ["root and ip netns"]),
-  ...["qemu-system-x86_64", "dnsmasq", "socat"].filter((tool) => spawnSync("sh", ["-c", `command -v ${tool}`]).status !== 0),
+  ...["qemu-system-x86_64", "dnsmasq", "socat", "ipmi_sim", "ipmitool"].filter(
+    (tool) => spawnSync("sh", ["-c", `command -v ${tool}`]).status !== 0,
+  ),
   ...(fs.existsSync(OVMF_CODE) ? [] : ["ovmf"]),
 ];
 if (missing.length > 0) console.warn(`emulated-site: skipped: missing ${missing.join(", ")}`);
@@ -83,6 +86,7 @@ beforeAll(async () => {
       { id: "dying", firmware: "bios", failWrites: true },
       { id: "installer", firmware: "bios" },
       { id: "lost", firmware: "bios", unplugged: true },
+      { id: "ipmi", firmware: "bios", bmc: "ipmi" },
     ],
     bcd: builds.bcd.launcher,
     ramdiskDir: builds.ramdisk.dir,
@@ -165,8 +169,32 @@ async function installedAgent(machine: EmulatedMachine): Promise<Record<string, 
 /** The machine as the emulated site made it. */
 const machine = (id: string) => site.machines.find((m) => m.id === id)!;
 
-const enroll = (m: EmulatedMachine) =>
-  api("metal.enroll", { pool: site.pool, id: m.id, bmc: { address: m.bmcAddress, username: "admin", password: "emulated-bmc-Pa55" } });
+const enroll = (m: EmulatedMachine) => site.enroll(m) as Promise<Record<string, any>>;
+
+const bin = path.join(repoRoot, "scripts/better-compute.mjs");
+/**
+ * `better-compute metal console <node>` as an operator runs it: resolves with its output once it
+ * shows `pattern`, and stops it then.
+ */
+function consoleShows(node: string, pattern: RegExp, seconds: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [bin, "metal", "console", node, "--seconds", String(seconds)], {
+      env: { ...process.env, BC_URL: stack.url, BC_API_KEY: stack.adminKey, BC_DATA_DIR: path.join(tmp, "cli") },
+    });
+    let out = "";
+    let err = "";
+    child.stdout.on("data", (d: Buffer) => {
+      out += d.toString("latin1");
+      if (pattern.test(out)) child.kill();
+    });
+    child.stderr.on("data", (d: Buffer) => (err += d.toString()));
+    child.on("close", () =>
+      pattern.test(out)
+        ? resolve(out)
+        : reject(new Error(`${node}'s console never showed ${pattern}; stdout: ${out.slice(-1500)}; stderr: ${err.slice(-1500)}`)),
+    );
+  });
+}
 
 /** Waits until the workflow's step has begun (or, with `sent`, until its command went out); answers the workflow. */
 async function stepReached(workflow: string, step: string, sent = false): Promise<Record<string, any>> {
@@ -190,13 +218,16 @@ async function inDatabase<T>(check: (store: NodeStore) => Promise<T>): Promise<T
   }
 }
 
-async function lifecycle(machine: EmulatedMachine): Promise<void> {
+async function lifecycle(machine: EmulatedMachine, opts: { console?: boolean } = {}): Promise<void> {
   scribble(machine.disk);
   expect(allZero(machine.disk)).toBe(false);
 
   const enrolled = await enroll(machine);
   expect(enrolled.state).toBe("commissioning");
+  // What an operator sees when commissioning hangs: the machine's console, live, through the site agent.
+  const shown = opts.console ? consoleShows(machine.id, /bc-ramdisk: [^]*bc-ramdisk: /, MACHINE_MINUTES * 60) : undefined;
   const ready = await waitForState(machine, ["ready", "failed"]);
+  if (shown) expect(await shown).toMatch(/bc-ramdisk: /);
   expect(ready.state, `${JSON.stringify(ready.lastError)}\n${detail(machine)}`).toBe("ready");
   expect(allZero(machine.disk), "commissioning wiped the disk").toBe(true);
   expect(ready.productUuid).toBe(machine.qemu.uuid.toLowerCase());
@@ -223,9 +254,32 @@ async function lifecycle(machine: EmulatedMachine): Promise<void> {
 
 describe.skipIf(missing.length > 0)("the emulated site", () => {
   it(
-    "a BIOS and a UEFI machine: enroll → ready (wiped) → deploy → deployed (the image on the disk, its agent joined) → undeploy → ready (wiped)",
+    "a BIOS, a UEFI and an IPMI machine: enroll → ready (wiped) → deploy → deployed (the image on the disk, its agent joined) → undeploy → ready (wiped); the console shows the ramdisk booting",
     async () => {
-      await Promise.all([machine("bios"), machine("uefi")].map((m) => lifecycle(m)));
+      await Promise.all([
+        lifecycle(machine("bios"), { console: true }),
+        lifecycle(machine("uefi")),
+        lifecycle(machine("ipmi"), { console: true }),
+      ]);
+
+      // The IPMI machine was driven by the bcx-ipmi plugin the site agent hosts, every BMC operation of it.
+      const ipmi = machine("ipmi");
+      const commands = await inDatabase((store) =>
+        store.db.execute(
+          sql`SELECT kind, state, body->'bmc'->>'driver' AS driver FROM bc_commands WHERE kind LIKE 'metal.bmc.%' AND body->'bmc'->>'address' = ${ipmi.bmcAddress}`,
+        ),
+      );
+      const rows = commands.rows as { kind: string; state: string; driver: string }[];
+      expect(new Set(rows.map((r) => r.kind))).toEqual(
+        new Set(["metal.bmc.inspect", "metal.bmc.power", "metal.bmc.boot", "metal.bmc.console"]),
+      );
+      expect(rows.filter((r) => r.driver !== "ipmi" || r.state !== "succeeded")).toEqual([]);
+      expect(site.bmc.machines.has(ipmi.id), "the Redfish emulator never knew it").toBe(false);
+      const { nodes } = await api<{ nodes: Record<string, any>[] }>("nodes.list", { role: "site" });
+      expect(nodes.find((n) => n.id === site.siteAgentNodeId)?.labels).toMatchObject({ "bc.dev/driver.ipmi": "1.0.0" });
+      // Each console session an operator opened is an audit row.
+      const audit = await api<{ entries: { action: string; resource: string }[] }>("audit.list", { action: "metal.nodes.console" });
+      expect(audit.entries.map((e) => e.resource).sort()).toEqual(["metal/nodes/bios", "metal/nodes/ipmi"]);
     },
     2 * MACHINE_MINUTES * 60_000,
   );

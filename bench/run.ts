@@ -1,7 +1,7 @@
 // npm run bench: runs the benchmark sections in order and prints their figures. Not a test:
 // nothing here asserts a timing; a section fails only when requests fail.
 //
-//   BENCH_ONLY          comma-separated section ids to run (api, commands, flood, agents, workflows, fleet, vps, vms, metal; default all)
+//   BENCH_ONLY          comma-separated section ids to run (api, commands, flood, agents, workflows, fleet, vps, vms, metal, cli; default all)
 //   BENCH_CONCURRENCY   API section: concurrent closed-loop clients (default 8)
 //   BENCH_SECONDS       API section: measured window per target, seconds (default 10)
 //   BENCH_WARMUP        API section: unrecorded warm-up per target, seconds (default 2)
@@ -20,6 +20,7 @@
 //   BENCH_VPS_ACTION_MS vps section: how long each emulated action, boot and task takes, ms (default 1500)
 //   BENCH_VMS_GUESTS    vms section: real guests booted on a real bcd node, per phase (default 6)
 //   BENCH_METAL_MACHINES  metal section: QEMU machines taken through enroll → deployed at once, after one alone (default 4)
+//   BENCH_CLI_RUNS      cli section: spawns of each call, CLI and curl, whose median is shown (default 10)
 //   DATABASE_URL        bench a real Postgres instead of the embedded PGlite (an empty database: see below)
 //   BENCH_PROFILE=1     where the CPU goes, per module (zod, hono, drizzle-orm, pg, ours) and function: the api
 //                       section profiles the Worker in one more window per target; the fleet section profiles
@@ -36,6 +37,7 @@ import { fleetSection } from "./fleet.ts";
 import { vpsSection } from "./vps.ts";
 import { vmsSection } from "./vms.ts";
 import { metalSection } from "./metal.ts";
+import { cliSection } from "./cli.ts";
 
 export interface BenchContext {
   concurrency: number;
@@ -66,6 +68,8 @@ export interface BenchContext {
   };
   /** The metal section: QEMU machines deployed at once (after one alone). */
   metal: { machines: number };
+  /** The cli section: spawns of each call whose median wall time is shown. */
+  cli: { runs: number };
   /** BENCH_PROFILE=1: the api section profiles the Worker in an extra window per target, the fleet its processes (bench/profile.ts). */
   profile: boolean;
   /** DATABASE_URL when set; otherwise the section uses the embedded PGlite. */
@@ -93,6 +97,7 @@ const allSections: BenchSection[] = [
   vpsSection,
   vmsSection,
   metalSection,
+  cliSection,
 ];
 const only = (process.env.BENCH_ONLY ?? "")
   .split(",")
@@ -118,6 +123,7 @@ const ctx: BenchContext = {
     lanes: positiveInt("BENCH_FLEET_LANES", os.availableParallelism()),
   },
   metal: { machines: positiveInt("BENCH_METAL_MACHINES", 4) },
+  cli: { runs: positiveInt("BENCH_CLI_RUNS", 10) },
   vps: { instances: positiveInt("BENCH_VPS_INSTANCES", 30), actionMs: positiveNumber("BENCH_VPS_ACTION_MS", 1500, true) },
   agents: {
     max: positiveInt("BENCH_AGENTS_MAX", 200),
@@ -153,6 +159,7 @@ console.log(
 );
 console.log(`  commands: ${ctx.commands} sequential round trips per path (BENCH_COMMANDS)`);
 console.log(`  metal: 1 QEMU machine, then ${ctx.metal.machines} at once (BENCH_METAL_MACHINES), on the emulated site`);
+console.log(`  cli: each call spawned ${ctx.cli.runs} times, CLI and curl (BENCH_CLI_RUNS)`);
 console.log(
   `  flood: two windows of ${ctx.flood.seconds} s (BENCH_FLOOD_SECONDS), the second with one socket sending ${ctx.flood.rate} frames/s (BENCH_FLOOD_RATE)`,
 );
@@ -166,7 +173,7 @@ console.log(
 );
 
 /** Sections that run the Worker's stack on DATABASE_URL's public schema (the others make a schema of their own, or use none). */
-const onPublicSchema = new Set(["api", "commands", "flood", "agents", "workflows", "vms"]);
+const onPublicSchema = new Set(["api", "commands", "flood", "agents", "workflows", "vms", "cli"]);
 if (ctx.databaseUrl && sections.some((s) => onPublicSchema.has(s.id))) await claimDatabase(ctx.databaseUrl);
 
 let failures = 0;

@@ -1,5 +1,7 @@
-// The CLI's HTTP client: POST /v1/<method> with the API key, GET /openapi.json. A refusal is
-// an ApiError carrying the API's code, message and request id.
+// The CLI's HTTP client: POST /v1/<method> with the API key, GET /openapi.json (conditional, for
+// catalog.ts's cache). A refusal is an ApiError carrying the API's code, message, request id and
+// details.
+import http from "node:http";
 import type { Connection } from "./connection.ts";
 
 export class ApiError extends Error {
@@ -16,7 +18,8 @@ export class ApiError extends Error {
 export interface Api {
   readonly url: string;
   call<T = Record<string, unknown>>(method: string, body?: unknown): Promise<T>;
-  openapi(): Promise<OpenApiDocument>;
+  /** GET /openapi.json; given the ETag of a copy at hand, undefined when the API answers it is unchanged (304). */
+  openapi(etag?: string): Promise<{ document: OpenApiDocument; etag?: string } | undefined>;
 }
 
 export interface OpenApiDocument {
@@ -47,7 +50,6 @@ export interface JsonSchema {
 const REQUEST_TIMEOUT_MS = 30_000;
 
 export function createApi(connection: Connection): Api {
-  let document: Promise<OpenApiDocument> | undefined;
   return {
     url: connection.url,
     async call<T>(method: string, body: unknown = {}) {
@@ -56,41 +58,73 @@ export function createApi(connection: Connection): Api {
         headers: { authorization: `Bearer ${connection.apiKey}`, "content-type": "application/json" },
         body: JSON.stringify(body),
       });
-      return (await answer(res)) as T;
+      return answer(res) as T;
     },
-    openapi() {
-      return (document ??= request(`${connection.url}/openapi.json`).then((res) => answer(res) as Promise<OpenApiDocument>));
+    async openapi(etag?: string) {
+      const res = await request(`${connection.url}/openapi.json`, { headers: etag ? { "if-none-match": etag } : {} });
+      if (res.status === 304) return undefined;
+      const tag = res.headers.etag;
+      return { document: answer(res) as OpenApiDocument, ...(tag ? { etag: tag } : {}) };
     },
   };
 
-  async function request(url: string, init: RequestInit = {}): Promise<Response> {
+  async function request(url: string, init: Outgoing): Promise<Answer> {
+    const signal = AbortSignal.timeout(REQUEST_TIMEOUT_MS);
     try {
-      return await fetch(url, { ...init, signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS) });
-    } catch (err) {
-      const why = err instanceof Error && err.name === "TimeoutError" ? "no answer within 30 s" : "the connection failed";
+      return await exchange(url, init, signal);
+    } catch {
+      const why = signal.aborted ? "no answer within 30 s" : "the connection failed";
       throw new ApiError("UNAVAILABLE", `cannot reach ${connection.url} (${why}; from ${connection.source}): is it running?`);
     }
   }
 }
 
-async function answer(res: Response): Promise<unknown> {
-  const requestId = res.headers.get("x-request-id") ?? undefined;
-  const text = await res.text();
+interface Outgoing {
+  method?: string;
+  headers: Record<string, string>;
+  body?: string;
+}
+
+interface Answer {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  text: string;
+}
+
+/**
+ * One request and its whole answer, through node:http (node:https loaded only for an https URL)
+ * rather than fetch: fetch's first use loads undici, which costs a CLI call about 40 ms.
+ */
+async function exchange(url: string, init: Outgoing, signal: AbortSignal): Promise<Answer> {
+  const target = new URL(url);
+  const client = target.protocol === "https:" ? await import("node:https") : http;
+  return new Promise((resolve, reject) => {
+    const length = init.body === undefined ? {} : { "content-length": String(Buffer.byteLength(init.body)) };
+    const req = client.request(target, { method: init.method ?? "GET", headers: { ...init.headers, ...length }, signal }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on("data", (chunk: Buffer) => chunks.push(chunk));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, text: Buffer.concat(chunks).toString("utf8") }));
+      res.on("error", reject);
+    });
+    req.on("error", reject);
+    req.end(init.body);
+  });
+}
+
+function answer(res: Answer): unknown {
+  const requestId = typeof res.headers["x-request-id"] === "string" ? res.headers["x-request-id"] : undefined;
+  const ok = res.status >= 200 && res.status < 300;
   let parsed: unknown;
   try {
-    parsed = text ? JSON.parse(text) : {};
+    parsed = res.text ? JSON.parse(res.text) : {};
   } catch {
-    throw new ApiError(
-      res.ok ? "INTERNAL" : `HTTP_${res.status}`,
-      `the API answered ${res.status} with a body that is not JSON`,
-      requestId,
-    );
+    throw new ApiError(ok ? "INTERNAL" : `HTTP_${res.status}`, `the API answered ${res.status} with a body that is not JSON`, requestId);
   }
-  if (res.ok) return parsed;
+  if (ok) return parsed;
   const error = parsed as { code?: unknown; message?: unknown; details?: unknown; requestId?: unknown };
   throw new ApiError(
     typeof error.code === "string" ? error.code : `HTTP_${res.status}`,
-    typeof error.message === "string" ? error.message : res.statusText,
+    typeof error.message === "string" ? error.message : (http.STATUS_CODES[res.status] ?? `HTTP ${res.status}`),
     typeof error.requestId === "string" ? error.requestId : requestId,
     error.details,
   );

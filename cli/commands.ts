@@ -78,7 +78,7 @@ export function positionalKey(input: JsonSchema): string | undefined {
 
 export function overview(methods: MethodSpec[] | undefined, apiUrl: string | undefined, unreachable?: string): string {
   const lines = [
-    "usage: better-compute <command> [args] [--json] [--url URL] [--api-key KEY]",
+    "usage: better-compute <command> [args] [--json | --wide] [--url URL] [--api-key KEY]",
     "",
     "Local commands:",
     "  dev [--sim N] [--port P]            the whole control plane on this machine (as npm start)",
@@ -101,8 +101,8 @@ export function overview(methods: MethodSpec[] | undefined, apiUrl: string | und
   }
   lines.push(
     "",
-    "Connection: --url/--api-key, else BC_URL/BC_API_KEY, else the running local stack (npm start).",
-    "Output: a table or key: value lines; --json prints the API's JSON. Errors exit non-zero.",
+    "Connection: --url/--api-key, else BC_URL/BC_API_KEY, else the running local stack (npm start; its URL for a key given alone).",
+    "Output: a table (as wide as the terminal; --wide for whole cells) or key: value lines; --json prints the API's JSON. Errors exit non-zero.",
   );
   return lines.join("\n");
 }
@@ -118,7 +118,8 @@ export function groupHelp(prefix: string, methods: MethodSpec[]): string {
   ].join("\n");
 }
 
-export function methodHelp(method: MethodSpec, waits?: string): string {
+/** A method's usage and flags; `note`: what the CLI adds to it (a wait, a default), a line each. */
+export function methodHelp(method: MethodSpec, note?: string): string {
   const key = positionalKey(method.input);
   const flags = flagList(method.input);
   const lines = [
@@ -131,7 +132,7 @@ export function methodHelp(method: MethodSpec, waits?: string): string {
   ];
   if (key) lines.push("", `The first argument is --${key}.`);
   lines.push("--body JSON (or --body - for stdin) gives the whole body; flags are laid over it. --json prints the raw answer.");
-  if (waits) lines.push(waits);
+  if (note) lines.push(note);
   return lines.join("\n");
 }
 

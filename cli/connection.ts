@@ -2,7 +2,10 @@
 // (`npm start` writes <dataDir>/local.json while it runs). Nothing here prints a key.
 import fs from "node:fs";
 import path from "node:path";
-import { repoRoot } from "../local/node-store.ts";
+import { fileURLToPath } from "node:url";
+
+/** The repository this CLI is in (cli/bundle.mjs keeps each module's import.meta.url in the bundle). */
+const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
 export interface Connection {
   url: string;
@@ -67,16 +70,21 @@ export function resolveConnection(flags: { url?: string; apiKey?: string }, env:
 
   const candidates = dataDirCandidates(env);
   const stack = findRunningStack(candidates);
-  // A local stack fills in what is missing, but only for its own URL.
-  if (stack && (!url || trimSlash(url) === trimSlash(stack.file.url)) && !apiKey) {
+  // A local stack fills in what is missing: its URL for a key given alone (another key than its
+  // admin's), its admin key only for its own URL.
+  if (stack && (!url || trimSlash(url) === trimSlash(stack.file.url))) {
+    const at = `the local stack in ${relative(stack.dataDir)} (pid ${stack.file.pid})`;
     return {
       url: trimSlash(stack.file.url),
-      apiKey: stack.file.adminKey,
-      source: `the local stack in ${relative(stack.dataDir)} (pid ${stack.file.pid})`,
+      apiKey: apiKey ?? stack.file.adminKey,
+      source: apiKey ? `${at}, with ${flags.apiKey ? "--api-key" : "BC_API_KEY"}` : at,
     };
   }
   if (url && !apiKey) throw new UsageError(`no API key for ${url}: set BC_API_KEY (or pass --api-key)`);
-  if (apiKey && !url) throw new UsageError("an API key but no URL: set BC_URL (or pass --url), e.g. BC_URL=https://compute.example.com");
+  if (apiKey && !url)
+    throw new UsageError(
+      "an API key but no URL, and no running local stack: set BC_URL (or pass --url), e.g. BC_URL=https://compute.example.com",
+    );
   throw new UsageError(
     [
       "no Better Compute API to talk to.",

@@ -47,16 +47,24 @@ export interface DoctorReport {
   findings: Finding[];
 }
 
-export async function runDoctor(argv: string[], flags: { json: boolean; help: boolean }): Promise<number> {
-  let values: { config?: string; wrangler?: string };
+export async function runDoctor(argv: string[]): Promise<number> {
+  let values: { config?: string; wrangler?: string; json?: boolean; help?: boolean };
   try {
-    ({ values } = parseArgs({ args: argv, options: { config: { type: "string" }, wrangler: { type: "string" } } }));
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        config: { type: "string" },
+        wrangler: { type: "string" },
+        json: { type: "boolean" },
+        help: { type: "boolean", short: "h" },
+      },
+    }));
   } catch (err) {
     throw new UsageError(
       `${err instanceof Error ? err.message : String(err)}\nusage: better-compute doctor [--config better-compute.config.ts] [--wrangler wrangler.toml] [--json]`,
     );
   }
-  if (flags.help) {
+  if (values.help) {
     console.log(DOCTOR_HELP);
     return 0;
   }
@@ -65,7 +73,7 @@ export async function runDoctor(argv: string[], flags: { json: boolean; help: bo
     wrangler: path.resolve(values.wrangler ?? path.join(repoRoot, "wrangler.toml")),
     env: process.env,
   });
-  console.log(flags.json ? JSON.stringify(report, null, 2) : humanReport(report));
+  console.log(values.json ? JSON.stringify(report, null, 2) : humanReport(report));
   return report.ok ? 0 : 1;
 }
 
@@ -490,4 +498,14 @@ export function humanReport(report: DoctorReport): string {
       : `no errors${warnings ? `, ${warnings} warning${warnings === 1 ? "" : "s"}` : ""}`,
   );
   return lines.join("\n");
+}
+
+// `better-compute doctor`: scripts/better-compute.mjs runs this file with tsx, not from the CLI's
+// bundle, as it imports the deployment's TypeScript config.
+try {
+  process.exitCode = await runDoctor(process.argv.slice(2));
+} catch (err) {
+  if (!(err instanceof UsageError)) throw err;
+  console.error(err.message);
+  process.exitCode = 2;
 }

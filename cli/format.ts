@@ -1,19 +1,30 @@
 // Human output of a method's answer: a table when the answer is one list of records (nodes,
-// workflows, tokens...), else `key: value` lines. Nested values are shown compactly; --json
-// bypasses all of this.
+// workflows, tokens...), else `key: value` lines. Nested values are shown compactly; a table fits
+// the terminal (its widest columns clipped first) unless --wide; --json bypasses all of this.
 import type { JsonSchema } from "./api.ts";
 import { schemaType } from "./commands.ts";
 
+/** A cell's longest, when there is no terminal to fit (output to a pipe or a file). */
 const MAX_CELL = 60;
+/** Fitting a table clips no column below this (or its header, or its widest cell when narrower). */
+const MIN_COLUMN = 8;
+const GAP = 2;
 
-export function formatOutput(value: unknown, schema: JsonSchema = {}): string {
+export interface Layout {
+  /** The terminal's width in columns (process.stdout.columns): a table is fitted to it. */
+  width?: number;
+  /** --wide: no cell clipped, however wide the table. */
+  wide?: boolean;
+}
+
+export function formatOutput(value: unknown, schema: JsonSchema = {}, layout: Layout = {}): string {
   if (!value || typeof value !== "object" || Array.isArray(value)) return compact(value);
   const record = value as Record<string, unknown>;
   const list = listProperty(record, schema);
   if (!list) return keyValues(record);
   const rows = record[list] as Record<string, unknown>[];
   const rest = Object.fromEntries(Object.entries(record).filter(([k]) => k !== list));
-  const table = rows.length ? formatTable(rows, Object.keys(schema.properties?.[list]?.items?.properties ?? {})) : `(no ${list})`;
+  const table = rows.length ? formatTable(rows, Object.keys(schema.properties?.[list]?.items?.properties ?? {}), layout) : `(no ${list})`;
   return Object.keys(rest).length ? `${table}\n${keyValues(rest)}` : table;
 }
 
@@ -30,16 +41,35 @@ function listProperty(record: Record<string, unknown>, schema: JsonSchema): stri
   return candidates.length === 1 && Array.isArray(record[candidates[0]!]) ? candidates[0] : undefined;
 }
 
-export function formatTable(rows: Record<string, unknown>[], columnOrder: string[] = []): string {
+export function formatTable(rows: Record<string, unknown>[], columnOrder: string[] = [], layout: Layout = {}): string {
   const columns = [...new Set([...columnOrder, ...rows.flatMap((r) => Object.keys(r))])].filter((c) => rows.some((r) => c in r));
-  const cells = rows.map((r) => columns.map((c) => clip(cell(r[c]))));
-  const widths = columns.map((c, i) => Math.max(c.length, ...cells.map((row) => row[i]!.length)));
+  const headers = columns.map((c) => c.toUpperCase());
+  const cap = layout.wide || layout.width ? Infinity : MAX_CELL;
+  const cells = rows.map((r) => columns.map((c) => clip(cell(r[c]), cap)));
+  let widths = columns.map((c, i) => Math.max(c.length, ...cells.map((row) => row[i]!.length)));
+  if (!layout.wide && layout.width) widths = fit(widths, headers, layout.width);
   const line = (values: string[]) =>
     values
+      .map((v, i) => clip(v, widths[i]!))
       .map((v, i) => (i === values.length - 1 ? v : v.padEnd(widths[i]!)))
-      .join("  ")
+      .join(" ".repeat(GAP))
       .trimEnd();
-  return [line(columns.map((c) => c.toUpperCase())), ...cells.map(line)].join("\n");
+  return [line(headers), ...cells.map(line)].join("\n");
+}
+
+/** The column widths narrowed, the widest first, until a row fits `width` or every column is at its floor. */
+function fit(widths: number[], headers: string[], width: number): number[] {
+  const out = [...widths];
+  const floors = out.map((w, i) => Math.min(w, Math.max(MIN_COLUMN, headers[i]!.length)));
+  let total = out.reduce((sum, w) => sum + w, 0) + GAP * (out.length - 1);
+  while (total > width) {
+    let widest = -1;
+    for (let i = 0; i < out.length; i++) if (out[i]! > floors[i]! && (widest < 0 || out[i]! > out[widest]!)) widest = i;
+    if (widest < 0) break; // as narrow as it gets: the terminal wraps the rest
+    out[widest] = out[widest]! - 1;
+    total--;
+  }
+  return out;
 }
 
 function keyValues(record: Record<string, unknown>): string {
@@ -74,4 +104,4 @@ export function compact(value: unknown): string {
   return String(value);
 }
 
-const clip = (s: string) => (s.length > MAX_CELL ? `${s.slice(0, MAX_CELL - 1)}…` : s);
+const clip = (s: string, max: number) => (s.length > max ? `${s.slice(0, max - 1)}…` : s);

@@ -2,7 +2,6 @@
 // and metal.nodes.get are compared and each change becomes one line (a step starting,
 // waiting, succeeding or failing; each attempt and retry with its error). Plain lines, no
 // escape codes, so a terminal, a CI log and a test read the same thing.
-import { TRANSITIONAL_STATES } from "better-compute/metal";
 import type { Api } from "./api.ts";
 import { compact } from "./format.ts";
 
@@ -108,9 +107,20 @@ export async function followWorkflow(api: Api, id: string, follow: Follow): Prom
   }
 }
 
-/** States a machine passes through on its way somewhere; any other state is where it settled. */
-// Enrolled machines move on by themselves too: commissioning starts once their site has an agent.
-const MACHINE_MOVING = new Set<string>(["enrolled", ...TRANSITIONAL_STATES]);
+/**
+ * States a machine passes through on its way somewhere; any other state is where it settled:
+ * metal's TRANSITIONAL_STATES, written out rather than imported, which would bundle the control
+ * plane into the CLI (test/node/cli-offline.test.ts checks they agree). Enrolled machines move on by
+ * themselves too: commissioning starts once their site has an agent.
+ */
+export const MACHINE_MOVING: ReadonlySet<string> = new Set([
+  "enrolled",
+  "commissioning",
+  "deploying",
+  "releasing",
+  "rescuing",
+  "unrescuing",
+]);
 
 export interface MachineView {
   id: string;

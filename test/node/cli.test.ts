@@ -1,7 +1,8 @@
 // The `better-compute` CLI as an operator runs it (spawned, talking HTTP): commands generated
 // from the live /openapi.json, flags from each method's input schema, tables or --json, typed
-// errors with their request id and a non-zero exit, tokens shown once, finding a running local
-// stack, and metal enroll/deploy waiting on the machine with each step of its workflow shown.
+// errors with their request id and reasons and a non-zero exit, tokens shown once, finding a running
+// local stack (for a key given alone too), the method catalog cached and revalidated by ETag, and
+// metal enroll/deploy waiting on the machine with each step of its workflow shown.
 // The stack is the node project's shared one (test/support/shared-stack.ts; docs.test.ts uses it
 // too): this file reads only what it made (its site, pool and machine), and docs.test.ts joins no
 // site agent and starts no workflow. SIMULATED: the machines, disks and BMCs (createMetalSim's
@@ -38,7 +39,11 @@ function cli(args: string[], env: Record<string, string> = {}, stdin?: string): 
     const child = execFile(
       process.execPath,
       [path.join(repoRoot, "scripts/better-compute.mjs"), ...args],
-      { cwd: os.tmpdir(), env: { ...process.env, BC_URL: "", BC_API_KEY: "", BC_DATA_DIR: noStackDir, ...env }, timeout: 120_000 },
+      {
+        cwd: os.tmpdir(),
+        env: { ...process.env, BC_URL: "", BC_API_KEY: "", BC_DATA_DIR: noStackDir, XDG_CACHE_HOME: cacheHome, ...env },
+        timeout: 120_000,
+      },
       (err, stdout, stderr) => resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
     );
     child.stdin!.end(stdin ?? "");
@@ -54,6 +59,8 @@ const tempDir = (prefix: string) => {
 afterAll(() => temps.forEach((dir) => fs.rmSync(dir, { recursive: true, force: true })));
 /** A data dir without a stack: the CLI must not find some other stack's local.json. */
 const noStackDir = tempDir("bc-cli-nostack-");
+/** Where the CLI caches each API's methods (cli/catalog.ts), instead of the user's ~/.cache. */
+const cacheHome = tempDir("bc-cli-cache-");
 
 describe("arguments from a method's input schema", () => {
   const input: JsonSchema = {
@@ -205,7 +212,7 @@ describe("better-compute against the local stack", () => {
   let stack: SharedStack;
   let sim: MetalSim;
   let images: { url: string; stop(): Promise<void> };
-  let pluginApi: { url: string; stop(): Promise<void> };
+  let pluginApi: PluginApi;
   const cache = createImageCache();
   const image = cache.put(simulatedDiskImage("a simulated host image\n".repeat(1000)));
   const connected = () => ({ BC_URL: stack.url, BC_API_KEY: stack.adminKey });
@@ -258,6 +265,26 @@ describe("better-compute against the local stack", () => {
 
     const raw = await cli(["call", "modules.list", "{}"], connected());
     expect(raw.stdout).toMatch(/^ID +VERSION +KIND +METHODS/);
+
+    // Not a terminal here, so no width to fit; --wide is understood wherever it is.
+    const wide = await cli(["nodes", "list", "--wide", "--role", "site"], connected());
+    expect(wide.code, wide.stderr).toBe(0);
+    expect(wide.stdout).toBe(nodes.stdout);
+  });
+
+  it("events list shows the newest first, unless --order asc", async () => {
+    const positions = async (...args: string[]) => {
+      const run = await cli(["events", "list", "--limit", "5", "--json", ...args], connected());
+      expect(run.code, run.stderr).toBe(0);
+      return (JSON.parse(run.stdout) as { events: { position: string }[] }).events.map((e) => BigInt(e.position));
+    };
+    const newest = await positions();
+    expect(newest.length).toBeGreaterThan(1);
+    expect(newest).toEqual([...newest].sort((a, b) => (a > b ? -1 : 1)));
+    const oldest = await positions("--order", "asc");
+    expect(oldest).toEqual([...oldest].sort((a, b) => (a < b ? -1 : 1)));
+    expect(oldest[0]!).toBeLessThan(newest.at(-1)!);
+    expect((await cli(["events", "list", "--help"], connected())).stdout).toContain("The CLI sends --order desc unless given.");
   });
 
   it("finds a running local stack by its local.json, and says what to set when there is none", async () => {
@@ -269,6 +296,18 @@ describe("better-compute against the local stack", () => {
     expect(none.code).toBe(2);
     expect(none.stderr).toContain("set BC_URL and BC_API_KEY (or pass --url and --api-key)");
     expect(none.stderr).toContain("npm start");
+
+    // A key given alone goes to the running stack too: here a viewer's, not the stack's admin key.
+    const minted = await cli(["iam", "apiKeys", "create", "--name", "cli-viewer", "--roles", "viewer", "--json"], connected());
+    expect(minted.code, minted.stderr).toBe(0);
+    const viewerKey = (JSON.parse(minted.stdout) as { key: string }).key;
+    for (const run of [
+      await cli(["iam", "whoami"], { BC_DATA_DIR: stack.dataDir, BC_API_KEY: viewerKey }),
+      await cli(["iam", "whoami", "--api-key", viewerKey], { BC_DATA_DIR: stack.dataDir }),
+    ]) {
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stdout).toContain("roles: viewer");
+    }
 
     // A local.json whose process is gone is not a running stack.
     const stale = tempDir("bc-cli-stale-");
@@ -291,6 +330,41 @@ describe("better-compute against the local stack", () => {
     const typo = await cli(["metal", "deploy", "m-1", "--profil", "x"], connected());
     expect(typo.code).toBe(2);
     expect(typo.stderr).toContain("unknown flag --profil for metal deploy; its flags: --node, --profile, --version, --input");
+  });
+
+  it("a refusal prints its reasons: a BMC binding its power driver's manifest refuses", async () => {
+    const bmc = { address: "https://10.9.9.9/redfish/v1/Systems/1", username: "admin", password: "pw", rescueKeys: ["ssh-ed25519 AAAA"] };
+    const refused = await cli(["metal", "enroll", "m-refused", "--pool", "cli-site-pool", "--body", JSON.stringify({ bmc })], connected());
+    expect(refused.code).toBe(1);
+    const [first, ...reasons] = refused.stderr.trimEnd().split("\n");
+    expect(first).toMatch(
+      /^error INVALID_ARGUMENT: the BMC binding does not match driver redfish's manifest \(request id [0-9a-f-]{36}\)$/,
+    );
+    expect(reasons).toContainEqual(expect.stringMatching(/^ {2}.*rescueKeys/));
+    expect(refused.stderr).not.toContain("pw");
+  });
+
+  it("caches the API's methods per URL: a call revalidates them with one conditional GET beside its own request", async () => {
+    const home = tempDir("bc-cli-cache-");
+    const env = { BC_URL: pluginApi.url, BC_API_KEY: stack.adminKey, XDG_CACHE_HOME: home };
+    const requests = async (args: string[]) => {
+      pluginApi.requests.length = 0;
+      const run = await cli(args, env);
+      expect(run.code, run.stderr).toBe(0);
+      return pluginApi.requests.sort();
+    };
+    expect(await requests(["iam", "whoami"])).toEqual(["GET /openapi.json 200", "POST /v1/iam.whoami 200"]);
+    expect(await requests(["iam", "whoami"])).toEqual(["GET /openapi.json 304", "POST /v1/iam.whoami 200"]);
+
+    // A cache from before the deployment had its plugin: the plugin's command is resolved again from the API's current methods.
+    const dir = path.join(home, "better-compute", "cli");
+    const [file] = fs.readdirSync(dir);
+    const cached = JSON.parse(fs.readFileSync(path.join(dir, file!), "utf8")) as { etag: string; methods: { name: string }[] };
+    const before = { ...cached, etag: '"before-the-plugin"', methods: cached.methods.filter((m) => m.name !== "widgets.paint") };
+    fs.writeFileSync(path.join(dir, file!), JSON.stringify(before));
+    const paint = ["widgets", "paint", "w-9", "--color", "blue", "--coats", "1", "--spec.depth", "1"];
+    expect(await requests(paint)).toEqual(["GET /openapi.json 200", "POST /v1/widgets.paint 200"]);
+    expect(JSON.parse(fs.readFileSync(path.join(dir, file!), "utf8")).etag).toBe(cached.etag);
   });
 
   it("tokens create prints the new token once", async () => {
@@ -430,11 +504,18 @@ describe("better-compute against the local stack", () => {
   });
 });
 
+interface PluginApi {
+  url: string;
+  /** Each request as `METHOD /path STATUS`, in the order they were answered. */
+  requests: string[];
+  stop(): Promise<void>;
+}
+
 /**
  * The default deployment plus a third-party plugin with a method the CLI has never heard of,
  * served from this process (the real API: hono, zod, IAM, Postgres) on the stack's database.
  */
-async function servePluginApi(stack: SharedStack): Promise<{ url: string; stop(): Promise<void> }> {
+async function servePluginApi(stack: SharedStack): Promise<PluginApi> {
   const paint = defineMethod({
     name: "widgets.paint",
     readOnly: true,
@@ -454,6 +535,7 @@ async function servePluginApi(stack: SharedStack): Promise<{ url: string; stop()
   const compute = betterCompute({ modules: [provisionModule(), metalModule()], plugins: [widgets] });
   const store: NodeStore = await openNodeStore(stack.databaseUrl);
   const env = { DATABASE_URL: stack.databaseUrl, BC_DB_WS_PROXY: store.bridge };
+  const requests: string[] = [];
   const server = http.createServer(async (req, res) => {
     const chunks: Buffer[] = [];
     for await (const chunk of req) chunks.push(chunk as Buffer);
@@ -463,12 +545,14 @@ async function servePluginApi(stack: SharedStack): Promise<{ url: string; stop()
       ...(req.method === "POST" ? { body: Buffer.concat(chunks) } : {}),
     });
     const response = await compute.fetch(request, env);
+    requests.push(`${req.method} ${req.url} ${response.status}`);
     res.writeHead(response.status, Object.fromEntries(response.headers));
     res.end(Buffer.from(await response.arrayBuffer()));
   });
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    requests,
     async stop() {
       server.closeAllConnections();
       await new Promise((resolve) => server.close(resolve));

@@ -68,7 +68,10 @@ describe("better-compute events watch", () => {
       watch.kill();
     }
     const printed = watch.lines().map((l) => JSON.parse(l));
-    const listed = JSON.parse((await cli(["events", "list", "--type", "iam.apiKey.*", "--after", start, "--json"])).stdout).events;
+    // In commit order, as watch prints them (the CLI lists the newest first unless told).
+    const listed = JSON.parse(
+      (await cli(["events", "list", "--type", "iam.apiKey.*", "--after", start, "--order", "asc", "--json"])).stdout,
+    ).events;
     expect(printed).toEqual(listed.slice(0, 4));
     expect(printed.map((e: any) => e.data.name)).toEqual(["w-1", "w-2", "w-3", "w-4"]);
     expect(watch.stderr()).toMatch(/reconnecting/);

@@ -5,6 +5,7 @@ import type { ApprovalsPort, CapacityPort, HostView, MethodContext, ModuleContex
 import type { Bindings } from "./bindings.ts";
 import { invalidConfig } from "./errors.ts";
 import type { Logger } from "./log.ts";
+import type { MetricFamily } from "./metrics/openmetrics.ts";
 import type { Tx } from "./store/database.ts";
 
 const ID = /^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*$/;
@@ -111,6 +112,12 @@ export interface ModuleDefinition {
    * wake-up was lost. The cron sweep runs them, then the reconcilers; a workflow's end does not.
    */
   sweeps?: Reconciler[];
+  /**
+   * The module's families for GET /metrics (docs/metrics.md), read from its own tables when
+   * Prometheus scrapes: current state and the window (inMetricsWindow) through indexes, never a
+   * read that grows with history. Names start bc_.
+   */
+  metrics?: (ctx: ModuleContext) => Promise<MetricFamily[]>;
   /** Called once per request context; a module keeps no state of its own between requests. */
   setup?: (ctx: ModuleContext) => void;
   /** Ports the module provides to every module's context (one provider each per deployment). */

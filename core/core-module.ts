@@ -4,6 +4,7 @@ import { z } from "zod";
 import { defineMethod, defineModule, type DriverDefinition, type Module } from "./contracts.ts";
 import { notFound } from "./errors.ts";
 import { defineListMethod } from "./methods.ts";
+import { METRICS_ACTION } from "./metrics/routes.ts";
 import { nextCursor, recordPage, recordPageInput } from "./paging.ts";
 import { mintApiKey, type IamPort } from "./iam.ts";
 import { jsonSchema } from "./openapi.ts";
@@ -156,7 +157,10 @@ export function coreModule(deps: { registry: () => Registry; iam: () => IamPort 
         "iam.apiKeys.revoke": "Revoke API keys",
         "drivers.list": "List registered drivers",
         "events.list": "Read the event record",
+        [METRICS_ACTION]: "Scrape GET /metrics (OpenMetrics, docs/metrics.md)",
       },
+      // A key for Prometheus: the metrics and nothing else.
+      roles: { metrics: [METRICS_ACTION] },
     },
     api: [modulesList, whoami, keysCreate, keysList, keysRevoke, driversList, eventsList],
   });

@@ -9,6 +9,7 @@ import { newestFirst, nextCursor, pageLimit } from "../paging.ts";
 import { resourceId } from "../schemas.ts";
 import { one, rows, type Tx } from "../store/database.ts";
 import { builtinAttestors } from "./attestors.ts";
+import { agentMetrics } from "./metrics.ts";
 import { accessSection, nodeSpecActions, nodeSpecMethods, type SectionOwners } from "./node-specs.ts";
 import { MAX_TOKEN_TTL_SECONDS, mintJoinToken } from "./tokens.ts";
 
@@ -364,5 +365,6 @@ export function agentsModule(deps: { sections: () => SectionOwners }): Module {
       },
     ],
     extensions: builtinAttestors,
+    metrics: agentMetrics,
   });
 }

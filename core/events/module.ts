@@ -8,6 +8,7 @@ import { defineListMethod } from "../methods.ts";
 import { nextCursor, pageLimit } from "../paging.ts";
 import { one, rows } from "../store/database.ts";
 import { deliverOne, drainSinks, registeredSinks, sinkLag, type SinkSource } from "./dispatch.ts";
+import { sinkMetrics } from "./metrics.ts";
 
 const sinkId = z.string().regex(/^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*$/, "a sink id");
 const deadLetterId = z.string().regex(/^\d{1,18}$/, "a dead letter id (digits)");
@@ -188,6 +189,7 @@ export function sinksModule(): Module {
       },
     },
     api: [sinksList, deadLettersList, deadLettersReplay],
+    metrics: sinkMetrics,
     // The safety net: a pass over every sink from the cron, whatever wake-ups were lost.
     sweeps: [
       {

@@ -5,6 +5,7 @@
 import { sql } from "drizzle-orm";
 import { defineModule, type Module } from "better-compute";
 import { capacityActions, capacityMethods } from "./methods.ts";
+import { capacityMetrics } from "./metrics.ts";
 import type { PlacerDefaults } from "./placer.ts";
 import { capacityPort } from "./port.ts";
 import { capacityMigrations } from "./schema.ts";
@@ -19,6 +20,7 @@ export function capacity(options: CapacityOptions = {}): Module {
     migrations: capacityMigrations,
     api: capacityMethods(),
     ports: { capacity: (ctx) => capacityPort(ctx, options) },
+    metrics: capacityMetrics,
     sweeps: [
       {
         // Expired holds already count for nothing; this only keeps the table small.

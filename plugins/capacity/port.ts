@@ -20,6 +20,7 @@ import {
   type PlacementRejection,
   type PlacementRequest,
   type PlacementResult,
+  type Runner,
   type Tx,
 } from "better-compute/core";
 import { ANY_VALUE, DRIVER_LABEL_PREFIX, strategyScorer } from "./builtins.ts";
@@ -56,7 +57,7 @@ interface WhichHosts {
 }
 
 /** Hosts (live nodes of role node), with the operator's settings and their live reservations summed. */
-export async function readHosts(tx: Tx, which: WhichHosts = {}): Promise<HostView[]> {
+export async function readHosts(tx: Runner, which: WhichHosts = {}): Promise<HostView[]> {
   const { fitting } = which;
   const hosts = await rows<HostRow>(
     tx,

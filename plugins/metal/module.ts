@@ -10,6 +10,7 @@ import { ipmiDriver } from "better-compute/bcx-ipmi";
 import { consoleActions, consoleCommand, consoleMethods, consoleRoles } from "./console.ts";
 import { commissionProfiles, DEFAULT_HARDWARE_PROFILES, type HardwareProfile } from "./hardware.ts";
 import { nodeActions, nodeMethods } from "./methods.ts";
+import { machineMetrics } from "./metrics.ts";
 import { lifecycleReconciler } from "./reconciler.ts";
 import { metalMigrations } from "./schema.ts";
 import { siteAndPoolActions, siteAndPoolMethods } from "./sites.ts";
@@ -33,5 +34,6 @@ export function metalModule(options: MetalOptions = {}): Module {
     extensions: [redfishDriver, ipmiDriver, ipxeDriver, imageStreamDriver, ...metalSteps],
     profiles: [...metalProfiles, ...commissionProfiles(hardwareProfiles)],
     reconcilers: [lifecycleReconciler(hardwareProfiles)],
+    metrics: machineMetrics,
   });
 }

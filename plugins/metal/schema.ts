@@ -80,10 +80,15 @@ CREATE TABLE IF NOT EXISTS metal_console_sessions (
   expires_at timestamptz NOT NULL
 );`;
 
+// GET /metrics counts the machines in service by pool and state from this index alone (metrics.ts).
+const METRICS_SQL = `
+CREATE INDEX IF NOT EXISTS metal_nodes_in_service ON metal_nodes (pool_id, state) WHERE state <> 'retired';`;
+
 export const metalMigrations: Migration[] = [
   { name: "metal/0001_metal", sql: SCHEMA_SQL },
   { name: "metal/0002_addresses", sql: ADDRESSES_SQL },
   { name: "metal/0003_rescue", sql: RESCUE_SQL },
   { name: "metal/0004_one_machine_per_bmc_and_uuid", sql: UNIQUE_MACHINE_SQL },
   { name: "metal/0005_console_sessions", sql: CONSOLE_SQL },
+  { name: "metal/0006_metrics", sql: METRICS_SQL },
 ];

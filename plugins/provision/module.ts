@@ -21,6 +21,7 @@ import {
   type PlatformContext,
   type Tx,
 } from "better-compute/core";
+import { METRICS_SQL, workflowMetrics } from "./metrics.ts";
 import { approveMethod, QUORUM_SQL, quorumBatch, quorumView, recordBatch, workflowApprovals } from "./quorum.ts";
 import { findProfile, stepsById, validateProfile } from "./validate.ts";
 
@@ -296,10 +297,12 @@ export function provisionModule(): Module {
       { name: "provision/0001_workflows", sql: WORKFLOWS_SQL },
       { name: "provision/0002_workflows_list", sql: WORKFLOWS_LIST_SQL },
       { name: "provision/0003_quorum", sql: QUORUM_SQL },
+      { name: "provision/0004_metrics", sql: METRICS_SQL },
     ],
     api: [validate, start, get, list, cancel, approveMethod],
     sweeps: [{ id: "wake-stalled-workflows", run: (ctx) => wakeStalledWorkflows(ctx) }],
     ports: { approvals: () => workflowApprovals() },
+    metrics: workflowMetrics,
   });
 }
 

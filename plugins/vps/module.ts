@@ -10,6 +10,7 @@ import { accountActions, accountMethods } from "./accounts.ts";
 import { consoleCommand, hostActions, hostInstancesReconciler, hostMethods, instancesSection } from "./host-instances.ts";
 import { instanceActions, instanceMethods } from "./instances.ts";
 import { TENANT_ROLE, type VpsOptions } from "./methods.ts";
+import { instanceMetrics } from "./metrics.ts";
 import { poolActions, poolMethods } from "./pools.ts";
 import { instancesReconciler } from "./reconciler.ts";
 import { vpsMigrations } from "./schema.ts";
@@ -41,5 +42,6 @@ export function vps(options: VpsOptions = {}): Module {
     nodeSpecSections: [instancesSection],
     commands: [consoleCommand],
     reconcilers: [instancesReconciler(options), hostInstancesReconciler()],
+    metrics: instanceMetrics,
   });
 }

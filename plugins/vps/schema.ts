@@ -153,8 +153,13 @@ ALTER TABLE vps_instances
   -- When a drain stopped it to start it on another host (null: no drain is moving it).
   ADD COLUMN drain_restart_at timestamptz;`;
 
+// GET /metrics counts the live instances by pool and state from this index alone (metrics.ts).
+const METRICS_SQL = `
+CREATE INDEX IF NOT EXISTS vps_instances_live ON vps_instances (pool_id, state) WHERE state <> 'deleted';`;
+
 export const vpsMigrations: Migration[] = [
   { name: "vps/0001_vps", sql: SCHEMA_SQL },
   { name: "vps/0002_host_pools", sql: HOST_POOLS_SQL },
   { name: "vps/0003_drain_restart", sql: DRAIN_RESTART_SQL },
+  { name: "vps/0004_metrics", sql: METRICS_SQL },
 ];

@@ -44,11 +44,25 @@ export function methodRoutes(deps: MethodDeps): Hono<AppEnv> {
 
 async function invoke(c: Context<AppEnv>, deps: MethodDeps, mod: Module, method: MethodDefinition): Promise<Response> {
   c.set("method", method.name);
-  const store = c.get("store");
-  const principal = await deps.iam.authenticate(c.req.raw, store);
+  const principal = await deps.iam.authenticate(c.req.raw, c.get("store"));
   if (!principal) throw new ComputeError("UNAUTHENTICATED", "credentials are required: send 'Authorization: Bearer <API key>'");
+  return c.json((await callMethod(c, deps, { module: mod, method }, principal, await readInput(c, method.input))) as object);
+}
 
-  const input = await readInput(c, method.input);
+/**
+ * One method called as `principal` with its checked input: IAM, admission, the handler and its
+ * audit row in one transaction, the output checked. The API's routes and the console
+ * (core/console/) both call it, so a console page is decided exactly as the API call would be.
+ */
+export async function callMethod(
+  c: Context<AppEnv>,
+  deps: MethodDeps,
+  { module: mod, method }: { module: Module; method: MethodDefinition },
+  principal: Principal,
+  input: unknown,
+): Promise<unknown> {
+  c.set("method", method.name);
+  const store = c.get("store");
   const resource = method.resource?.(input) ?? "*";
   if (!(await deps.iam.authorize(principal, method.action, resource))) {
     throw new ComputeError("PERMISSION_DENIED", `${principal.id} may not ${method.action} on ${resource}`, {
@@ -100,5 +114,5 @@ async function invoke(c: Context<AppEnv>, deps: MethodDeps, mod: Module, method:
   if (!checked.success) {
     throw new ComputeError("INTERNAL", `method ${method.name} returned a result that breaks its output schema`);
   }
-  return c.json(checked.data as object);
+  return checked.data;
 }

@@ -2,13 +2,16 @@
 // (INVALID_CONFIG naming the offender), resolves the ports and composes the Workers' apps: every
 // router is mounted here, on the HTTP shell they share (core/http.ts).
 import type { Hono } from "hono";
+import { etag } from "hono/etag";
 import { methodRoutes } from "./api.ts";
 import type { Bindings } from "./bindings.ts";
 import { auditModule } from "./audit.ts";
+import { consoleRoutes } from "./console/routes.tsx";
 import { coreModule } from "./core-module.ts";
 import { checkSinks } from "./events/dispatch.ts";
 import { sinksModule } from "./events/module.ts";
 import { watchRoutes } from "./events/watch.ts";
+import { metricsRoutes } from "./metrics/routes.ts";
 import type { ApprovalsPort, Approvers, BlobStore, CapacityPort, Clock, PlatformContext, RegisteredView, SecretStore } from "./context.ts";
 import { databaseClock, databaseCommands, databaseEvents, databaseNodes, databaseSecrets, databaseWork } from "./store/ports.ts";
 import { noBlobs, r2Blobs } from "./store/blobs.ts";
@@ -213,7 +216,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   const join = joinRoutes({ registry: reg, agentsContext: (env, store) => contextFor(agents, env, store) });
   // The API Worker's app: /v1/health, /openapi.json, JoinService, the agent gateway, every method.
   const app = serviceApp({ database, modules });
-  app.get("/openapi.json", (c) => c.json(openapiDoc()));
+  app.get("/openapi.json", etag(), (c) => c.json(openapiDoc())); // the ETag lets the CLI revalidate its cached copy (304)
   app.route("/", join);
   app.route("/", gatewayRoutes({ blobs: blobsFor }));
   const reconcileModule = async (mod: Module, env: Bindings) => {
@@ -226,6 +229,11 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   };
   app.route("/", methodRoutes({ registry: reg, iam, maxBodyBytes, moduleContext: contextFor, reconcileModule }));
   app.route("/", watchRoutes({ iam, openStore: (env) => database.open(env) }));
+  app.route(
+    "/",
+    consoleRoutes({ registry: reg, iam, maxBodyBytes, moduleContext: contextFor, reconcileModule, openStore: (env) => database.open(env) }),
+  );
+  app.route("/", metricsRoutes({ iam, modules: reg.modules, moduleContext: contextFor }));
   // The join Worker's app: JoinService and /v1/health alone (the gateway needs the NodeDO binding).
   const joinApp = serviceApp({ database, modules });
   joinApp.route("/", join);

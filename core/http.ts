@@ -73,7 +73,11 @@ export function serviceApp(deps: { database: DatabasePort; modules: readonly str
  * error of this request quotes them whole.
  */
 export async function readInput<T extends z.ZodType>(c: Context<AppEnv>, schema: T): Promise<z.output<T>> {
-  const body = await readJson(c.req.raw);
+  return checkInput(c, schema, await readJson(c.req.raw));
+}
+
+/** A body that is already parsed (the console's forms) under the same rules as readInput's. */
+export function checkInput<T extends z.ZodType>(c: Context<AppEnv>, schema: T, body: unknown): z.output<T> {
   const strings = inspectStrings(body);
   c.set("longInputs", strings.long);
   if (strings.controlAt.length > 0) {

@@ -10,6 +10,15 @@ export {
   type CreateOnce,
 } from "./methods.ts";
 export { newestFirst, nextCursor, pageLimit } from "./paging.ts";
+export {
+  durationHistogram,
+  inMetricsWindow,
+  METRICS_WINDOW_SECONDS,
+  type GaugeFamily,
+  type GaugeHistogramFamily,
+  type MetricFamily,
+  type MetricLabels,
+} from "./metrics/openmetrics.ts";
 export type {
   ApprovalsPort,
   CapacityPort,

@@ -177,6 +177,7 @@ function banner(
     `Better Compute is running at ${stack.url}${site || emulated ? ` with ${emulated ? "an emulated" : "a simulated"} site${vps ? " and simulated providers" : ""}${vms ? " and this machine as a VM host" : ""} (npm run dev)` : ""}`,
     "",
     `  admin API key (${key}): ${stack.adminKey}`,
+    `  web console: ${stack.url}/console/ (sign in with the admin API key)`,
     site || emulated
       ? `  data: ${shownPath(stack.dataDir)}/, started afresh on every npm run dev (npm start's data is not touched); ${cron}`
       : `  data: ${shownPath(stack.dataDir)}/ (one stack at a time); ${cron}`,

@@ -2,7 +2,7 @@
 // decision as events.list; the stream polls bc_events and ends after a bounded time, and a client
 // that reconnects with Last-Event-ID (every EventSource does) resumes exactly where it was.
 import { sql } from "drizzle-orm";
-import { Hono } from "hono";
+import { Hono, type Context } from "hono";
 import { streamSSE, type SSEStreamingApi } from "hono/streaming";
 import { z } from "zod";
 import type { Bindings } from "../bindings.ts";
@@ -30,55 +30,80 @@ const eventPosition = z.string().regex(/^\d{1,18}$/, "an event's position (digit
 const query = z.strictObject({ subject: resourceId.optional(), type: eventTypeFilter.optional(), after: eventPosition.optional() });
 
 export function watchRoutes(deps: { iam: IamPort; openStore: (env: Bindings) => Store; options?: WatchOptions }): Hono<AppEnv> {
-  const pollMs = deps.options?.pollMs ?? 750;
-  const heartbeatMs = deps.options?.heartbeatMs ?? 15_000;
-  const maxMs = deps.options?.maxMs ?? 5 * 60_000;
   const app = new Hono<AppEnv>();
 
   app.get("/v1/events.watch", async (c) => {
     c.set("method", "events.watch");
     const principal = await deps.iam.authenticate(c.req.raw, c.get("store"));
     if (!principal) throw new ComputeError("UNAUTHENTICATED", "credentials are required: send 'Authorization: Bearer <API key>'");
-    const filter = parseQuery(c.req.query());
+    const { filter, after } = watchRequest(c);
     // The same decision as events.list: whoever may read the record may watch it.
     if (!(await deps.iam.authorize(principal, "events.list", "*"))) {
       throw new ComputeError("PERMISSION_DENIED", `${principal.id} may not events.list on *`, { action: "events.list", resource: "*" });
     }
-    // A reconnecting EventSource sends Last-Event-ID with its first URL (?after= included): the header is newer.
-    const lastEventId = c.req.header("last-event-id");
-    const after = lastEventId ? parseLastEventId(lastEventId) : filter.after;
-
-    // The request's store closes when the handler returns; the stream outlives it and opens its own.
-    const store = deps.openStore(c.env ?? {});
-    return streamSSE(c, async (stream) => {
-      const cursor = new EventCursor(store, filter, after === undefined ? undefined : Number(after));
-      try {
-        await cursor.start();
-        // Without it a client waits out its default (3 s in browsers) after each bounded stream.
-        await stream.write(`retry: ${pollMs}\n\n`);
-        const ends = Date.now() + maxMs;
-        let quietSince = Date.now();
-        while (!stream.aborted && Date.now() < ends) {
-          const { events, more } = await cursor.next();
-          for (const event of events) {
-            await stream.writeSSE({ id: event.position, event: event.type, data: JSON.stringify(event) });
-            quietSince = Date.now();
-          }
-          if (more) continue;
-          if (Date.now() - quietSince >= heartbeatMs) {
-            await stream.write(": heartbeat\n\n");
-            quietSince = Date.now();
-          }
-          await stream.sleep(pollMs);
-        }
-      } catch (err) {
-        await endWithError(stream, err, c.get("requestId"));
-      } finally {
-        await store.close();
-      }
-    });
+    return eventStream(c, deps.openStore(c.env ?? {}), filter, after, deps.options);
   });
   return app;
+}
+
+/** A watch request's filter (?subject, ?type) and where it resumes (Last-Event-ID, else ?after). */
+export function watchRequest(c: Context<AppEnv>): { filter: { subject?: string; type?: string }; after: string | undefined } {
+  const { after, ...filter } = parseQuery(c.req.query());
+  // A reconnecting EventSource sends Last-Event-ID with its first URL (?after= included): the header is newer.
+  const lastEventId = c.req.header("last-event-id");
+  return { filter, after: lastEventId ? parseLastEventId(lastEventId) : after };
+}
+
+/**
+ * The events after `after` (or from the live tail) as Server-Sent Events, once the caller has
+ * decided who may see them (events.watch; the console's live updates). `store` is the stream's
+ * own: the request's store closes when the handler returns, the stream outlives it. `announce`
+ * first sends a `ready` event carrying the position the stream starts from, so a client that
+ * reconnects resumes from there even when no event came in between; `typed: false` sends events
+ * unnamed (a browser's EventSource hears only the names it listens for, and types are open-ended).
+ */
+export function eventStream(
+  c: Context<AppEnv>,
+  store: Store,
+  filter: { subject?: string; type?: string },
+  after: string | undefined,
+  options: WatchOptions & { announce?: boolean; typed?: boolean } = {},
+): Response {
+  const pollMs = options.pollMs ?? 750;
+  const heartbeatMs = options.heartbeatMs ?? 15_000;
+  const maxMs = options.maxMs ?? 5 * 60_000;
+  return streamSSE(c, async (stream) => {
+    const cursor = new EventCursor(store, filter, after === undefined ? undefined : Number(after));
+    try {
+      await cursor.start();
+      // Without it a client waits out its default (3 s in browsers) after each bounded stream.
+      await stream.write(`retry: ${pollMs}\n\n`);
+      if (options.announce) await stream.writeSSE({ id: String(cursor.at), event: "ready", data: "{}" });
+      const ends = Date.now() + maxMs;
+      let quietSince = Date.now();
+      while (!stream.aborted && Date.now() < ends) {
+        const { events, more } = await cursor.next();
+        for (const event of events) {
+          await stream.writeSSE({
+            id: event.position,
+            event: options.typed === false ? undefined : event.type,
+            data: JSON.stringify(event),
+          });
+          quietSince = Date.now();
+        }
+        if (more) continue;
+        if (Date.now() - quietSince >= heartbeatMs) {
+          await stream.write(": heartbeat\n\n");
+          quietSince = Date.now();
+        }
+        await stream.sleep(pollMs);
+      }
+    } catch (err) {
+      await endWithError(stream, err, c.get("requestId"));
+    } finally {
+      await store.close();
+    }
+  });
 }
 
 function parseQuery(raw: Record<string, string>): z.output<typeof query> {
@@ -117,6 +142,11 @@ export class EventCursor {
     /** The last position handed out (or passed over by the filter); undefined: the live tail. */
     private position: number | undefined,
   ) {}
+
+  /** The last position handed out or passed over (0 before start on an empty record). */
+  get at(): number {
+    return this.position ?? 0;
+  }
 
   /** Without a position: the live tail, from the newest event committed now. */
   async start(): Promise<void> {

@@ -1,0 +1,358 @@
+/** @jsxRuntime automatic @jsxImportSource hono/jsx */
+// The web console (docs/console.md), served by the API Worker under /console: pages rendered on
+// the server from the API's own methods, called through the same dispatch as POST /v1/<name>
+// (callMethod: IAM, the transaction, the audit row) as the session's principal. Signing in
+// exchanges an API key for a session cookie; every POST carries the session's CSRF token; every
+// response carries a strict Content-Security-Policy. Live updates: core/console/assets.ts.
+import { Hono, type Context } from "hono";
+import { bodyLimit } from "hono/body-limit";
+import { deleteCookie, getCookie, setCookie } from "hono/cookie";
+import type { Child } from "hono/jsx";
+import { callMethod, type MethodDeps } from "../api.ts";
+import type { Bindings } from "../bindings.ts";
+import { ComputeError, errorBody, invalidArgument, isComputeError } from "../errors.ts";
+import { eventStream, watchRequest } from "../events/watch.ts";
+import { checkInput, describeError, toComputeError, type AppEnv } from "../http.ts";
+import { createLogger } from "../log.ts";
+import type { Store } from "../store/database.ts";
+import { CLIENT_JS, CSS, ICON_SVG } from "./assets.ts";
+import {
+  Audit,
+  AuditFilterForm,
+  Confirm,
+  ErrorPage,
+  Fleet,
+  Home,
+  Layout,
+  Machine,
+  SignIn,
+  type AuditEntryView,
+  type AuditFilters,
+  type EventView,
+  type Frame,
+  type MachineView,
+  type ProblemView,
+  type WorkflowView,
+} from "./pages.tsx";
+import { closeSession, csrfMatches, findSession, openSession, SESSION_COOKIE, SESSION_SECONDS, type ConsoleSession } from "./sessions.ts";
+
+export interface ConsoleDeps extends MethodDeps {
+  /** The live-update stream's own store (it outlives the request's). */
+  openStore: (env: Bindings) => Store;
+}
+
+/** On every console response. No inline script or style anywhere, so 'self' is all a page needs. */
+const SECURITY_HEADERS: Record<string, string> = {
+  "content-security-policy":
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
+    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'",
+  "x-content-type-options": "nosniff",
+  "referrer-policy": "no-referrer",
+  "x-frame-options": "DENY",
+  "cache-control": "no-store",
+};
+
+const PAGE_SIZE = 25;
+const log = createLogger({ component: "console" });
+/** The session a request was decided with, for the error page's header. */
+const sessions = new WeakMap<Request, ConsoleSession>();
+
+export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
+  const app = new Hono<AppEnv>();
+
+  /** A method as the session's principal, exactly as POST /v1/<name> with its key would run it. */
+  const call = async <T,>(c: Context<AppEnv>, session: ConsoleSession, name: string, input: Record<string, unknown>): Promise<T> => {
+    const entry = deps.registry.methods.get(name);
+    if (!entry) throw new ComputeError("NOT_FOUND", `this deployment has no method ${name}`);
+    return (await callMethod(c, deps, entry, session.principal, checkInput(c, entry.method.input, input))) as T;
+  };
+  /** Whether the session's principal may call `name` on `resource` (to offer only the actions it may take). */
+  const may = async (session: ConsoleSession, name: string, resource: string) => {
+    const entry = deps.registry.methods.get(name);
+    return entry !== undefined && (await deps.iam.authorize(session.principal, entry.method.action, resource));
+  };
+
+  app.get("/", (c) => c.redirect("/console/", 302));
+
+  app.use("/console/*", async (c, next) => {
+    await next();
+    for (const [name, value] of Object.entries(SECURITY_HEADERS)) c.res.headers.set(name, value);
+  });
+  app.post(
+    "/console/*",
+    bodyLimit({
+      maxSize: deps.maxBodyBytes,
+      onError: () => {
+        throw new ComputeError("PAYLOAD_TOO_LARGE", `the request body is larger than ${deps.maxBodyBytes} bytes`);
+      },
+    }),
+    async (c, next) => {
+      // Defence in depth beside SameSite=Strict and the CSRF token: a browser says which site's page
+      // posts. Sec-Fetch-Site first: under Referrer-Policy no-referrer Chromium sends Origin: null.
+      const site = c.req.header("sec-fetch-site");
+      const origin = c.req.header("origin");
+      if ((site && site !== "same-origin" && site !== "none") || (origin && origin !== "null" && origin !== new URL(c.req.url).origin))
+        throw new ComputeError("PERMISSION_DENIED", "the request comes from another site's page");
+      await next();
+    },
+  );
+
+  app.get("/console/app.js", (c) => c.body(CLIENT_JS, 200, { "content-type": "text/javascript; charset=utf-8" }));
+  app.get("/console/app.css", (c) => c.body(CSS, 200, { "content-type": "text/css; charset=utf-8" }));
+  app.get("/console/icon.svg", (c) => c.body(ICON_SVG, 200, { "content-type": "image/svg+xml" }));
+
+  // ---------------------------------------------------------------- signing in and out
+
+  app.get("/console/sign-in", async (c) => {
+    if (await findSession(c.get("store"), getCookie(c, SESSION_COOKIE))) return c.redirect("/console/", 303);
+    return render(c, { title: "Sign in" }, <SignIn />);
+  });
+
+  app.post("/console/session", async (c) => {
+    const form = await c.req.parseBody();
+    const key = typeof form.key === "string" ? form.key.trim() : "";
+    const refused = (message: string) => {
+      const problem: ProblemView = { status: 401, code: "UNAUTHENTICATED", message, requestId: c.get("requestId") };
+      // The form comes back empty: the key is never written into a page.
+      return render(c, { title: "Sign in" }, <SignIn problem={problem} />, 401);
+    };
+    if (!/^[\x21-\x7e]{1,4096}$/.test(key)) return refused("enter an API key");
+    // The IAM port decides, as for any API call: the key as a bearer credential.
+    const asBearer = new Request(c.req.url, { headers: { authorization: `Bearer ${key}` } });
+    let principal;
+    try {
+      principal = await deps.iam.authenticate(asBearer, c.get("store"));
+    } catch (err) {
+      if (isComputeError(err) && err.code === "UNAUTHENTICATED") return refused(err.message);
+      throw err;
+    }
+    if (!principal) return refused("enter an API key");
+    // Signing in again replaces the browser's session rather than leaving the old one alive.
+    await closeSession(c.get("store"), getCookie(c, SESSION_COOKIE));
+    const { id } = await openSession(c.get("store"), principal);
+    setCookie(c, SESSION_COOKIE, id, { httpOnly: true, secure: true, sameSite: "Strict", path: "/", maxAge: SESSION_SECONDS });
+    return c.redirect("/console/", 303);
+  });
+
+  app.post("/console/sign-out", async (c) => {
+    const id = getCookie(c, SESSION_COOKIE);
+    // A session that is already gone has nothing to protect: the cookie is cleared all the same.
+    if (await findSession(c.get("store"), id)) await mutating(c);
+    await closeSession(c.get("store"), id);
+    deleteCookie(c, SESSION_COOKIE, { httpOnly: true, secure: true, sameSite: "Strict", path: "/" });
+    return c.redirect("/console/sign-in", 303);
+  });
+
+  // ---------------------------------------------------------------- pages
+
+  app.get("/console", (c) => c.redirect("/console/", 302));
+  app.get("/console/", async (c) => {
+    const session = await signedIn(c);
+    if (await may(session, "metal.nodes.list", "*")) return c.redirect("/console/fleet", 303);
+    return render(c, { title: "Signed in", session }, <Home principal={session.principal} />);
+  });
+
+  app.get("/console/fleet", async (c) => {
+    const session = await signedIn(c);
+    const { nodes } = await call<{ nodes: MachineView[] }>(c, session, "metal.nodes.list", {});
+    return render(c, { title: "Fleet", session, subjects: "metal/nodes/" }, <Fleet machines={nodes} />);
+  });
+
+  app.get("/console/machines/:node", async (c) => {
+    const session = await signedIn(c);
+    const id = c.req.param("node");
+    const machine = await call<MachineView>(c, session, "metal.nodes.get", { node: id });
+    const resource = `metal/nodes/${machine.id}`;
+    // The sections another role may not read are left out rather than refusing the page.
+    const optional = async <T,>(name: string, input: Record<string, unknown>, resourceOf: string): Promise<T | undefined> =>
+      (await may(session, name, resourceOf)) ? call<T>(c, session, name, input) : undefined;
+    const { events: history = [] } =
+      (await optional<{ events: EventView[] }>("events.list", { subject: resource, order: "desc", limit: 50 }, "*")) ?? {};
+    // The running workflow, else the last one that ran on it.
+    const workflowId =
+      machine.workflow ??
+      (await optional<{ workflows: { id: string }[] }>("workflows.list", { target: machine.id, limit: 1 }, "*"))?.workflows[0]?.id;
+    const workflow = workflowId ? await optional<WorkflowView>("workflows.get", { id: workflowId }, `workflows/${workflowId}`) : undefined;
+    const actions = {
+      deploy: await may(session, "metal.deploy", resource),
+      undeploy: await may(session, "metal.undeploy", resource),
+      maintenance: await may(session, "metal.nodes.maintenance", resource),
+    };
+    return render(
+      c,
+      { title: `Machine ${machine.id}`, session, subjects: `${resource} workflows/` },
+      <Machine machine={machine} workflow={workflow} history={history} actions={actions} profiles={deployProfiles()} csrf={session.csrf} />,
+    );
+  });
+
+  app.get("/console/machines/:node/undeploy", async (c) => {
+    const session = await signedIn(c);
+    const machine = await call<MachineView>(c, session, "metal.nodes.get", { node: c.req.param("node") });
+    return render(c, { title: `Undeploy ${machine.id}?`, session }, <Confirm machine={machine} csrf={session.csrf} />);
+  });
+
+  app.post("/console/machines/:node/deploy", async (c) => {
+    const { session, form } = await mutating(c);
+    const node = c.req.param("node");
+    await call(c, session, "metal.deploy", { node, profile: field(form, "profile"), input: jsonObject(field(form, "input") ?? "{}") });
+    return c.redirect(machinePath(node), 303);
+  });
+
+  app.post("/console/machines/:node/undeploy", async (c) => {
+    const { session } = await mutating(c);
+    const node = c.req.param("node");
+    await call(c, session, "metal.undeploy", { node });
+    return c.redirect(machinePath(node), 303);
+  });
+
+  app.post("/console/machines/:node/maintenance", async (c) => {
+    const { session, form } = await mutating(c);
+    const node = c.req.param("node");
+    const reason = field(form, "reason");
+    await call(c, session, "metal.nodes.maintenance", { node, on: field(form, "on") === "true", ...(reason ? { reason } : {}) });
+    return c.redirect(machinePath(node), 303);
+  });
+
+  app.get("/console/audit", async (c) => {
+    const session = await signedIn(c);
+    const filters: AuditFilters = {};
+    for (const name of ["actor", "action", "resource"] as const) {
+      const value = c.req.query(name)?.trim();
+      if (value) filters[name] = value;
+    }
+    const after = c.req.query("after") || undefined;
+    const { entries, next } = await call<{ entries: AuditEntryView[]; next: string | null }>(c, session, "audit.list", {
+      ...filters,
+      ...(after ? { after } : {}),
+      order: "desc",
+      limit: PAGE_SIZE,
+    });
+    // Only the first page moves: a later one is a fixed slice of the past.
+    return render(
+      c,
+      { title: "Audit log", session, subjects: after ? undefined : "*" },
+      <Audit entries={entries} next={next} filters={filters} />,
+      200,
+      <AuditFilterForm filters={filters} />,
+    );
+  });
+
+  // ---------------------------------------------------------------- live updates
+
+  app.get("/console/events", async (c) => {
+    c.set("method", "events.watch");
+    const session = await signedIn(c);
+    const { filter, after } = watchRequest(c);
+    if (!(await deps.iam.authorize(session.principal, "events.list", "*")))
+      throw new ComputeError("PERMISSION_DENIED", `${session.principal.id} may not events.list on *`);
+    return eventStream(c, deps.openStore(c.env ?? {}), filter, after, { announce: true, typed: false });
+  });
+
+  app.all("/console/*", (c) => {
+    throw new ComputeError("NOT_FOUND", `the console has no page ${new URL(c.req.url).pathname}`);
+  });
+
+  // ---------------------------------------------------------------- errors, as pages
+
+  app.onError(async (err, c) => {
+    const error = toComputeError(err);
+    const body = errorBody(error, c.get("longInputs") ?? [], c.get("requestId"));
+    if (error.status >= 500)
+      log.error("request failed", {
+        requestId: c.get("requestId"),
+        path: new URL(c.req.url).pathname,
+        code: error.code,
+        ...describeError(err),
+      });
+    const problem: ProblemView = { status: error.status, code: error.code, message: body.message, requestId: body.requestId };
+    const path = new URL(c.req.url).pathname;
+    // What a script asked for (a live region, the event stream) gets the status and the message alone.
+    if (c.req.query("part") || path === "/console/events")
+      return c.text(`${problem.message} (request ${problem.requestId})`, error.status as 400);
+    if (error.code === "UNAUTHENTICATED") return c.redirect("/console/sign-in", 303);
+    const machine = /^\/console\/machines\/([^/]+)\/./.exec(path)?.[1];
+    const back = machine ? { href: `/console/machines/${machine}`, label: `Back to machine ${decodeURIComponent(machine)}` } : undefined;
+    const session = sessions.get(c.req.raw);
+    return render(c, { title: titleFor(error), session }, <ErrorPage problem={problem} back={back} />, error.status);
+  });
+
+  // ---------------------------------------------------------------- helpers
+
+  /** The whole page, or its #live region alone when the client script asks (?part=live). */
+  async function render(
+    c: Context<AppEnv>,
+    frame: Omit<Frame, "session"> & { session?: ConsoleSession },
+    live: Child,
+    status = 200,
+    above?: Child,
+  ): Promise<Response> {
+    if (c.req.query("part") === "live") return c.html(String(await live), status as 200);
+    const { session: signedInAs, ...rest } = frame;
+    const session = signedInAs && { principal: signedInAs.principal, csrf: signedInAs.csrf, links: await links(signedInAs) };
+    const page = (
+      <Layout {...rest} session={session} live={live}>
+        {above}
+      </Layout>
+    );
+    return c.html(`<!DOCTYPE html>${await page}`, status as 200);
+  }
+
+  /** The navigation: only the pages the session's roles may open. */
+  async function links(session: ConsoleSession): Promise<{ href: string; label: string }[]> {
+    const pages = [
+      { href: "/console/fleet", label: "Fleet", method: "metal.nodes.list" },
+      { href: "/console/audit", label: "Audit log", method: "audit.list" },
+    ];
+    const allowed = await Promise.all(pages.map((p) => may(session, p.method, "*")));
+    return pages.filter((_, i) => allowed[i]).map(({ href, label }) => ({ href, label }));
+  }
+
+  async function signedIn(c: Context<AppEnv>): Promise<ConsoleSession> {
+    const session = await findSession(c.get("store"), getCookie(c, SESSION_COOKIE));
+    if (!session) throw new ComputeError("UNAUTHENTICATED", "sign in to use the console");
+    sessions.set(c.req.raw, session);
+    return session;
+  }
+
+  /** A POST of a signed-in session that carries its CSRF token (form field csrf, or header x-csrf-token). */
+  async function mutating(c: Context<AppEnv>): Promise<{ session: ConsoleSession; form: Record<string, string | File> }> {
+    const session = await signedIn(c);
+    const form = await c.req.parseBody();
+    const presented = c.req.header("x-csrf-token") ?? field(form, "csrf");
+    if (!csrfMatches(session, presented))
+      throw new ComputeError("PERMISSION_DENIED", "the request carries no valid CSRF token: reload the page and try again");
+    return { session, form };
+  }
+
+  /** The profiles a machine may be deployed with: metal's, with a role to end in. */
+  function deployProfiles(): { id: string; description?: string }[] {
+    type Profile = { contract: "profile"; id: string; version: string; target?: string; role?: string; description?: string };
+    return deps.registry
+      .byContract<Profile>("profile")
+      .filter((p) => p.target === "metal" && p.role)
+      .map((p) => ({ id: p.id, description: p.description }));
+  }
+
+  return app;
+}
+
+const machinePath = (node: string) => `/console/machines/${encodeURIComponent(node)}`;
+
+const field = (form: Record<string, string | File>, name: string) => (typeof form[name] === "string" ? (form[name] as string) : undefined);
+
+function jsonObject(text: string): Record<string, unknown> {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    throw invalidArgument("the input is not valid JSON");
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) throw invalidArgument("the input must be a JSON object");
+  return value as Record<string, unknown>;
+}
+
+function titleFor(error: ComputeError): string {
+  if (error.code === "PERMISSION_DENIED") return "Not allowed";
+  if (error.code === "NOT_FOUND") return "Not found";
+  return error.status >= 500 ? "Something went wrong" : "The request was refused";
+}

@@ -1,0 +1,242 @@
+// The web console in a real browser (Debian's Chromium, driven by playwright-core) against
+// `npm run dev`: signing in with the admin key (by keyboard), the fleet filling up and the three
+// simulated machines reaching ready live, a machine deployed from its page with its workflow's
+// steps completing live, undeployed after a confirmation, both found in the audit log. Then the
+// security checks: a tenant's session refused an operator page, a POST without the CSRF token
+// refused, no key, password, session id or token in any page's HTML, in cookies other than the
+// opaque session id, in the browser's storage or in the stack's log lines; no CSP violation; and
+// axe-core on every page: no serious or critical violation. A screenshot of each page is written
+// to test-output/console/ (or $BC_CONSOLE_SCREENSHOTS), named as docs/console.md lists them.
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { createRequire } from "node:module";
+import { chromium, type Browser, type Page } from "playwright-core";
+import { afterAll, beforeAll, expect, it, onTestFailed } from "vitest";
+import { freePort } from "../../local/stack.ts";
+import { repoRoot } from "../../local/node-store.ts";
+import { SIM_BMC_PASSWORD } from "../../testing/metal-sim.ts";
+import { NpmRunDev } from "../support/npm-run-dev.ts";
+
+const CHROMIUM = "/usr/bin/chromium";
+const missing = fs.existsSync(CHROMIUM)
+  ? undefined
+  : `${CHROMIUM} is missing (apt-get install --no-install-recommends chromium fonts-liberation)`;
+if (missing) console.warn(`console-browser: skipped: ${missing}`);
+
+const shots = process.env.BC_CONSOLE_SCREENSHOTS ?? path.join(repoRoot, "test-output", "console");
+const axeSource = fs.readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
+const baseDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-console-"));
+let dev: NpmRunDev | undefined;
+let browser: Browser | undefined;
+
+beforeAll(() => fs.mkdirSync(shots, { recursive: true }));
+afterAll(async () => {
+  await browser?.close();
+  await dev?.interrupt();
+  fs.rmSync(baseDir, { recursive: true, force: true });
+});
+
+/** Everything the browser was served, kept to look for secrets at the end. */
+const served: string[] = [];
+/** Console errors (a CSP violation is one) and uncaught page errors. */
+const problems: string[] = [];
+/** Every page opened, to show where each was should the test fail. */
+const opened: Page[] = [];
+
+function watch(page: Page): Page {
+  opened.push(page);
+  page.on("console", (m) => void (m.type() === "error" && problems.push(`${page.url()}: ${m.text()}`)));
+  page.on("pageerror", (e) => problems.push(`${page.url()}: ${e.message}`));
+  page.on("response", async (res) => {
+    if (!res.url().includes("/console") || res.status() === 303 || (res.headers()["content-type"] ?? "").includes("event-stream")) return;
+    served.push(await res.text().catch(() => ""));
+  });
+  return page;
+}
+
+/** A screenshot under its docs name, and axe-core's serious and critical findings on the page as it is. */
+async function look(page: Page, name: string): Promise<void> {
+  // A live page is shown once its event stream is open (the script then says so).
+  if (await page.locator("#live-status").count())
+    await page.locator("#live-status", { hasText: /^(Live|Updates paused)/ }).waitFor({ timeout: 10_000 });
+  await page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: true });
+  served.push(await page.content());
+  const violations = await page.evaluate(async () => {
+    const win = globalThis as any; // the browser's window: this function runs there
+    const found = await win.axe.run(win.document, { resultTypes: ["violations"] });
+    return found.violations.map((v: any) => ({ id: v.id, impact: v.impact, nodes: v.nodes.map((n: any) => n.target.join(" ")) }));
+  });
+  expect(
+    violations.filter((v: { impact: string }) => v.impact === "serious" || v.impact === "critical"),
+    name,
+  ).toEqual([]);
+}
+
+/** The id of the focused element (runs in the browser). */
+const focusedId = () => (globalThis as any).document.activeElement?.id as string | undefined;
+
+/** Signs in by keyboard alone: Tab to the key field, type, Enter. */
+async function signIn(page: Page, url: string, key: string, shot?: string): Promise<void> {
+  await page.goto(`${url}/console/sign-in`);
+  if (shot) await look(page, shot);
+  for (let i = 0; i < 6 && (await page.evaluate(focusedId)) !== "key"; i++) await page.keyboard.press("Tab");
+  expect(await page.evaluate(focusedId)).toBe("key");
+  await page.keyboard.type(key);
+  await page.keyboard.press("Enter");
+  await page.waitForURL((u) => !u.pathname.endsWith("/sign-in"));
+  expect(new URL(page.url()).pathname, await page.locator("main").innerText()).not.toBe("/console/session");
+}
+
+it.skipIf(missing !== undefined)(
+  "an operator watches the machines reach ready, deploys and undeploys one, finds it in the audit log; a tenant is refused; nothing secret leaks",
+  async () => {
+    const started = Date.now();
+    onTestFailed(async () => {
+      for (const [i, open] of opened.entries()) {
+        await open.screenshot({ path: path.join(shots, `failure-${i}.png`), fullPage: true }).catch(() => {});
+        console.error(
+          `console-browser: page ${i} at ${open.url()}:\n${await open
+            .locator("main")
+            .innerText()
+            .catch(() => "?")}`,
+        );
+      }
+      const tail = (dev?.output ?? "").split("\n").filter((line) => !/admin API key/.test(line));
+      console.error(`console-browser: npm run dev's last lines:\n${tail.slice(-40).join("\n")}`);
+    });
+    const port = await freePort();
+    dev = new NpmRunDev([], { PORT: String(port), BC_DATA_DIR: baseDir, DATABASE_URL: "" });
+    browser = await chromium.launch({
+      executablePath: CHROMIUM,
+      args: ["--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"],
+    });
+
+    // The stack answers (local.json is written) before the simulated site enrolls its machines.
+    const localFile = path.join(baseDir, "dev", "local.json");
+    await expect.poll(() => fs.existsSync(localFile) || !dev!.running, { timeout: 120_000, interval: 250 }).toBe(true);
+    expect(dev.running, dev.output).toBe(true);
+    const { url, adminKey } = JSON.parse(fs.readFileSync(localFile, "utf8")) as { url: string; adminKey: string };
+
+    const operator = await browser.newContext();
+    // axe-core in every page before its own scripts: the CSP (rightly) refuses an injected <script>.
+    await operator.addInitScript({ content: axeSource });
+    const page = watch(await operator.newPage());
+    await signIn(page, url, adminKey, "sign-in");
+    expect(new URL(page.url()).pathname).toBe("/console/fleet");
+
+    // The fleet fills up and reaches ready with no navigation: only the live region changes.
+    let navigations = 0;
+    page.on("framenavigated", (frame) => void (frame === page.mainFrame() && navigations++));
+    const early = await page.locator("#live").innerText();
+    if (/No machines yet/.test(early)) await look(page, "fleet-empty");
+    const banner = await dev.waitFor(/Press Ctrl-C to stop\./, 120_000, "its banner");
+    expect(banner).toBeTruthy();
+    expect(dev.output).toContain(`web console: ${url}/console/`);
+    const ready = page.locator("#live tr[data-machine] .state-ready");
+    await expect.poll(() => ready.count(), { timeout: 90_000, interval: 500 }).toBe(3);
+    expect(navigations).toBe(0);
+    await look(page, "fleet");
+    await page.setViewportSize({ width: 390, height: 844 });
+    await page.screenshot({ path: path.join(shots, "fleet-phone.png"), fullPage: true });
+    await page.setViewportSize({ width: 1280, height: 720 });
+
+    // A machine's page; deploy it with the profile and input the banner suggests.
+    const deploy = /metal deploy (\S+) --profile (\S+) --input '([^']+)'/.exec(dev.output)!;
+    const [, node, profile, input] = deploy;
+    await page.click(`a[href="/console/machines/${node}"]`);
+    await page.waitForURL(`**/console/machines/${node}`);
+    await page.locator("#live-status", { hasText: "Live" }).waitFor();
+    await look(page, "machine-ready");
+    await page.selectOption("#profile", profile!);
+    await page.fill("#input", input!);
+    // The form posts and is redirected back to the same address: wait for that navigation.
+    await Promise.all([page.waitForEvent("framenavigated"), page.click("#deploy")]);
+    await page.waitForLoadState();
+    navigations = 0;
+    await page.locator('#machine-state[data-state="deployed"]').waitFor({ timeout: 60_000 });
+    const steps = page.locator("#live tr[data-step]");
+    expect(await steps.count()).toBeGreaterThan(3);
+    await expect.poll(() => page.locator("#live tr[data-step] .state-succeeded").count(), { timeout: 10_000 }).toBe(await steps.count());
+    expect(await page.locator("#live").innerText()).toMatch(/image\.write/);
+    expect(navigations).toBe(0);
+    await look(page, "machine-deployed");
+
+    // Undeploy, after its confirmation page; the release runs live to ready.
+    await page.click("#undeploy");
+    await page.waitForURL(`**/console/machines/${node}/undeploy`);
+    await look(page, "machine-undeploy-confirm");
+    await page.click("#confirm");
+    await page.waitForURL(`**/console/machines/${node}`);
+    await page.locator('#machine-state[data-state="ready"]').waitFor({ timeout: 60_000 });
+    await look(page, "machine-released");
+
+    // The audit log, filtered: both operations, by this key, with their request ids.
+    await page.goto(`${url}/console/audit`);
+    await look(page, "audit");
+    await page.fill("#resource", `metal/nodes/${node}`);
+    await page.fill("#action", "metal.*");
+    await page.click('form[role="search"] button[type="submit"]');
+    await page.locator('#live tr[data-action="metal.undeploy"]').waitFor();
+    await page.locator('#live tr[data-action="metal.deploy"]').waitFor();
+    await look(page, "audit-filtered");
+
+    // A POST without the CSRF token is refused, with the session cookie and all.
+    const forged = await operator.request.post(`${url}/console/machines/${node}/maintenance`, {
+      form: { on: "true", reason: "forged" },
+      maxRedirects: 0,
+    });
+    expect(forged.status()).toBe(403);
+    expect(await forged.text()).toContain("no valid CSRF token");
+
+    // The session cookie: the only cookie, opaque, HttpOnly, Secure (kept on http://127.0.0.1), SameSite=Strict.
+    const cookies = await operator.cookies();
+    expect(cookies.map((c) => c.name)).toEqual(["bc_session"]);
+    expect(cookies[0]).toMatchObject({ httpOnly: true, secure: true, sameSite: "Strict", path: "/" });
+    const sessionId = cookies[0]!.value;
+    expect(sessionId).toMatch(/^[A-Za-z0-9_-]{43}$/);
+    expect(await page.evaluate(() => [(globalThis as any).localStorage.length, (globalThis as any).sessionStorage.length])).toEqual([0, 0]);
+
+    // A tenant (the vps module's role) signs in: it is refused the operator pages.
+    const minted = await fetch(`${url}/v1/iam.apiKeys.create`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
+      body: JSON.stringify({ name: "console tenant", roles: ["vps-tenant"] }),
+    });
+    const tenantKey = ((await minted.json()) as { key: string }).key;
+    const tenant = await browser.newContext();
+    await tenant.addInitScript({ content: axeSource });
+    const tenantPage = watch(await tenant.newPage());
+    await signIn(tenantPage, url, tenantKey);
+    await look(tenantPage, "tenant-home");
+    expect(await tenantPage.locator("header nav a").count()).toBe(0); // no link to a page it may not open
+    const refused = await tenantPage.goto(`${url}/console/fleet`);
+    expect(refused!.status()).toBe(403);
+    expect(await tenantPage.locator("main").innerText()).toMatch(/may not metal\.nodes\.list/);
+    await look(tenantPage, "tenant-refused");
+    const tenantSession = (await tenant.cookies())[0]!.value;
+
+    // Signing out revokes the session: the old cookie no longer opens a page.
+    await page.click('header button[type="submit"]');
+    await page.waitForURL("**/console/sign-in");
+    const replay = await fetch(`${url}/console/fleet`, { headers: { cookie: `bc_session=${sessionId}` }, redirect: "manual" });
+    expect(replay.status).toBe(303);
+
+    // No credential anywhere it should not be. The CSRF tokens are in the pages by design; the
+    // banner line that prints the admin key is the one place it belongs.
+    const secrets = { adminKey, tenantKey, sessionId, tenantSession, bmcPassword: SIM_BMC_PASSWORD };
+    const html = served.join("\n");
+    const logs = dev.output
+      .split("\n")
+      .filter((line) => !/admin API key/.test(line))
+      .join("\n");
+    for (const [name, secret] of Object.entries(secrets)) {
+      expect(html.includes(secret), `${name} in a page`).toBe(false);
+      expect(logs.includes(secret), `${name} in the stack's log lines`).toBe(false);
+    }
+    // A CSP violation or a script error would be here; a 403 page's own status is logged by Chromium too.
+    expect(problems.filter((p) => !/Failed to load resource: the server responded with a status of 403/.test(p))).toEqual([]);
+    console.log(`console-browser: screenshots in ${shots}; ${((Date.now() - started) / 1000).toFixed(1)} s`);
+  },
+  240_000,
+);

@@ -2,7 +2,10 @@
 // through the default deployment's compute.fetch in workerd against Postgres; no browser (the
 // browser test is test/node/console-browser.test.ts). Every console request is decided by the
 // same IAM and dispatch as the API: a tenant's session is refused an operator page, a viewer's
-// an action, and a console action writes the same audit row an API call would.
+// an action, and a console action writes the same audit row an API call would. Then the next
+// pages: a tenant's own instances (created from the form, stopped, deleted after asking; another
+// tenant's not shown), retire after a confirmation, the serial console's empty state, the fleet's
+// search and filters.
 import { env } from "cloudflare:workers";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -198,9 +201,13 @@ describe("the console's actions", () => {
 
   it("decides by the session's roles as the API would: a tenant is refused operator pages, a viewer the actions", async () => {
     const tenant = await signIn(await client.mintKey(["vps-tenant"]));
+    // It lands on its instances; a key that was never made a tenant's member is told so there.
     const home = await get("/console/", tenant.cookie);
-    expect(home.status).toBe(200);
-    expect(await home.text()).toContain("may not list machines");
+    expect(home.status).toBe(303);
+    expect(home.headers.get("location")).toBe("/console/instances");
+    const instances = await get("/console/instances", tenant.cookie);
+    expect(instances.status).toBe(403);
+    expect(await instances.text()).toContain("is not a member of any tenant");
     for (const path of ["/console/fleet", `/console/machines/${machine}`, "/console/audit"]) {
       const res = await get(path, tenant.cookie);
       expect(res.status, path).toBe(403);
@@ -229,5 +236,104 @@ describe("the console's actions", () => {
     while (!/"type":"iam\.apiKey\.created"/.test(text)) text += (await reader.read()).value ?? "";
     expect(text).not.toMatch(/event: iam\./);
     await reader.cancel();
+  });
+});
+
+describe("the console's next pages", () => {
+  /** Answers the body of an API call made with the admin key, checking it succeeded. */
+  const ok = async <T = Record<string, unknown>>(name: string, input: Record<string, unknown>, key?: string): Promise<T> => {
+    const res = await client.call(name, input, key ? { key } : {});
+    expect(res.status, `${name}: ${JSON.stringify(res.body)}`).toBe(200);
+    return res.body as T;
+  };
+
+  it("shows a tenant its own instances only, creates one from a flavor with an SSH key and user data, and deletes it after asking", async () => {
+    // A host pool with no host: instances stay pending (placed once a host joins), which is all a page needs.
+    const pool = `console-${run}-vms`;
+    await ok("vps.pools.create", { id: pool, class: "host", hosts: { labels: { "bc.dev/console": run } }, runtime: "qemu-microvm" });
+    await ok("vps.flavors.create", { id: `${pool}-small`, pool, vcpus: 1, memoryMiB: 128, diskGiB: 1 });
+    for (const tenant of [`t-${run}`, `other-${run}`]) {
+      await ok("vps.tenants.create", { id: tenant, name: tenant });
+      await ok("vps.quotas.set", { tenant, pool, instances: 2, vcpus: 2, memoryMiB: 256, diskGiB: 2 });
+    }
+    const key = await ok<{ id: string; key: string }>("iam.apiKeys.create", { name: `tenant-${run}`, roles: ["vps-tenant"] });
+    await ok("vps.tenants.addMember", { tenant: `t-${run}`, principal: `apikey:${key.id}` });
+    await ok(
+      "vps.sshKeys.create",
+      { name: "laptop", publicKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl tenant@laptop" },
+      key.key,
+    );
+    const theirs = await ok<{ id: string }>("vps.instances.create", {
+      tenant: `other-${run}`,
+      pool,
+      flavor: `${pool}-small`,
+      name: "theirs",
+      userData: "#!/bin/sh\n",
+    });
+
+    const tenant = await signIn(key.key);
+    expect((await get("/console/", tenant.cookie)).headers.get("location")).toBe("/console/instances");
+    const empty = await (await get("/console/instances", tenant.cookie)).text();
+    expect(empty).toContain("No instances yet");
+    expect(empty).toContain(`${pool}-small in ${pool}`);
+    expect(empty).toContain('<option value="laptop">laptop</option>');
+    expect(empty).not.toContain("/console/fleet"); // no link to an operator page
+
+    const form = new URLSearchParams({ csrf: csrfOf(empty), name: "web-1", flavor: `${pool}-small`, userData: "#!/bin/sh\r\necho hi\r\n" });
+    form.append("sshKeys", "laptop");
+    const created = await client.request("/console/instances", { method: "POST", body: form, headers: { cookie: tenant.cookie } });
+    expect(created.status, await created.clone().text()).toBe(303);
+    const path = created.headers.get("location")!;
+    const id = /^\/console\/instances\/(i-[0-9a-f]+)$/.exec(path)![1]!;
+    const stored = await ok<{ tenant: string; sshKeys: string[]; state: string }>("vps.instances.get", { id });
+    expect(stored).toMatchObject({ tenant: `t-${run}`, sshKeys: ["laptop"], state: "pending" });
+
+    const page = await (await get(path, tenant.cookie)).text();
+    expect(page).toContain('data-state="pending"');
+    expect(page).toContain("is not on a host"); // the console tail's empty state: the API's own sentence
+    expect(page).toContain("has not reported its host keys yet");
+    const list = await (await get("/console/instances", tenant.cookie)).text();
+    expect(list).toContain(`data-instance="${id}"`);
+    expect(list).not.toContain(theirs.id);
+    // Another tenant's instance is not found, as through the API.
+    expect((await get(`/console/instances/${theirs.id}`, tenant.cookie)).status).toBe(404);
+
+    const confirm = await get(`${path}/delete`, tenant.cookie);
+    expect(await confirm.text()).toContain(`Delete instance ${id} (web-1)?`);
+    const stop = await post(`${path}/stop`, { csrf: csrfOf(page) }, tenant.cookie);
+    expect(stop.status).toBe(303);
+    expect(await ok<{ desired: string }>("vps.instances.get", { id })).toMatchObject({ desired: "stopped" });
+    expect((await post(`${path}/delete`, {}, tenant.cookie)).status).toBe(403); // no CSRF token
+    expect((await post(`${path}/delete`, { csrf: csrfOf(page) }, tenant.cookie)).status).toBe(303);
+    // Never placed on a host: deleted at once.
+    expect(await ok<{ state: string }>("vps.instances.get", { id })).toMatchObject({ state: "deleted" });
+  });
+
+  it("retires a machine after asking, says why there is no serial console, and filters the fleet", async () => {
+    const retiring = `m-retire-${run}`;
+    await ok("metal.enroll", {
+      id: retiring,
+      pool: `console-${run}-pool`,
+      bmc: { address: `https://192.0.2.78/redfish/v1/Systems/${run}`, username: "admin", password: "console-bmc-password" },
+    });
+    const { cookie } = await signIn(client.key);
+    const page = await (await get(`/console/machines/${retiring}`, cookie)).text();
+    expect(page).toContain(`href="/console/machines/${retiring}/retire"`);
+    expect(page).not.toContain(`/console/machines/${retiring}/rescue`); // only a deployed machine is rescued
+    const confirm = await (await get(`/console/machines/${retiring}/retire`, cookie)).text();
+    expect(confirm).toContain("It leaves service for good");
+    expect((await post(`/console/machines/${retiring}/retire`, { csrf: csrfOf(confirm) }, cookie)).status).toBe(303);
+    expect(await ok<{ state: string }>("metal.nodes.get", { node: retiring })).toMatchObject({ state: "retired" });
+
+    // The site has no agent: the console cannot be reached, and the page says so instead of failing.
+    const opened = await post(`/console/machines/${machine}/console`, { csrf: csrfOf(confirm) }, cookie);
+    expect(opened.status).toBe(200);
+    expect(await opened.text()).toContain(`No serial console: site console-${run} has no agent`);
+
+    const filtered = await (await get(`/console/fleet?q=retire-${run}&state=retired`, cookie)).text();
+    expect(filtered).toContain(`data-machine="${retiring}"`);
+    expect(filtered).not.toContain(`data-machine="${machine}"`);
+    expect(filtered).toContain('<option value="retired" selected="">retired</option>');
+    expect(await (await get(`/console/fleet?q=nothing-${run}`, cookie)).text()).toContain("No machine matches these filters");
   });
 });

@@ -14,9 +14,9 @@ export const CLIENT_JS = `"use strict";
 (() => {
   const live = document.getElementById("live");
   const status = document.getElementById("live-status");
-  if (!live || !live.dataset.subjects || !window.EventSource) return;
+  if (!live) return;
   // "*": every event; "a/b/": every subject under it; "a/b/c": that subject.
-  const subjects = live.dataset.subjects.split(" ");
+  const subjects = (live.dataset.subjects || "").split(" ");
   const wants = (s) => subjects.some((p) => p === "*" || (p.endsWith("/") ? (s || "").startsWith(p) : s === p));
   const say = (text) => { if (status) status.textContent = text; };
   // Not while the user is in a field of the region or has changed one: their input would be lost.
@@ -56,6 +56,9 @@ export const CLIENT_JS = `"use strict";
     }
   }
   live.addEventListener("focusout", () => { if (pending) schedule(); });
+  // A page without events to follow (a tenant's, a serial console) is read again every data-poll ms.
+  if (live.dataset.poll) { say("Live"); setInterval(schedule, +live.dataset.poll); }
+  if (!live.dataset.subjects || !window.EventSource) return;
   const source = new EventSource("/console/events");
   // Sent first on every connection: catch up on what happened since the page was rendered.
   source.addEventListener("ready", () => { say("Live"); schedule(); });
@@ -89,7 +92,7 @@ code,.mono{font-family:"DejaVu Sans Mono","Liberation Mono",monospace;font-size:
 .state{display:inline-block;border-radius:10px;padding:0 8px;font-size:14px;background:#e8eaed;color:#1b1b1b}
 .state-failed,.state-retired{background:#fde7e9;color:#8a1020}
 .state-ready,.state-deployed,.state-succeeded{background:#e3f4e8;color:#0d5323}
-.state-commissioning,.state-deploying,.state-releasing,.state-rescuing,.state-unrescuing,.state-running{background:#fff4d6;color:#5c4200}
+.state-pending,.state-creating,.state-stopping,.state-starting,.state-deleting,.state-commissioning,.state-deploying,.state-releasing,.state-rescuing,.state-unrescuing,.state-running{background:#fff4d6;color:#5c4200}
 .maint{background:#efe3fb;color:#4b1c7a}
 .counts{display:flex;flex-wrap:wrap;gap:8px 24px;margin:0;padding:0;list-style:none}
 .counts li{background:#f2f4f6;border-radius:6px;padding:4px 10px}
@@ -108,6 +111,7 @@ button,.button{font:inherit;padding:6px 14px;border-radius:4px;border:1px solid 
 .danger{background:#b3261e;border-color:#b3261e;color:#fff}
 .actions{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}
 .filters{display:grid;grid-template-columns:repeat(auto-fit,minmax(180px,1fr));gap:8px 12px;align-items:end}
+pre.console{background:#1b1b1b;color:#f2f4f6;padding:8px;overflow:auto;max-height:60vh;white-space:pre-wrap}
 #live-status{font-size:14px;color:#4a5561;margin:0 0 8px}
 @media (max-width:600px){main{padding:10px}.wide{display:none}th,td{padding:4px}header .who{margin-left:0}}
 `;

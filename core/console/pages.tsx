@@ -74,9 +74,19 @@ export interface Frame {
   session?: { principal: Principal; csrf: string; links: { href: string; label: string }[] };
   /** The live region's subjects (prefixes, or "*"); without them the page is not live. */
   subjects?: string;
+  /** Instead of events (a tenant may not read them), the live region is read again every this many ms. */
+  poll?: number;
 }
 
-export const Layout: FC<PropsWithChildren<Frame & { live: Child }>> = ({ title, session, subjects, live, children }) => (
+export const Layout: FC<PropsWithChildren<Frame & { live: Child; below?: Child }>> = ({
+  title,
+  session,
+  subjects,
+  poll,
+  live,
+  below,
+  children,
+}) => (
   <html lang="en">
     <head>
       <meta charset="utf-8" />
@@ -119,15 +129,16 @@ export const Layout: FC<PropsWithChildren<Frame & { live: Child }>> = ({ title, 
       </header>
       <main id="main">
         <h1>{title}</h1>
-        {subjects && (
+        {(subjects || poll) && (
           <p id="live-status" role="status">
             Connecting for live updates…
           </p>
         )}
         {children}
-        <div id="live" data-subjects={subjects}>
+        <div id="live" data-subjects={subjects} data-poll={poll}>
           {live}
         </div>
+        {below}
       </main>
     </body>
   </html>
@@ -227,7 +238,23 @@ const tally = (machines: MachineView[], key: (m: MachineView) => string) => {
   return new Map([...counts].sort(([a], [b]) => a.localeCompare(b)));
 };
 
-export const Fleet: FC<{ machines: MachineView[] }> = ({ machines }) => {
+/** The fleet (filtered): counts over every machine that matches, the table a page of FLEET_PAGE at a time. */
+export const FLEET_PAGE = 50;
+
+export const Fleet: FC<{ machines: MachineView[]; filtered: boolean; page: number; pageHref: (page: number) => string }> = ({
+  machines,
+  filtered,
+  page,
+  pageHref,
+}) => {
+  if (machines.length === 0 && filtered)
+    return (
+      <div class="empty">
+        <p>
+          No machine matches these filters. <a href="/console/fleet">Clear them</a> to see the whole fleet.
+        </p>
+      </div>
+    );
   if (machines.length === 0)
     return (
       <div class="empty">
@@ -238,7 +265,10 @@ export const Fleet: FC<{ machines: MachineView[] }> = ({ machines }) => {
         </p>
       </div>
     );
-  const sorted = [...machines].sort((a, b) => urgency(a) - urgency(b) || a.id.localeCompare(b.id));
+  const pages = Math.ceil(machines.length / FLEET_PAGE);
+  const sorted = [...machines]
+    .sort((a, b) => urgency(a) - urgency(b) || a.id.localeCompare(b.id))
+    .slice(page * FLEET_PAGE, (page + 1) * FLEET_PAGE);
   return (
     <>
       <Counts label="By state" counts={tally(machines, (m) => (m.maintenance ? `${m.state} (maintenance)` : m.state))} />
@@ -248,7 +278,8 @@ export const Fleet: FC<{ machines: MachineView[] }> = ({ machines }) => {
       <TableBox label="Machines">
         <table>
           <caption>
-            {machines.length} machine{machines.length === 1 ? "" : "s"}: failed and in maintenance first
+            {machines.length} machine{machines.length === 1 ? "" : "s"}
+            {pages > 1 && `, page ${page + 1} of ${pages}`}: failed and in maintenance first
           </caption>
           <thead>
             <tr>
@@ -288,6 +319,18 @@ export const Fleet: FC<{ machines: MachineView[] }> = ({ machines }) => {
           </tbody>
         </table>
       </TableBox>
+      {pages > 1 && (
+        <nav aria-label="Fleet pages">
+          <p class="actions">
+            {page > 0 && <a href={pageHref(page - 1)}>Previous page</a>}
+            {page + 1 < pages && (
+              <a id="next-page" href={pageHref(page + 1)}>
+                Next page
+              </a>
+            )}
+          </p>
+        </nav>
+      )}
     </>
   );
 };
@@ -298,6 +341,10 @@ export interface MachineActions {
   deploy: boolean;
   undeploy: boolean;
   maintenance: boolean;
+  rescue: boolean;
+  retire: boolean;
+  recommission: boolean;
+  console: boolean;
 }
 
 export const Machine: FC<{
@@ -342,7 +389,7 @@ export const Machine: FC<{
         </dl>
       </section>
 
-      {(actions.deploy || actions.undeploy || actions.maintenance) && (
+      {Object.values(actions).some(Boolean) && (
         <section aria-labelledby="actions">
           <h2 id="actions">Actions</h2>
           <div class="actions">
@@ -392,6 +439,37 @@ export const Machine: FC<{
                   Take out of maintenance
                 </button>
               </form>
+            )}
+            {actions.rescue && m.state === "deployed" && (
+              <a id="rescue" class="button secondary" href={`${path}/rescue`}>
+                Rescue…
+              </a>
+            )}
+            {actions.rescue && m.state === "rescue" && (
+              <form class="inline" method="post" action={`${path}/unrescue`}>
+                <input type="hidden" name="csrf" value={csrf} />
+                <button id="unrescue" type="submit" class="secondary">
+                  Boot from its disk (unrescue)
+                </button>
+              </form>
+            )}
+            {actions.recommission && m.state === "failed" && (
+              <form class="inline" method="post" action={`${path}/recommission`}>
+                <input type="hidden" name="csrf" value={csrf} />
+                <button id="recommission" type="submit" class="secondary">
+                  Recommission
+                </button>
+              </form>
+            )}
+            {actions.retire && ["enrolled", "ready", "failed"].includes(m.state) && (
+              <a id="retire" class="button danger" href={`${path}/retire`}>
+                Retire…
+              </a>
+            )}
+            {actions.console && (
+              <a id="serial-console" class="button secondary" href={`${path}/console`}>
+                Serial console
+              </a>
             )}
             {!canDeploy && !canUndeploy && !actions.maintenance && <p>No action fits the machine's state now.</p>}
           </div>
@@ -498,21 +576,13 @@ const Workflow: FC<{ workflow: WorkflowView }> = ({ workflow: wf }) => (
 export const Confirm: FC<{ machine: MachineView; csrf: string }> = ({ machine, csrf }) => {
   const path = `/console/machines/${encodeURIComponent(machine.id)}`;
   return (
-    <div class="panel">
-      <p>
-        Undeploy <strong>{machine.id}</strong>? Its disks are wiped (an attested wipe) before it is ready again, and the system installed on
-        it is gone. This cannot be undone.
-      </p>
-      <form class="inline" method="post" action={`${path}/undeploy`}>
-        <input type="hidden" name="csrf" value={csrf} />
-        <button id="confirm" type="submit" class="danger">
-          Undeploy {machine.id}
-        </button>
-      </form>{" "}
-      <a class="button secondary" href={path}>
-        Cancel
-      </a>
-    </div>
+    <ConfirmAction
+      text={`Undeploy ${machine.id}? Its disks are wiped (an attested wipe) before it is ready again, and the system installed on it is gone. This cannot be undone.`}
+      action={`${path}/undeploy`}
+      label={`Undeploy ${machine.id}`}
+      back={path}
+      csrf={csrf}
+    />
   );
 };
 
@@ -595,3 +665,311 @@ export const Audit: FC<{ entries: AuditEntryView[]; next: string | null; filters
     </>
   );
 };
+
+// ------------------------------------------------------------------ a tenant's instances
+
+export interface InstanceView {
+  id: string;
+  tenant: string;
+  pool: string;
+  flavor: string;
+  name: string;
+  state: string;
+  desired: string;
+  addresses: string[];
+  sshKeys: string[];
+  vcpus: number;
+  memoryMiB: number;
+  diskGiB: number;
+  lastError: unknown;
+  reason: string | null;
+  guest: { hostname?: string; hostKeys?: string[] } | null;
+  createdAt: string;
+}
+export interface FlavorView {
+  id: string;
+  pool: string;
+  name: string;
+  vcpus: number;
+  memoryMiB: number;
+  diskGiB: number;
+}
+/** The console tail (vps.instances.console), or why there is none. */
+export type ConsoleTail = { text: string | null; at: string | null; stale: boolean } | { problem: string };
+
+const instancePath = (id: string) => `/console/instances/${encodeURIComponent(id)}`;
+const size = (i: { vcpus: number; memoryMiB: number; diskGiB: number }) => `${i.vcpus} vCPU, ${i.memoryMiB} MiB, ${i.diskGiB} GiB`;
+
+export const Instances: FC<{ instances: InstanceView[]; next: string | null; operator: boolean }> = ({ instances, next, operator }) =>
+  instances.length === 0 ? (
+    <div class="empty">
+      <p>
+        <strong>No instances yet.</strong>{" "}
+        {operator
+          ? "A tenant creates its own here (or with the API); an operator creates one for a tenant with vps.instances.create."
+          : "Create one below from a flavor of a pool offered to you; it shows up here."}
+      </p>
+    </div>
+  ) : (
+    <>
+      <TableBox label="Instances">
+        <table>
+          <caption>
+            {instances.length} instance{instances.length === 1 ? "" : "s"}, by id
+          </caption>
+          <thead>
+            <tr>
+              <th scope="col">Instance</th>
+              <th scope="col">Name</th>
+              <th scope="col">State</th>
+              {operator && <th scope="col">Tenant</th>}
+              <th scope="col">Flavor</th>
+              <th scope="col" class="wide">
+                Addresses
+              </th>
+            </tr>
+          </thead>
+          <tbody>
+            {instances.map((i) => (
+              <tr data-instance={i.id}>
+                <th scope="row">
+                  <a href={instancePath(i.id)}>{i.id}</a>
+                </th>
+                <td>{i.name}</td>
+                <td>
+                  <State state={i.state} />
+                </td>
+                {operator && <td>{i.tenant}</td>}
+                <td>
+                  {i.flavor} ({i.pool})
+                </td>
+                <td class="mono wide">{i.addresses.join(", ") || "–"}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </TableBox>
+      {next && (
+        <p>
+          <a id="next-page" href={`/console/instances?after=${encodeURIComponent(next)}`}>
+            More instances
+          </a>
+        </p>
+      )}
+    </>
+  );
+
+export const CreateInstance: FC<{ flavors: FlavorView[]; sshKeys: string[]; csrf: string }> = ({ flavors, sshKeys, csrf }) => (
+  <section aria-labelledby="create">
+    <h2 id="create">Create an instance</h2>
+    {flavors.length === 0 ? (
+      <p>No pool is offered to you yet: an operator offers one with a quota (vps.quotas.set).</p>
+    ) : (
+      <form class="stack panel" method="post" action="/console/instances">
+        <input type="hidden" name="csrf" value={csrf} />
+        <label for="name">Host name</label>
+        <input id="name" name="name" required maxlength={63} />
+        <label for="flavor">Flavor</label>
+        <select id="flavor" name="flavor">
+          {flavors.map((f) => (
+            <option value={f.id}>{`${f.id} in ${f.pool}: ${size(f)}`}</option>
+          ))}
+        </select>
+        <label for="ssh-keys">SSH keys</label>
+        <select id="ssh-keys" name="sshKeys" multiple size={Math.min(4, Math.max(2, sshKeys.length))}>
+          {sshKeys.map((k) => (
+            <option value={k}>{k}</option>
+          ))}
+        </select>
+        <label for="user-data">User data (the bytes the guest gets; a host pool needs it, a provider's pool composes its own)</label>
+        <textarea id="user-data" name="userData"></textarea>
+        <div>
+          <button id="create-instance" type="submit">
+            Create
+          </button>
+        </div>
+      </form>
+    )}
+  </section>
+);
+
+export const Instance: FC<{ instance: InstanceView; tail: ConsoleTail; csrf: string }> = ({ instance: i, tail, csrf }) => {
+  const path = instancePath(i.id);
+  const gone = i.desired === "deleted" || i.state === "deleted";
+  const action = (name: string, label: string) => (
+    <form class="inline" method="post" action={`${path}/${name}`}>
+      <input type="hidden" name="csrf" value={csrf} />
+      <button id={name} type="submit" class="secondary">
+        {label}
+      </button>
+    </form>
+  );
+  return (
+    <>
+      <section aria-labelledby="fields">
+        <h2 id="fields">Instance</h2>
+        <dl class="fields">
+          <dt>State</dt>
+          <dd id="instance-state" data-state={i.state}>
+            <State state={i.state} /> (wanted: {i.desired}){i.reason && <>, {i.reason}</>}
+          </dd>
+          <dt>Name</dt>
+          <dd>{i.name}</dd>
+          <dt>Flavor</dt>
+          <dd>
+            {i.flavor} in {i.pool}: {size(i)}
+          </dd>
+          <dt>Addresses</dt>
+          <dd class="mono">{i.addresses.join(", ") || "none yet"}</dd>
+          <dt>SSH keys</dt>
+          <dd>{i.sshKeys.join(", ") || "–"}</dd>
+          <dt>Created</dt>
+          <dd>
+            <Time at={i.createdAt} />
+          </dd>
+          <dt>Last error</dt>
+          <dd>
+            <Json value={i.lastError} />
+          </dd>
+        </dl>
+      </section>
+      {!gone && (
+        <section aria-labelledby="actions">
+          <h2 id="actions">Actions</h2>
+          <div class="actions">
+            {i.desired === "stopped" ? action("start", "Start") : action("stop", "Stop")}
+            {i.desired === "running" && action("reboot", "Reboot")}
+            <a id="delete" class="button danger" href={`${path}/delete`}>
+              Delete…
+            </a>
+          </div>
+        </section>
+      )}
+      <section aria-labelledby="host-keys">
+        <h2 id="host-keys">SSH host keys</h2>
+        {i.guest?.hostKeys?.length ? (
+          <pre class="mono">{i.guest.hostKeys.join("\n")}</pre>
+        ) : (
+          <p>The guest has not reported its host keys yet (it does once it has booted).</p>
+        )}
+      </section>
+      <section aria-labelledby="console">
+        <h2 id="console">Console</h2>
+        {"problem" in tail ? (
+          <p class="empty">{tail.problem}</p>
+        ) : tail.text ? (
+          <>
+            <p>
+              The last bytes of its serial console, <Time at={tail.at} />
+              {tail.stale && " (the host did not answer now: its last answer)"}
+            </p>
+            <pre class="console" tabindex={0} role="region" aria-label="Console output">
+              {tail.text}
+            </pre>
+          </>
+        ) : (
+          <p class="empty">Nothing on its console yet.</p>
+        )}
+      </section>
+    </>
+  );
+};
+
+/** "Are you sure?" before a destructive action: only its button posts. */
+export const ConfirmAction: FC<{ text: Child; action: string; label: string; back: string; csrf: string }> = ({
+  text,
+  action,
+  label,
+  back,
+  csrf,
+}) => (
+  <div class="panel">
+    <p>{text}</p>
+    <form class="inline" method="post" action={action}>
+      <input type="hidden" name="csrf" value={csrf} />
+      <button id="confirm" type="submit" class="danger">
+        {label}
+      </button>
+    </form>{" "}
+    <a class="button secondary" href={back}>
+      Cancel
+    </a>
+  </div>
+);
+
+// ------------------------------------------------------------------ a machine's serial console
+
+/** What a read of the console answered, or why there is none (the simulated site's BMCs have no console). */
+export type SerialView = { text: string; ended: string | null; stale: boolean } | { problem: string };
+
+export const SerialConsole: FC<{ node: string; view?: SerialView; csrf: string }> = ({ node, view, csrf }) => {
+  const path = `/console/machines/${encodeURIComponent(node)}`;
+  return (
+    <>
+      {!view ? (
+        <form class="panel" method="post" action={`${path}/console`}>
+          <input type="hidden" name="csrf" value={csrf} />
+          <p>Opening the console is recorded in the audit log; reading it is not. The page reads on every few seconds.</p>
+          <button id="open-console" type="submit">
+            Open the serial console
+          </button>
+        </form>
+      ) : "problem" in view ? (
+        <p class="empty" id="console-empty">
+          No serial console: {view.problem}
+        </p>
+      ) : (
+        <>
+          <pre class="console" tabindex={0} role="region" aria-label={`Serial console of ${node}`}>
+            {view.text || "(nothing yet)"}
+          </pre>
+          {view.ended && <p>The console's connection ended ({view.ended}); the next read reconnects.</p>}
+          {view.stale && <p>The site agent did not answer in time; reading again.</p>}
+        </>
+      )}
+      <p>
+        <a href={path}>Back to machine {node}</a>
+      </p>
+    </>
+  );
+};
+
+// ------------------------------------------------------------------ the fleet's filters
+
+export interface FleetFilters {
+  q?: string;
+  state?: string;
+  pool?: string;
+  site?: string;
+}
+
+export const FleetFilterForm: FC<{ filters: FleetFilters; states: readonly string[] }> = ({ filters, states }) => (
+  <form class="filters panel" method="get" action="/console/fleet" role="search" aria-label="Filter the fleet">
+    <div>
+      <label for="q">Machine id contains</label>
+      <input id="q" name="q" type="search" value={filters.q ?? ""} />
+    </div>
+    <div>
+      <label for="state">State</label>
+      <select id="state" name="state">
+        <option value="">any</option>
+        {states.map((s) => (
+          <option value={s} selected={s === filters.state}>
+            {s}
+          </option>
+        ))}
+      </select>
+    </div>
+    <div>
+      <label for="pool">Pool</label>
+      <input id="pool" name="pool" value={filters.pool ?? ""} />
+    </div>
+    <div>
+      <label for="site">Site</label>
+      <input id="site" name="site" value={filters.site ?? ""} />
+    </div>
+    <div>
+      <button type="submit">Filter</button> <a href="/console/fleet">Clear</a>
+    </div>
+  </form>
+);

@@ -20,12 +20,23 @@ import {
   Audit,
   AuditFilterForm,
   Confirm,
+  ConfirmAction,
+  CreateInstance,
   ErrorPage,
   Fleet,
+  FleetFilterForm,
   Home,
+  Instance,
+  Instances,
   Layout,
   Machine,
+  SerialConsole,
   SignIn,
+  type ConsoleTail,
+  type FleetFilters,
+  type FlavorView,
+  type InstanceView,
+  type SerialView,
   type AuditEntryView,
   type AuditFilters,
   type EventView,
@@ -149,13 +160,30 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
   app.get("/console/", async (c) => {
     const session = await signedIn(c);
     if (await may(session, "metal.nodes.list", "*")) return c.redirect("/console/fleet", 303);
+    if (await may(session, "vps.instances.list", "*")) return c.redirect("/console/instances", 303);
     return render(c, { title: "Signed in", session }, <Home principal={session.principal} />);
   });
 
   app.get("/console/fleet", async (c) => {
     const session = await signedIn(c);
-    const { nodes } = await call<{ nodes: MachineView[] }>(c, session, "metal.nodes.list", {});
-    return render(c, { title: "Fleet", session, subjects: "metal/nodes/" }, <Fleet machines={nodes} />);
+    const filters: FleetFilters = {};
+    for (const name of ["q", "state", "pool", "site"] as const) {
+      const value = c.req.query(name)?.trim();
+      if (value) filters[name] = value;
+    }
+    const { q, ...byMethod } = filters;
+    // metal.nodes.list filters by state, pool and site (and answers at most 1000); the id search and the pages are the console's.
+    const { nodes } = await call<{ nodes: MachineView[] }>(c, session, "metal.nodes.list", byMethod);
+    const machines = q ? nodes.filter((m) => m.id.toLowerCase().includes(q.toLowerCase())) : nodes;
+    const page = Math.max(0, Number.parseInt(c.req.query("page") ?? "0", 10) || 0);
+    const pageHref = (n: number) => `/console/fleet?${new URLSearchParams({ ...filters, page: String(n) })}`;
+    return render(
+      c,
+      { title: "Fleet", session, subjects: "metal/nodes/" },
+      <Fleet machines={machines} filtered={Object.keys(filters).length > 0} page={page} pageHref={pageHref} />,
+      200,
+      <FleetFilterForm filters={filters} states={enumOf("metal.nodes.list", "state")} />,
+    );
   });
 
   app.get("/console/machines/:node", async (c) => {
@@ -177,6 +205,10 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
       deploy: await may(session, "metal.deploy", resource),
       undeploy: await may(session, "metal.undeploy", resource),
       maintenance: await may(session, "metal.nodes.maintenance", resource),
+      rescue: await may(session, "metal.rescue", resource),
+      retire: await may(session, "metal.nodes.retire", resource),
+      recommission: await may(session, "metal.nodes.recommission", resource),
+      console: (await may(session, "metal.nodes.console", resource)) && (await may(session, "metal.nodes.consoleRead", resource)),
     };
     return render(
       c,
@@ -211,6 +243,177 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     const reason = field(form, "reason");
     await call(c, session, "metal.nodes.maintenance", { node, on: field(form, "on") === "true", ...(reason ? { reason } : {}) });
     return c.redirect(machinePath(node), 303);
+  });
+
+  // Rescue and retire ask first (rescue stops the installed system; retiring is for good); unrescue and recommission do not.
+  const confirmable: Record<string, { label: string; text: string }> = {
+    rescue: {
+      label: "Rescue",
+      text: "it reboots into the rescue ramdisk: the system installed on it stops until it is unrescued (its disk is untouched).",
+    },
+    retire: {
+      label: "Retire",
+      text: "it leaves service for good: it can only come back by enrolling its BMC again as a new machine.",
+    },
+  };
+  app.get("/console/machines/:node/:action{rescue|retire}", async (c) => {
+    const session = await signedIn(c);
+    const what = confirmable[c.req.param("action")]!;
+    const machine = await call<MachineView>(c, session, "metal.nodes.get", { node: c.req.param("node") });
+    const path = machinePath(machine.id);
+    return render(
+      c,
+      { title: `${what.label} ${machine.id}?`, session },
+      <ConfirmAction
+        text={`${what.label} ${machine.id}? ${what.text[0]!.toUpperCase()}${what.text.slice(1)}`}
+        action={`${path}/${c.req.param("action")}`}
+        label={`${what.label} ${machine.id}`}
+        back={path}
+        csrf={session.csrf}
+      />,
+    );
+  });
+  const lifecycle: Record<string, string> = {
+    rescue: "metal.rescue",
+    unrescue: "metal.unrescue",
+    retire: "metal.nodes.retire",
+    recommission: "metal.nodes.recommission",
+  };
+  app.post("/console/machines/:node/:action{rescue|unrescue|retire|recommission}", async (c) => {
+    const { session } = await mutating(c);
+    const node = c.req.param("node");
+    await call(c, session, lifecycle[c.req.param("action")]!, { node });
+    return c.redirect(machinePath(node), 303);
+  });
+
+  // The serial console: opening it (a POST: metal.nodes.console writes an audit row) leads to its
+  // page, which reads it (metal.nodes.consoleRead) from the session's start on every refresh.
+  app.get("/console/machines/:node/console", async (c) => {
+    const session = await signedIn(c);
+    const node = c.req.param("node");
+    await call(c, session, "metal.nodes.get", { node });
+    const consoleSession = c.req.query("session");
+    let view: SerialView | undefined;
+    if (consoleSession) {
+      const connection = c.req.query("connection");
+      view = await orReason(async () => {
+        const read = await call<{ data: string; ended: string | null; stale: boolean }>(c, session, "metal.nodes.consoleRead", {
+          node,
+          session: consoleSession,
+          ...(connection ? { connection, offset: 0 } : {}),
+        });
+        return {
+          text: new TextDecoder().decode(Uint8Array.from(atob(read.data), (ch) => ch.charCodeAt(0))),
+          ended: read.ended,
+          stale: read.stale,
+        };
+      });
+    }
+    const live = view && !("problem" in view);
+    return render(
+      c,
+      { title: `Serial console of ${node}`, session, poll: live ? 3000 : undefined },
+      <SerialConsole node={node} view={view} csrf={session.csrf} />,
+    );
+  });
+  app.post("/console/machines/:node/console", async (c) => {
+    const { session } = await mutating(c);
+    const node = c.req.param("node");
+    const opened = await orReason(() => call<{ session: string }>(c, session, "metal.nodes.console", { node }));
+    if ("problem" in opened)
+      return render(c, { title: `Serial console of ${node}`, session }, <SerialConsole node={node} view={opened} csrf={session.csrf} />);
+    // The first read fixes the connection; every later one reads it from its start.
+    const first = await orReason(() =>
+      call<{ connection: string | null }>(c, session, "metal.nodes.consoleRead", { node, session: opened.session }),
+    );
+    if ("problem" in first)
+      return render(c, { title: `Serial console of ${node}`, session }, <SerialConsole node={node} view={first} csrf={session.csrf} />);
+    const q = new URLSearchParams({ session: opened.session, ...(first.connection ? { connection: first.connection } : {}) });
+    return c.redirect(`${machinePath(node)}/console?${q}`, 303);
+  });
+
+  // ---------------------------------------------------------------- instances (a tenant's own; an operator's all)
+
+  app.get("/console/instances", async (c) => {
+    const session = await signedIn(c);
+    const after = c.req.query("after") || undefined;
+    const { instances, next } = await call<{ instances: InstanceView[]; next: string | null }>(c, session, "vps.instances.list", {
+      ...(after ? { after } : {}),
+      limit: PAGE_SIZE,
+    });
+    // An operator (who may list tenants) sees every tenant's, and creates for one through the API; a tenant its own.
+    const operator = await may(session, "vps.tenants.list", "*");
+    const create = !operator && (await may(session, "vps.instances.create", "*"));
+    const { flavors = [] } = create ? await call<{ flavors: FlavorView[] }>(c, session, "vps.flavors.list", {}) : {};
+    const { sshKeys = [] } = create ? await call<{ sshKeys: { name: string }[] }>(c, session, "vps.sshKeys.list", {}) : {};
+    return render(
+      c,
+      { title: "Instances", session },
+      <Instances instances={instances} next={next} operator={operator} />,
+      200,
+      undefined,
+      create ? <CreateInstance flavors={flavors} sshKeys={sshKeys.map((k) => k.name)} csrf={session.csrf} /> : undefined,
+    );
+  });
+
+  app.post("/console/instances", async (c) => {
+    const { session } = await mutating(c);
+    const form = await c.req.parseBody({ all: true });
+    // The flavor names its pool; a tenant may list the flavors offered to it (not get one).
+    const { flavors } = await call<{ flavors: FlavorView[] }>(c, session, "vps.flavors.list", {});
+    const flavor = flavors.find((f) => f.id === field(form as Record<string, string>, "flavor"));
+    if (!flavor) throw invalidArgument("choose a flavor offered to you");
+    const keys = ([] as unknown[]).concat(form.sshKeys ?? []).filter((k): k is string => typeof k === "string");
+    const userData = field(form as Record<string, string>, "userData");
+    const created = await call<InstanceView>(c, session, "vps.instances.create", {
+      pool: flavor.pool,
+      flavor: flavor.id,
+      name: field(form as Record<string, string>, "name") ?? "",
+      sshKeys: keys,
+      ...(userData ? { userData: userData.replaceAll("\r\n", "\n") } : {}),
+    });
+    return c.redirect(instancePath(created.id), 303);
+  });
+
+  app.get("/console/instances/:id", async (c) => {
+    const session = await signedIn(c);
+    const instance = await call<InstanceView>(c, session, "vps.instances.get", { id: c.req.param("id") });
+    const tail: ConsoleTail = await orReason(async () => {
+      const read = await call<{ console: string | null; at: string | null; stale: boolean }>(c, session, "vps.instances.console", {
+        id: instance.id,
+        maxBytes: 4096,
+      });
+      return { text: read.console, at: read.at, stale: read.stale };
+    }, true);
+    return render(
+      c,
+      { title: `Instance ${instance.name}`, session, poll: 5000 },
+      <Instance instance={instance} tail={tail} csrf={session.csrf} />,
+    );
+  });
+
+  app.get("/console/instances/:id/delete", async (c) => {
+    const session = await signedIn(c);
+    const instance = await call<InstanceView>(c, session, "vps.instances.get", { id: c.req.param("id") });
+    const path = instancePath(instance.id);
+    return render(
+      c,
+      { title: `Delete ${instance.name}?`, session },
+      <ConfirmAction
+        text={`Delete instance ${instance.id} (${instance.name})? Its server and its disk are deleted; this cannot be undone.`}
+        action={`${path}/delete`}
+        label={`Delete ${instance.name}`}
+        back={path}
+        csrf={session.csrf}
+      />,
+    );
+  });
+
+  app.post("/console/instances/:id/:action{start|stop|reboot|delete}", async (c) => {
+    const { session } = await mutating(c);
+    const id = c.req.param("id");
+    await call(c, session, `vps.instances.${c.req.param("action")}`, { id });
+    return c.redirect(instancePath(id), 303);
   });
 
   app.get("/console/audit", async (c) => {
@@ -271,7 +474,12 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
       return c.text(`${problem.message} (request ${problem.requestId})`, error.status as 400);
     if (error.code === "UNAUTHENTICATED") return c.redirect("/console/sign-in", 303);
     const machine = /^\/console\/machines\/([^/]+)\/./.exec(path)?.[1];
-    const back = machine ? { href: `/console/machines/${machine}`, label: `Back to machine ${decodeURIComponent(machine)}` } : undefined;
+    const instance = /^\/console\/instances\/([^/]+)\/./.exec(path)?.[1];
+    const back = machine
+      ? { href: `/console/machines/${machine}`, label: `Back to machine ${decodeURIComponent(machine)}` }
+      : instance
+        ? { href: `/console/instances/${instance}`, label: `Back to instance ${decodeURIComponent(instance)}` }
+        : undefined;
     const session = sessions.get(c.req.raw);
     return render(c, { title: titleFor(error), session }, <ErrorPage problem={problem} back={back} />, error.status);
   });
@@ -285,12 +493,13 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     live: Child,
     status = 200,
     above?: Child,
+    below?: Child,
   ): Promise<Response> {
     if (c.req.query("part") === "live") return c.html(String(await live), status as 200);
     const { session: signedInAs, ...rest } = frame;
     const session = signedInAs && { principal: signedInAs.principal, csrf: signedInAs.csrf, links: await links(signedInAs) };
     const page = (
-      <Layout {...rest} session={session} live={live}>
+      <Layout {...rest} session={session} live={live} below={below}>
         {above}
       </Layout>
     );
@@ -301,6 +510,7 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
   async function links(session: ConsoleSession): Promise<{ href: string; label: string }[]> {
     const pages = [
       { href: "/console/fleet", label: "Fleet", method: "metal.nodes.list" },
+      { href: "/console/instances", label: "Instances", method: "vps.instances.list" },
       { href: "/console/audit", label: "Audit log", method: "audit.list" },
     ];
     const allowed = await Promise.all(pages.map((p) => may(session, p.method, "*")));
@@ -324,6 +534,27 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     return { session, form };
   }
 
+  /**
+   * A method's answer, or the API's refusal as a sentence to show in its place: no console here
+   * (UNSUPPORTED, or UNAVAILABLE: no site agent to reach it) or, with `any`, every refusal.
+   */
+  async function orReason<T>(run: () => Promise<T>, any = false): Promise<T | { problem: string }> {
+    try {
+      return await run();
+    } catch (err) {
+      if (isComputeError(err) && (any ? err.status < 500 : err.code === "UNSUPPORTED" || err.code === "UNAVAILABLE"))
+        return { problem: err.message };
+      throw err;
+    }
+  }
+
+  /** The values a method's input field takes, when it is an enum (the fleet's state filter). */
+  function enumOf(name: string, fieldName: string): string[] {
+    const shape = (deps.registry.methods.get(name)?.method.input as { shape?: Record<string, { unwrap?: () => { options?: string[] } }> })
+      ?.shape;
+    return shape?.[fieldName]?.unwrap?.().options ?? [];
+  }
+
   /** The profiles a machine may be deployed with: metal's, with a role to end in. */
   function deployProfiles(): { id: string; description?: string }[] {
     type Profile = { contract: "profile"; id: string; version: string; target?: string; role?: string; description?: string };
@@ -337,6 +568,7 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
 }
 
 const machinePath = (node: string) => `/console/machines/${encodeURIComponent(node)}`;
+const instancePath = (id: string) => `/console/instances/${encodeURIComponent(id)}`;
 
 const field = (form: Record<string, string | File>, name: string) => (typeof form[name] === "string" ? (form[name] as string) : undefined);
 

@@ -1,8 +1,10 @@
 // The web console in a real browser (Debian's Chromium, driven by playwright-core) against
 // `npm run dev`: signing in with the admin key (by keyboard), the fleet filling up and the three
 // simulated machines reaching ready live, a machine deployed from its page with its workflow's
-// steps completing live, undeployed after a confirmation, both found in the audit log. Then the
-// security checks: a tenant's session refused an operator page, a POST without the CSRF token
+// steps completing live, undeployed after a confirmation, both found in the audit log; its serial
+// console's empty state, retire's confirmation, the fleet searched. A tenant signs in to its own
+// instances (another tenant's not among them) and creates one. Then the security checks: a
+// tenant's session refused an operator page, a POST without the CSRF token
 // refused, no key, password, session id or token in any page's HTML, in cookies other than the
 // opaque session id, in the browser's storage or in the stack's log lines; no CSP violation; and
 // axe-core on every page: no serious or critical violation. A screenshot of each page is written
@@ -171,6 +173,30 @@ it.skipIf(missing !== undefined)(
     await page.locator('#machine-state[data-state="ready"]').waitFor({ timeout: 60_000 });
     await look(page, "machine-released");
 
+    // The serial console: the simulated site's BMCs have none, and the page says so.
+    await page.click("#serial-console");
+    await page.waitForURL(`**/console/machines/${node}/console`);
+    await Promise.all([page.waitForEvent("framenavigated"), page.click("#open-console")]);
+    await page.waitForLoadState();
+    expect(await page.locator("main").innerText()).toMatch(/No serial console: .*console/);
+    await look(page, "machine-console");
+
+    // Retiring asks first (cancelled here: the machine stays ready).
+    await page.goto(`${url}/console/machines/${node}`);
+    await page.click("#retire");
+    await page.waitForURL(`**/console/machines/${node}/retire`);
+    await look(page, "machine-retire-confirm");
+    await page.click("text=Cancel");
+    await page.waitForURL(`**/console/machines/${node}`);
+
+    // The fleet, searched by id and filtered by state.
+    await page.goto(`${url}/console/fleet`);
+    await page.fill("#q", node!);
+    await page.selectOption("#state", "ready");
+    await Promise.all([page.waitForURL(/\/console\/fleet\?/), page.click('form[role="search"] button[type="submit"]')]);
+    await expect.poll(() => page.locator("#live tr[data-machine]").count()).toBe(1);
+    await look(page, "fleet-filtered");
+
     // The audit log, filtered: both operations, by this key, with their request ids.
     await page.goto(`${url}/console/audit`);
     await look(page, "audit");
@@ -197,19 +223,77 @@ it.skipIf(missing !== undefined)(
     expect(sessionId).toMatch(/^[A-Za-z0-9_-]{43}$/);
     expect(await page.evaluate(() => [(globalThis as any).localStorage.length, (globalThis as any).sessionStorage.length])).toEqual([0, 0]);
 
-    // A tenant (the vps module's role) signs in: it is refused the operator pages.
-    const minted = await fetch(`${url}/v1/iam.apiKeys.create`, {
-      method: "POST",
-      headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
-      body: JSON.stringify({ name: "console tenant", roles: ["vps-tenant"] }),
+    // Two tenants offered a host pool with no host (no QEMU needed: their instances stay pending).
+    const api = async <T>(name: string, input: Record<string, unknown>, key = adminKey): Promise<T> => {
+      const res = await fetch(`${url}/v1/${name}`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+        body: JSON.stringify(input),
+      });
+      const body = (await res.json()) as T;
+      expect(res.status, `${name}: ${JSON.stringify(body)}`).toBe(200);
+      return body;
+    };
+    await api("vps.pools.create", {
+      id: "console-vms",
+      class: "host",
+      hosts: { labels: { "bc.dev/console": "test" } },
+      runtime: "qemu-microvm",
     });
-    const tenantKey = ((await minted.json()) as { key: string }).key;
+    await api("vps.flavors.create", { id: "console-small", pool: "console-vms", vcpus: 1, memoryMiB: 128, diskGiB: 1 });
+    for (const id of ["acme", "globex"]) {
+      await api("vps.tenants.create", { id, name: id });
+      await api("vps.quotas.set", { tenant: id, pool: "console-vms", instances: 2, vcpus: 2, memoryMiB: 256, diskGiB: 2 });
+    }
+    const minted = await api<{ id: string; key: string }>("iam.apiKeys.create", { name: "console tenant", roles: ["vps-tenant"] });
+    const tenantKey = minted.key;
+    await api("vps.tenants.addMember", { tenant: "acme", principal: `apikey:${minted.id}` });
+    await api(
+      "vps.sshKeys.create",
+      { name: "laptop", publicKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl tenant@laptop" },
+      tenantKey,
+    );
+    const theirs = await api<{ id: string }>("vps.instances.create", {
+      tenant: "globex",
+      pool: "console-vms",
+      flavor: "console-small",
+      name: "globex-db",
+      userData: "#!/bin/sh\n",
+    });
+
+    // The tenant signs in and lands on its (empty) instances; it creates one from the page.
     const tenant = await browser.newContext();
     await tenant.addInitScript({ content: axeSource });
     const tenantPage = watch(await tenant.newPage());
     await signIn(tenantPage, url, tenantKey);
-    await look(tenantPage, "tenant-home");
-    expect(await tenantPage.locator("header nav a").count()).toBe(0); // no link to a page it may not open
+    expect(new URL(tenantPage.url()).pathname).toBe("/console/instances");
+    await look(tenantPage, "tenant-instances-empty");
+    expect(await tenantPage.locator("header nav a").allInnerTexts()).toEqual(["Instances"]); // no link to a page it may not open
+    await tenantPage.fill("#name", "web-1");
+    await tenantPage.selectOption("#flavor", "console-small");
+    await tenantPage.selectOption("#ssh-keys", ["laptop"]);
+    await tenantPage.fill("#user-data", '#!/bin/sh\necho "hello from $(hostname)"\n');
+    await Promise.all([tenantPage.waitForURL(/\/console\/instances\/i-/), tenantPage.click("#create-instance")]);
+    await tenantPage.locator('#instance-state[data-state="pending"]').waitFor();
+    expect(await tenantPage.locator("main").innerText()).toMatch(/is not on a host/);
+    await look(tenantPage, "tenant-instance");
+    const mine = new URL(tenantPage.url()).pathname.split("/").pop()!;
+    await tenantPage.click("#delete");
+    await tenantPage.waitForURL(`**/console/instances/${mine}/delete`);
+    await look(tenantPage, "tenant-instance-delete-confirm");
+    await tenantPage.click("text=Cancel");
+    await tenantPage.goto(`${url}/console/instances`);
+    expect(
+      await tenantPage.locator("#live tr[data-instance]").evaluateAll((rows) => rows.map((r) => r.getAttribute("data-instance"))),
+    ).toEqual([mine]);
+    expect(await tenantPage.content()).not.toContain(theirs.id);
+    await look(tenantPage, "tenant-instances");
+    // The operator sees both.
+    await page.goto(`${url}/console/instances`);
+    await page.locator(`#live tr[data-instance="${theirs.id}"]`).waitFor();
+    await look(page, "instances");
+
+    // An operator page asked for with the tenant's session is refused.
     const refused = await tenantPage.goto(`${url}/console/fleet`);
     expect(refused!.status()).toBe(403);
     expect(await tenantPage.locator("main").innerText()).toMatch(/may not metal\.nodes\.list/);

@@ -70,7 +70,7 @@ export type { Logger } from "./log.ts";
 export type { DatabasePort, Db, Runner, Store, Tx } from "./store/database.ts";
 export { literal, one, rows, sendWithCommit } from "./store/database.ts";
 export { isSecretRef, MAX_ID_LENGTH, resourceId, SECRET_REF, slugId } from "./schemas.ts";
-export { sha256Hex } from "./encoding.ts";
+export { base64, sha256Hex, utf8 } from "./encoding.ts";
 export { memoryBlobs, r2Blobs, sha256Bytes } from "./store/blobs.ts";
 export { canonicalJson, instanceEntry, type InstanceEntry } from "./protocol.ts";
 export { objectOrigin, originObject } from "./agents/notify.ts";

@@ -16,6 +16,8 @@ import {
   type MethodContext,
   type MethodDefinition,
   type SecretRef,
+  base64,
+  utf8,
 } from "better-compute/core";
 import { loadNode, type NodeRow } from "./nodes.ts";
 import { siteAgentOf } from "./steps.ts";
@@ -23,7 +25,6 @@ import { siteAgentOf } from "./steps.ts";
 export const CONSOLE_KIND = "metal.bmc.console";
 /** What one read answers at most (the site agent's cap: its answer is one result frame). */
 const MAX_READ_BYTES = 32 * 1024;
-const base64 = (bytes: Uint8Array) => btoa(Array.from(bytes, (b) => String.fromCharCode(b)).join(""));
 /** How long a read waits for the site agent (which itself waits up to 2 s for new bytes). */
 const READ_WAIT_MS = 6_000;
 /** A session lives this long after it was opened. */
@@ -186,7 +187,7 @@ export function consoleMethods(): MethodDefinition<any, any>[] {
       if (session.actor !== ctx.principal.id)
         throw new ComputeError("PERMISSION_DENIED", `console session ${input.session} was opened by another principal`);
       const node = await ctx.store.transaction((tx) => loadNode(tx, input.node));
-      answers.set(input, await askSite(ctx, node, session.id, { input: base64(new TextEncoder().encode(input.text)), maxBytes: 0 }));
+      answers.set(input, await askSite(ctx, node, session.id, { input: base64(utf8(input.text)), maxBytes: 0 }));
     },
     handler: async (_ctx, input) => answers.get(input)!,
   });

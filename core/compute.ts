@@ -231,7 +231,15 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   app.route("/", watchRoutes({ iam, openStore: (env) => database.open(env) }));
   app.route(
     "/",
-    consoleRoutes({ registry: reg, iam, maxBodyBytes, moduleContext: contextFor, reconcileModule, openStore: (env) => database.open(env) }),
+    consoleRoutes({
+      registry: reg,
+      iam,
+      maxBodyBytes,
+      moduleContext: contextFor,
+      reconcileModule,
+      openStore: (env) => database.open(env),
+      approvers,
+    }),
   );
   app.route("/", metricsRoutes({ iam, modules: reg.modules, moduleContext: contextFor }));
   // The join Worker's app: JoinService and /v1/health alone (the gateway needs the NodeDO binding).

@@ -11,6 +11,8 @@ export interface Principal {
   /** "apikey:<id>", "jwt:<sub>" or "system:<name>"; recorded as the actor of audit rows and events. */
   id: string;
   roles: string[];
+  /** When the credential stops being valid (a JWT's exp), if it says: a console session signed in with it ends then too. */
+  expiresAt?: string;
 }
 
 /** The IAM catalog as the registry resolved it from every module. */
@@ -119,7 +121,7 @@ async function jwtPrincipal(token: string, key: JWTVerifyGetKey, jwt: NonNullabl
     const claim = payload[jwt.rolesClaim ?? "roles"];
     const roles = Array.isArray(claim) ? claim.filter((r): r is string => typeof r === "string") : [];
     if (!payload.sub) throw new Error("no subject");
-    return { id: `jwt:${payload.sub}`, roles };
+    return { id: `jwt:${payload.sub}`, roles, ...(payload.exp ? { expiresAt: new Date(payload.exp * 1000).toISOString() } : {}) };
   } catch {
     // jose's reason may describe the token; say only that it did not verify.
     throw unauthenticated("the bearer token did not verify");

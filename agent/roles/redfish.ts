@@ -106,6 +106,10 @@ export interface BmcInspection {
   bmcFirmwareVersion?: string;
   bootTarget?: string;
   bootEnabled?: string;
+  /** The system's ProcessorSummary: its CPUs (sockets), their model, and the logical processors (threads) they have; absent when it does not say. */
+  processors?: { count: number; model: string | null; threads: number | null };
+  /** The system's MemorySummary (TotalSystemMemoryGiB); absent when it does not say. */
+  memoryGiB?: number;
   /** The virtual CD; absent when VirtualMedia could not be read (see unavailable). */
   media?: { inserted: boolean; image: string | null };
   /** Present when the system links Storage (and it could be read): its drives (count) and volumes. */
@@ -139,6 +143,8 @@ const systemResource = z.object({
   SerialNumber: text,
   PowerState: text,
   BiosVersion: text,
+  ProcessorSummary: z.object({ Count: z.number().nullish(), Model: text, LogicalProcessorCount: z.number().nullish() }).nullish(),
+  MemorySummary: z.object({ TotalSystemMemoryGiB: z.number().nullish() }).nullish(),
   Boot: z.object({ BootSourceOverrideTarget: text, BootSourceOverrideEnabled: text }).nullish(),
   Actions: z.object({ "#ComputerSystem.Reset": action }).nullish(),
   Links: z.object({ ManagedBy: z.array(link).nullish() }).nullish(),
@@ -291,6 +297,17 @@ export class RedfishClient {
       bmcFirmwareVersion: manager.FirmwareVersion ?? undefined,
       bootTarget: system.Boot?.BootSourceOverrideTarget ?? undefined,
       bootEnabled: system.Boot?.BootSourceOverrideEnabled ?? undefined,
+      // From the system resource itself: no request more.
+      ...(typeof system.ProcessorSummary?.Count === "number"
+        ? {
+            processors: {
+              count: system.ProcessorSummary.Count,
+              model: system.ProcessorSummary.Model ?? null,
+              threads: system.ProcessorSummary.LogicalProcessorCount ?? null,
+            },
+          }
+        : {}),
+      ...(typeof system.MemorySummary?.TotalSystemMemoryGiB === "number" ? { memoryGiB: system.MemorySummary.TotalSystemMemoryGiB } : {}),
       ...(cd === undefined ? {} : { media: { inserted: cd?.media.Inserted === true, image: cd?.media.Image ?? null } }),
       ...storage,
       addresses: nics?.addresses ?? [],

@@ -93,14 +93,15 @@ code,.mono{font-family:"DejaVu Sans Mono","Liberation Mono",monospace;font-size:
 .state-failed,.state-retired{background:#fde7e9;color:#8a1020}
 .state-ready,.state-deployed,.state-succeeded{background:#e3f4e8;color:#0d5323}
 .state-pending,.state-creating,.state-stopping,.state-starting,.state-deleting,.state-commissioning,.state-deploying,.state-releasing,.state-rescuing,.state-unrescuing,.state-running{background:#fff4d6;color:#5c4200}
-.maint{background:#efe3fb;color:#4b1c7a}
+.maint,.state-awaiting-approval{background:#efe3fb;color:#4b1c7a}
+.state-active,.state-connected{background:#e3f4e8;color:#0d5323}.state-expired,.state-revoked,.state-disconnected{background:#fde7e9;color:#8a1020}
 .counts{display:flex;flex-wrap:wrap;gap:8px 24px;margin:0;padding:0;list-style:none}
 .counts li{background:#f2f4f6;border-radius:6px;padding:4px 10px}
 .panel{border:1px solid #d0d5da;border-radius:6px;padding:12px 16px;margin:12px 0}
 .error{border-color:#b3261e;background:#fdf0ef}
 .empty{background:#f2f4f6;border-radius:6px;padding:16px}
 dl.fields{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;margin:0}
-dl.fields dt{font-weight:600}dl.fields dd{margin:0;overflow-wrap:anywhere}
+dl.fields dt{font-weight:600}dl.fields dd{margin:0;overflow-wrap:anywhere}dl.fields+.table{margin-top:12px}
 form.stack{display:grid;gap:8px;max-width:560px}
 form.inline{display:inline}
 label{font-weight:600}

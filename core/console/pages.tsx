@@ -21,6 +21,29 @@ export interface MachineView {
   addresses: string[];
   bmc: { driver: string; address: string; username: string };
   lastError: unknown;
+  /** What commissioning found (metal.nodes.get only; null until inspected). */
+  inventory?: InventoryView | null;
+}
+/** metal.nodes.get's inventory: the BMC's view, and what the ramdisk listed. */
+export interface InventoryView {
+  bmc: {
+    manufacturer?: string;
+    model?: string;
+    serialNumber?: string;
+    biosVersion?: string;
+    bmcFirmwareVersion?: string;
+    processors?: { count: number; model: string | null; threads: number | null };
+    memoryGiB?: number;
+    macs: string[];
+    storage?: { drives: number; volumes: { id: string; level: string | null }[] };
+  };
+  ramdisk: {
+    at: string;
+    disks: { device: string; sizeBytes: number; model?: string; serial?: string; rotational?: boolean; removable?: boolean }[];
+    cpus?: { count: number; model: string | null };
+    memoryBytes?: number;
+    nics?: { name: string; mac: string; link: string }[];
+  } | null;
 }
 export interface EventView {
   position: string;
@@ -42,6 +65,8 @@ export interface AttemptView {
 export interface WorkflowView {
   id: string;
   profile: string;
+  version: string;
+  target: string;
   state: string;
   position: number;
   error: unknown;
@@ -49,6 +74,8 @@ export interface WorkflowView {
   createdAt: string;
   finishedAt: string | null;
   steps: { position: number; name: string; step: string; attempts: AttemptView[] }[];
+  /** Its batch of destructive commands under pki.approvers (docs/quorum.md); null when it needs no approval. */
+  quorum?: { digest: string; kinds: string[]; threshold: number; approvals: string[]; approvedAt: string | null } | null;
 }
 export interface AuditEntryView {
   id: string;
@@ -146,20 +173,20 @@ export const Layout: FC<PropsWithChildren<Frame & { live: Child; below?: Child }
 
 // ------------------------------------------------------------------ small parts
 
-const Time: FC<{ at: string | null }> = ({ at }) =>
+export const Time: FC<{ at: string | null }> = ({ at }) =>
   at ? <time datetime={at}>{at.replace("T", " ").replace(/\.\d+Z$/, "Z")}</time> : <>–</>;
 
 /** A table that may scroll sideways on a phone: a labelled region keyboard users can focus and scroll. */
-const TableBox: FC<PropsWithChildren<{ label: string }>> = ({ label, children }) => (
+export const TableBox: FC<PropsWithChildren<{ label: string }>> = ({ label, children }) => (
   <div class="table" role="region" aria-label={label} tabindex={0}>
     {children}
   </div>
 );
 
-const State: FC<{ state: string }> = ({ state }) => <span class={`state state-${state}`}>{state}</span>;
+export const State: FC<{ state: string }> = ({ state }) => <span class={`state state-${state}`}>{state}</span>;
 
 /** A value the API answered as JSON (an error, event data), shown compactly. */
-const Json: FC<{ value: unknown }> = ({ value }) =>
+export const Json: FC<{ value: unknown }> = ({ value }) =>
   value === null || value === undefined ? <>–</> : <code>{typeof value === "string" ? value : JSON.stringify(value)}</code>;
 
 const seconds = (from: string | null, to: string | null) =>
@@ -182,11 +209,12 @@ export const SignIn: FC<{ problem?: ProblemView }> = ({ problem }) => (
   <>
     {problem && <Problem problem={problem} />}
     <p>
-      Sign in with an API key. The key is exchanged for a session of 12 hours: it is not kept in this page, in the browser's storage or in
-      the session cookie.
+      Sign in with an API key, or with a bearer token (a JWT) from your identity provider where this deployment accepts them. It is
+      exchanged for a session of 12 hours (ending sooner if the token does): it is not kept in this page, in the browser's storage or in the
+      session cookie.
     </p>
     <form class="stack" method="post" action="/console/session">
-      <label for="key">API key</label>
+      <label for="key">API key or SSO token</label>
       <input id="key" name="key" type="password" autocomplete="off" spellcheck={false} required />
       <div>
         <button type="submit">Sign in</button>
@@ -354,7 +382,9 @@ export const Machine: FC<{
   actions: MachineActions;
   profiles: { id: string; description?: string }[];
   csrf: string;
-}> = ({ machine: m, workflow, history, actions, profiles, csrf }) => {
+  /** Shown above its workflow's steps (that it awaits approval). */
+  notice?: Child;
+}> = ({ machine: m, workflow, history, actions, profiles, csrf, notice }) => {
   const path = `/console/machines/${encodeURIComponent(m.id)}`;
   const canDeploy = actions.deploy && m.state === "ready" && !m.maintenance;
   const canUndeploy = actions.undeploy && m.state === "deployed";
@@ -476,8 +506,11 @@ export const Machine: FC<{
         </section>
       )}
 
+      <Hardware inventory={m.inventory} />
+
       <section aria-labelledby="workflow">
         <h2 id="workflow">{workflow ? `Workflow ${workflow.profile}` : "Workflow"}</h2>
+        {notice}
         {workflow ? <Workflow workflow={workflow} /> : <p>No workflow has run on this machine yet.</p>}
       </section>
 
@@ -516,6 +549,100 @@ export const Machine: FC<{
         )}
       </section>
     </>
+  );
+};
+
+/** Bytes as a person reads them: 64 MiB, 1.9 TiB. */
+const bytes = (n: number) => {
+  const units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB"];
+  let unit = 0;
+  while (n >= 1024 && unit < units.length - 1) {
+    n /= 1024;
+    unit++;
+  }
+  return `${unit === 0 || Number.isInteger(n) ? n : n.toFixed(1)} ${units[unit]}`;
+};
+
+/** What commissioning found: the BMC's system summary, then what the ramdisk listed from inside the machine. */
+const Hardware: FC<{ inventory: InventoryView | null | undefined }> = ({ inventory: inv }) => {
+  if (!inv)
+    return (
+      <section aria-labelledby="hardware">
+        <h2 id="hardware">Hardware</h2>
+        <p class="empty" id="hardware-empty">
+          Not inspected yet: inspection runs during commissioning.
+        </p>
+      </section>
+    );
+  const { bmc, ramdisk } = inv;
+  const cpus = ramdisk?.cpus
+    ? `${ramdisk.cpus.count} CPUs${ramdisk.cpus.model ? `, ${ramdisk.cpus.model}` : ""}`
+    : bmc.processors
+      ? `${bmc.processors.count} × ${bmc.processors.model ?? "CPU"}${bmc.processors.threads ? ` (${bmc.processors.threads} threads)` : ""}`
+      : undefined;
+  const memory = ramdisk?.memoryBytes ? bytes(ramdisk.memoryBytes) : bmc.memoryGiB ? bytes(bmc.memoryGiB * 1024 ** 3) : undefined;
+  const nics = ramdisk?.nics?.length ? ramdisk.nics.map((n) => `${n.name} ${n.mac} (${n.link})`) : bmc.macs;
+  const firmware = [bmc.biosVersion && `BIOS ${bmc.biosVersion}`, bmc.bmcFirmwareVersion && `BMC ${bmc.bmcFirmwareVersion}`].filter(
+    Boolean,
+  );
+  return (
+    <section aria-labelledby="hardware">
+      <h2 id="hardware">Hardware</h2>
+      <dl class="fields" id="hardware-fields">
+        <dt>Maker and model</dt>
+        <dd>
+          {[bmc.manufacturer, bmc.model].filter(Boolean).join(", ") || "not reported"}
+          {bmc.serialNumber && <>, serial {bmc.serialNumber}</>}
+        </dd>
+        <dt>CPUs</dt>
+        <dd>{cpus ?? "not reported"}</dd>
+        <dt>Memory</dt>
+        <dd>{memory ?? "not reported"}</dd>
+        <dt>NICs</dt>
+        <dd class="mono">{nics.length ? nics.join(", ") : "none reported"}</dd>
+        <dt>Firmware</dt>
+        <dd>{firmware.length ? firmware.join(", ") : "not reported"}</dd>
+        {bmc.storage && (
+          <>
+            <dt>RAID controller</dt>
+            <dd>
+              {bmc.storage.drives} drive{bmc.storage.drives === 1 ? "" : "s"}
+              {bmc.storage.volumes.length > 0 &&
+                `; volumes ${bmc.storage.volumes.map((v) => (v.level ? `${v.id} (${v.level})` : v.id)).join(", ")}`}
+            </dd>
+          </>
+        )}
+      </dl>
+      {ramdisk ? (
+        <TableBox label="Disks">
+          <table>
+            <caption>
+              Its disks, as the ramdisk listed them <Time at={ramdisk.at} />
+            </caption>
+            <thead>
+              <tr>
+                <th scope="col">Device</th>
+                <th scope="col">Size</th>
+                <th scope="col">Model</th>
+                <th scope="col">Serial</th>
+              </tr>
+            </thead>
+            <tbody>
+              {ramdisk.disks.map((d) => (
+                <tr data-disk={d.device}>
+                  <td class="mono">{d.device}</td>
+                  <td>{bytes(d.sizeBytes)}</td>
+                  <td>{d.model ?? "–"}</td>
+                  <td class="mono">{d.serial ?? "–"}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </TableBox>
+      ) : (
+        <p>No ramdisk has listed its disks: its pool's machines boot none (an agentless pool), or commissioning has not reached it yet.</p>
+      )}
+    </section>
   );
 };
 
@@ -700,8 +827,19 @@ export type ConsoleTail = { text: string | null; at: string | null; stale: boole
 const instancePath = (id: string) => `/console/instances/${encodeURIComponent(id)}`;
 const size = (i: { vcpus: number; memoryMiB: number; diskGiB: number }) => `${i.vcpus} vCPU, ${i.memoryMiB} MiB, ${i.diskGiB} GiB`;
 
-export const Instances: FC<{ instances: InstanceView[]; next: string | null; operator: boolean }> = ({ instances, next, operator }) =>
-  instances.length === 0 ? (
+export const Instances: FC<{ instances: InstanceView[]; next: string | null; operator: boolean; tenant?: string }> = ({
+  instances,
+  next,
+  operator,
+  tenant,
+}) =>
+  instances.length === 0 && tenant && operator ? (
+    <div class="empty">
+      <p>
+        Tenant {tenant} has no instances. <a href="/console/instances">See every tenant's</a>.
+      </p>
+    </div>
+  ) : instances.length === 0 ? (
     <div class="empty">
       <p>
         <strong>No instances yet.</strong>{" "}
@@ -751,7 +889,7 @@ export const Instances: FC<{ instances: InstanceView[]; next: string | null; ope
       </TableBox>
       {next && (
         <p>
-          <a id="next-page" href={`/console/instances?after=${encodeURIComponent(next)}`}>
+          <a id="next-page" href={`/console/instances?${new URLSearchParams({ ...(tenant ? { tenant } : {}), after: next })}`}>
             More instances
           </a>
         </p>

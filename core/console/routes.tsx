@@ -15,6 +15,8 @@ import { eventStream, watchRequest } from "../events/watch.ts";
 import { checkInput, describeError, toComputeError, type AppEnv } from "../http.ts";
 import { createLogger } from "../log.ts";
 import type { Store } from "../store/database.ts";
+import type { Approvers } from "../context.ts";
+import { ApprovalBatch, Approvals, ApproveForm, approvePath, AwaitingApproval } from "./approval-pages.tsx";
 import { CLIENT_JS, CSS, ICON_SVG } from "./assets.ts";
 import {
   Audit,
@@ -45,11 +47,14 @@ import {
   type ProblemView,
   type WorkflowView,
 } from "./pages.tsx";
+import { operatorBack, operatorRoutes } from "./operator-routes.tsx";
 import { closeSession, csrfMatches, findSession, openSession, SESSION_COOKIE, SESSION_SECONDS, type ConsoleSession } from "./sessions.ts";
 
 export interface ConsoleDeps extends MethodDeps {
   /** The live-update stream's own store (it outlives the request's). */
   openStore: (env: Bindings) => Store;
+  /** pki.approvers, when destructive workflows wait for approval (docs/quorum.md): the console then lists them. */
+  approvers?: Approvers;
 }
 
 /** On every console response. No inline script or style anywhere, so 'self' is all a page needs. */
@@ -127,7 +132,8 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
       // The form comes back empty: the key is never written into a page.
       return render(c, { title: "Sign in" }, <SignIn problem={problem} />, 401);
     };
-    if (!/^[\x21-\x7e]{1,4096}$/.test(key)) return refused("enter an API key");
+    // An API key, or where the IAM takes them an SSO bearer token (a JWT).
+    if (!/^[\x21-\x7e]{1,8192}$/.test(key)) return refused("enter an API key or a token");
     // The IAM port decides, as for any API call: the key as a bearer credential.
     const asBearer = new Request(c.req.url, { headers: { authorization: `Bearer ${key}` } });
     let principal;
@@ -137,11 +143,19 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
       if (isComputeError(err) && err.code === "UNAUTHENTICATED") return refused(err.message);
       throw err;
     }
-    if (!principal) return refused("enter an API key");
+    if (!principal) return refused("enter an API key or a token");
     // Signing in again replaces the browser's session rather than leaving the old one alive.
     await closeSession(c.get("store"), getCookie(c, SESSION_COOKIE));
     const { id } = await openSession(c.get("store"), principal);
-    setCookie(c, SESSION_COOKIE, id, { httpOnly: true, secure: true, sameSite: "Strict", path: "/", maxAge: SESSION_SECONDS });
+    // A token that expires sooner ends the session sooner (openSession); the cookie goes with it.
+    const left = principal.expiresAt ? Math.ceil((Date.parse(principal.expiresAt) - Date.now()) / 1000) : SESSION_SECONDS;
+    setCookie(c, SESSION_COOKIE, id, {
+      httpOnly: true,
+      secure: true,
+      sameSite: "Strict",
+      path: "/",
+      maxAge: Math.max(1, Math.min(SESSION_SECONDS, left)),
+    });
     return c.redirect("/console/", 303);
   });
 
@@ -201,6 +215,10 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
       machine.workflow ??
       (await optional<{ workflows: { id: string }[] }>("workflows.list", { target: machine.id, limit: 1 }, "*"))?.workflows[0]?.id;
     const workflow = workflowId ? await optional<WorkflowView>("workflows.get", { id: workflowId }, `workflows/${workflowId}`) : undefined;
+    const notice =
+      workflow?.state === "awaiting-approval" && workflow.quorum ? (
+        <AwaitingApproval workflow={workflow} mayApprove={await may(session, "workflows.approve", `workflows/${workflow.id}`)} />
+      ) : undefined;
     const actions = {
       deploy: await may(session, "metal.deploy", resource),
       undeploy: await may(session, "metal.undeploy", resource),
@@ -213,7 +231,15 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     return render(
       c,
       { title: `Machine ${machine.id}`, session, subjects: `${resource} workflows/` },
-      <Machine machine={machine} workflow={workflow} history={history} actions={actions} profiles={deployProfiles()} csrf={session.csrf} />,
+      <Machine
+        machine={machine}
+        workflow={workflow}
+        history={history}
+        actions={actions}
+        profiles={deployProfiles()}
+        csrf={session.csrf}
+        notice={notice}
+      />,
     );
   });
 
@@ -337,7 +363,10 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
   app.get("/console/instances", async (c) => {
     const session = await signedIn(c);
     const after = c.req.query("after") || undefined;
+    // ?tenant=: one tenant's (the tenants' pages link here); a tenant's own session sees its own either way.
+    const tenant = c.req.query("tenant")?.trim() || undefined;
     const { instances, next } = await call<{ instances: InstanceView[]; next: string | null }>(c, session, "vps.instances.list", {
+      ...(tenant ? { tenant } : {}),
       ...(after ? { after } : {}),
       limit: PAGE_SIZE,
     });
@@ -348,8 +377,8 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     const { sshKeys = [] } = create ? await call<{ sshKeys: { name: string }[] }>(c, session, "vps.sshKeys.list", {}) : {};
     return render(
       c,
-      { title: "Instances", session },
-      <Instances instances={instances} next={next} operator={operator} />,
+      { title: tenant ? `Instances of tenant ${tenant}` : "Instances", session },
+      <Instances instances={instances} next={next} operator={operator} tenant={tenant} />,
       200,
       undefined,
       create ? <CreateInstance flavors={flavors} sshKeys={sshKeys.map((k) => k.name)} csrf={session.csrf} /> : undefined,
@@ -440,6 +469,57 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     );
   });
 
+  // ---------------------------------------------------------------- quorum approvals (docs/quorum.md)
+
+  app.get("/console/approvals", async (c) => {
+    const session = await signedIn(c);
+    const after = c.req.query("after") || undefined;
+    const { workflows, next } = await call<{ workflows: { id: string }[]; next: string | null }>(c, session, "workflows.list", {
+      state: "awaiting-approval",
+      ...(after ? { after } : {}),
+      limit: PAGE_SIZE,
+    });
+    // Each one's batch and its approvals so far: workflows.get (a page holds at most PAGE_SIZE).
+    const detailed: WorkflowView[] = [];
+    for (const { id } of workflows) detailed.push(await call<WorkflowView>(c, session, "workflows.get", { id }));
+    return render(
+      c,
+      { title: "Approvals", session, subjects: "workflows/" },
+      <Approvals workflows={detailed} next={next} configured={deps.approvers !== undefined} targetHref={targetHref} />,
+    );
+  });
+
+  app.get("/console/workflows/:id/approve", async (c) => {
+    const session = await signedIn(c);
+    const workflow = await call<WorkflowView>(c, session, "workflows.get", { id: c.req.param("id") });
+    const counted = c.req.query("counted");
+    const mayApprove = await may(session, "workflows.approve", `workflows/${workflow.id}`);
+    return render(
+      c,
+      { title: `Approve workflow ${workflow.id}`, session, subjects: `workflows/${workflow.id}` },
+      <ApprovalBatch
+        workflow={workflow}
+        href={targetHref(workflow)}
+        counted={counted === "yes" || counted === "no" ? counted : undefined}
+      />,
+      200,
+      undefined,
+      mayApprove ? <ApproveForm workflow={workflow} csrf={session.csrf} /> : undefined,
+    );
+  });
+
+  // The signature is what counts: workflows.approve checks it against pki.approvers.keys, called as the session's principal.
+  app.post("/console/workflows/:id/approve", async (c) => {
+    const { session, form } = await mutating(c);
+    const id = c.req.param("id");
+    const approved = await call<{ counted: boolean }>(c, session, "workflows.approve", {
+      workflowId: id,
+      key: field(form, "key")?.trim() ?? "",
+      signature: field(form, "signature")?.trim() ?? "",
+    });
+    return c.redirect(`${approvePath(id)}?counted=${approved.counted ? "yes" : "no"}`, 303);
+  });
+
   // ---------------------------------------------------------------- live updates
 
   app.get("/console/events", async (c) => {
@@ -450,6 +530,9 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
       throw new ComputeError("PERMISSION_DENIED", `${session.principal.id} may not events.list on *`);
     return eventStream(c, deps.openStore(c.env ?? {}), filter, after, { announce: true, typed: false });
   });
+
+  // Sites and join tokens, hosts, VPS tenants and quotas, sinks: core/console/operator-routes.tsx.
+  operatorRoutes(app, { call, may, render, signedIn, mutating, has: (name) => deps.registry.methods.has(name) });
 
   app.all("/console/*", (c) => {
     throw new ComputeError("NOT_FOUND", `the console has no page ${new URL(c.req.url).pathname}`);
@@ -475,11 +558,14 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     if (error.code === "UNAUTHENTICATED") return c.redirect("/console/sign-in", 303);
     const machine = /^\/console\/machines\/([^/]+)\/./.exec(path)?.[1];
     const instance = /^\/console\/instances\/([^/]+)\/./.exec(path)?.[1];
+    const workflow = c.req.method === "POST" ? /^\/console\/workflows\/([^/]+)\/approve$/.exec(path)?.[1] : undefined;
     const back = machine
       ? { href: `/console/machines/${machine}`, label: `Back to machine ${decodeURIComponent(machine)}` }
       : instance
         ? { href: `/console/instances/${instance}`, label: `Back to instance ${decodeURIComponent(instance)}` }
-        : undefined;
+        : workflow
+          ? { href: `/console/workflows/${workflow}/approve`, label: `Back to workflow ${decodeURIComponent(workflow)}` }
+          : operatorBack(path);
     const session = sessions.get(c.req.raw);
     return render(c, { title: titleFor(error), session }, <ErrorPage problem={problem} back={back} />, error.status);
   });
@@ -512,6 +598,12 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
       { href: "/console/fleet", label: "Fleet", method: "metal.nodes.list" },
       { href: "/console/instances", label: "Instances", method: "vps.instances.list" },
       { href: "/console/audit", label: "Audit log", method: "audit.list" },
+      { href: "/console/sites", label: "Sites", method: "metal.sites.list" },
+      { href: "/console/hosts", label: "Hosts", method: "capacity.hosts.list" },
+      { href: "/console/tenants", label: "Tenants", method: "vps.tenants.list" },
+      { href: "/console/sinks", label: "Sinks", method: "events.sinks.list" },
+      // Only where workflows wait for approval (pki.approvers).
+      ...(deps.approvers ? [{ href: "/console/approvals", label: "Approvals", method: "workflows.list" }] : []),
     ];
     const allowed = await Promise.all(pages.map((p) => may(session, p.method, "*")));
     return pages.filter((_, i) => allowed[i]).map(({ href, label }) => ({ href, label }));
@@ -553,6 +645,14 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     const shape = (deps.registry.methods.get(name)?.method.input as { shape?: Record<string, { unwrap?: () => { options?: string[] } }> })
       ?.shape;
     return shape?.[fieldName]?.unwrap?.().options ?? [];
+  }
+
+  /** A workflow's target's page: a metal profile's target is a machine. */
+  function targetHref(wf: { profile: string; target: string }): string | undefined {
+    const profile = deps.registry
+      .byContract<{ contract: "profile"; id: string; version: string; target?: string }>("profile")
+      .find((p) => p.id === wf.profile);
+    return profile?.target === "metal" ? machinePath(wf.target) : undefined;
   }
 
   /** The profiles a machine may be deployed with: metal's, with a role to end in. */

@@ -23,7 +23,11 @@ const randomToken = () => base64url(crypto.getRandomValues(new Uint8Array(32)));
 /** What a session id looks like: 32 random bytes, base64url. Anything else is never looked up. */
 const SESSION_ID = /^[A-Za-z0-9_-]{43}$/;
 
-/** A new session for `principal`; the id is returned once, for the cookie. Sweeps expired sessions on the way. */
+/**
+ * A new session for `principal`; the id is returned once, for the cookie. Sweeps expired sessions
+ * on the way. It ends after SESSION_SECONDS, or when the credential does if that is sooner (an SSO
+ * token's expiry): a session never outlives what it was signed in with.
+ */
 export async function openSession(store: Store, principal: Principal): Promise<{ id: string; session: ConsoleSession }> {
   const id = randomToken();
   const csrf = randomToken();
@@ -33,7 +37,7 @@ export async function openSession(store: Store, principal: Principal): Promise<{
     return one<{ expires_at: string }>(
       tx,
       sql`INSERT INTO bc_console_sessions (id_sha256, principal, roles, csrf, expires_at)
-          VALUES (${digest}, ${principal.id}, ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(principal.roles)}::jsonb)), ${csrf}, compute_now() + make_interval(secs => ${SESSION_SECONDS}))
+          VALUES (${digest}, ${principal.id}, ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(principal.roles)}::jsonb)), ${csrf}, LEAST(compute_now() + make_interval(secs => ${SESSION_SECONDS}), ${principal.expiresAt ?? null}::timestamptz))
           RETURNING expires_at`,
     );
   });

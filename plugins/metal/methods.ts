@@ -32,7 +32,9 @@ import {
   canStartLifecycle,
   loadNode,
   metalNode,
+  metalNodeDetail,
   NODE_COLUMNS,
+  nodeDetail,
   refuseHeldBmc,
   revokeRamdisks,
   runLifecycle,
@@ -140,8 +142,9 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
     what: "metal node",
     collection: "metal/nodes",
     key: "node",
-    output: metalNode,
-    find: async (tx, id) => toNode(await loadNode(tx, id)),
+    description: "A machine, with the hardware commissioning found on it (inventory: null until it was inspected)",
+    output: metalNodeDetail,
+    find: async (tx, id) => nodeDetail(tx, await loadNode(tx, id)),
   });
 
   const nodesList = defineListMethod({

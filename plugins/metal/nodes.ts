@@ -24,6 +24,53 @@ export const metalNode = z.object({
   lastError: z.unknown().nullable(),
 });
 
+const text = z.string().optional();
+/**
+ * What commissioning found (metal.nodes.get only): null until inspection ran. Hardware only: the
+ * power, boot and media state inspection also read were that moment's and are left out.
+ */
+export const metalInventory = z.object({
+  /** Through the BMC (inventory.bmc, recorded by metal.recordInventory): identity, firmware, the NICs' MACs, storage. */
+  bmc: z.object({
+    manufacturer: text,
+    model: text,
+    serialNumber: text,
+    biosVersion: text,
+    bmcFirmwareVersion: text,
+    /** Its CPUs (sockets), their model and logical processors, and its memory, as the BMC's system summary says. */
+    processors: z.object({ count: z.number(), model: z.string().nullable(), threads: z.number().nullable() }).optional(),
+    memoryGiB: z.number().optional(),
+    macs: z.array(z.string()),
+    /** The drives behind the BMC's storage controllers and the volumes made of them; absent where the BMC links no Storage. */
+    storage: z.object({ drives: z.number(), volumes: z.array(z.object({ id: z.string(), level: z.string().nullable() })) }).optional(),
+  }),
+  /**
+   * From inside the machine (inventory.ramdisk, in its last commissioning): its disks, and on real
+   * hardware its CPUs, memory and NICs. Null where no ramdisk ran (an agentless pool, a Robot server).
+   */
+  ramdisk: z
+    .object({
+      at: z.string(),
+      disks: z.array(
+        z.object({
+          device: z.string(),
+          sizeBytes: z.number(),
+          model: text,
+          serial: text,
+          wwn: text,
+          rotational: z.boolean().optional(),
+          removable: z.boolean().optional(),
+        }),
+      ),
+      cpus: z.object({ count: z.number(), model: z.string().nullable() }).optional(),
+      memoryBytes: z.number().optional(),
+      nics: z.array(z.object({ name: z.string(), mac: z.string(), link: z.string() })).optional(),
+    })
+    .nullable(),
+});
+/** metal.nodes.get's answer: the machine and what commissioning found on it. */
+export const metalNodeDetail = metalNode.extend({ inventory: metalInventory.nullable() });
+
 export interface NodeRow {
   id: string;
   pool_id: string;
@@ -36,7 +83,7 @@ export interface NodeRow {
   product_uuid: string | null;
   addresses: string[];
   /** What inspection recorded (metal.recordInventory): the BMC's view, the NICs' MACs among it. */
-  inventory: { macs?: string[] } | null;
+  inventory: ({ macs?: string[] } & Record<string, unknown>) | null;
   bmc: BmcBinding;
   last_error: unknown;
   policy: Policy;
@@ -57,6 +104,79 @@ export const toNode = (r: NodeRow): z.input<typeof metalNode> => ({
   bmc: { driver: r.bmc.driver, address: r.bmc.address, username: r.bmc.username },
   lastError: r.last_error ?? null,
 });
+
+/** The fields of a recorded value that are strings (a BMC leaves many out, or says null). */
+const strings = <K extends string>(from: Record<string, unknown>, keys: readonly K[]): Partial<Record<K, string>> =>
+  Object.fromEntries(keys.filter((k) => typeof from[k] === "string" && from[k] !== "").map((k) => [k, from[k]])) as Partial<
+    Record<K, string>
+  >;
+const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+
+/**
+ * The machine with what commissioning found: the BMC's view inspection recorded, and what the
+ * ramdisk listed in the last inventory.ramdisk that succeeded for it (its workflow step's output).
+ */
+export async function nodeDetail(tx: Pick<Tx, "execute">, row: NodeRow): Promise<z.input<typeof metalNodeDetail>> {
+  const node = toNode(row);
+  if (!row.inventory) return { ...node, inventory: null };
+  const bmc = row.inventory;
+  const storage = isObject(bmc.storage) && typeof bmc.storage.drives === "number" ? bmc.storage : undefined;
+  const listed = await one<{ output: unknown; finished_at: string }>(
+    tx,
+    sql`
+    SELECT s.output, s.finished_at FROM workflows w JOIN workflow_steps s ON s.workflow_id = w.id
+    WHERE w.target = ${row.id} AND s.step_id = 'inventory.ramdisk' AND s.state = 'succeeded'
+    ORDER BY s.finished_at DESC LIMIT 1`,
+  );
+  const found = isObject(listed?.output) ? listed.output : undefined;
+  const ramdisk = found && {
+    at: new Date(listed!.finished_at).toISOString(),
+    disks: (Array.isArray(found.disks) ? found.disks : []).filter(isObject).map((d) => ({
+      device: String(d.device),
+      sizeBytes: Number(d.sizeBytes ?? 0),
+      ...strings(d, ["model", "serial", "wwn"] as const),
+      ...(typeof d.rotational === "boolean" ? { rotational: d.rotational } : {}),
+      ...(typeof d.removable === "boolean" ? { removable: d.removable } : {}),
+    })),
+    ...(isObject(found.cpus) && typeof found.cpus.count === "number"
+      ? { cpus: { count: found.cpus.count, model: typeof found.cpus.model === "string" ? found.cpus.model : null } }
+      : {}),
+    ...(typeof found.memoryBytes === "number" ? { memoryBytes: found.memoryBytes } : {}),
+    ...(Array.isArray(found.nics)
+      ? { nics: found.nics.filter(isObject).map((n) => ({ name: String(n.name), mac: String(n.mac), link: String(n.link) })) }
+      : {}),
+  };
+  return {
+    ...node,
+    inventory: {
+      bmc: {
+        ...strings(bmc, ["manufacturer", "model", "serialNumber", "biosVersion", "bmcFirmwareVersion"] as const),
+        ...(isObject(bmc.processors) && typeof bmc.processors.count === "number"
+          ? {
+              processors: {
+                count: bmc.processors.count,
+                model: typeof bmc.processors.model === "string" ? bmc.processors.model : null,
+                threads: typeof bmc.processors.threads === "number" ? bmc.processors.threads : null,
+              },
+            }
+          : {}),
+        ...(typeof bmc.memoryGiB === "number" ? { memoryGiB: bmc.memoryGiB } : {}),
+        macs: Array.isArray(bmc.macs) ? bmc.macs.filter((m): m is string => typeof m === "string") : [],
+        ...(storage
+          ? {
+              storage: {
+                drives: storage.drives as number,
+                volumes: (Array.isArray(storage.volumes) ? storage.volumes : [])
+                  .filter(isObject)
+                  .map((v) => ({ id: String(v.id), level: typeof v.level === "string" ? v.level : null })),
+              },
+            }
+          : {}),
+      },
+      ramdisk: ramdisk ?? null,
+    },
+  };
+}
 
 /** What a NodeRow holds, from metal_nodes n joined with its pool p. */
 export const NODE_COLUMNS = sql`n.*, p.policy, p.agent AS pool_agent`;

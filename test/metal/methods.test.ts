@@ -262,6 +262,24 @@ describe("one machine per BMC and per product UUID", () => {
     expect(await written()).toEqual(before);
     const ready = await sim.waitForState("m-one", ["ready", "failed"]);
     expect(ready.state, JSON.stringify(ready.lastError)).toBe("ready");
+    // What commissioning found: the BMC's system summary and NICs, and the disks the ramdisk listed.
+    const { inventory } = await sim.call<{ inventory: Record<string, any> | null }>("metal.nodes.get", { node: "m-one" });
+    expect(inventory).toEqual({
+      bmc: {
+        manufacturer: "Better Compute (simulated)",
+        model: "Redfish emulator",
+        biosVersion: "SIM-BIOS-1.0.0",
+        bmcFirmwareVersion: expect.any(String),
+        processors: { count: 2, model: "Simulated CPU", threads: 64 },
+        memoryGiB: 64,
+        macs: sim.machines[0]!.macs,
+      },
+      ramdisk: {
+        at: expect.any(String),
+        disks: [{ device: "/dev/sda", sizeBytes: 64 * 1024 * 1024, model: "Simulated disk", serial: "SIM-1" }],
+      },
+    });
+    expect(Date.parse(inventory!.ramdisk.at)).toBeLessThanOrEqual(Date.now());
   });
 
   it("a second machine reporting a product UUID the first holds fails commissioning with CONFLICT naming it, in maintenance; retiring the first lets it through", async () => {

@@ -261,10 +261,17 @@ describe("quorum 2-of-3 on Walkthrough 1", () => {
     ).toBe(3);
   }, 90_000);
 
-  it("release waits too; once approved, the machine is ready again", async () => {
+  it("release waits too; once approved (the second signature made with OpenSSL, as the console shows it), the machine is ready again", async () => {
     const { workflow } = await sim.call<{ workflow: string }>("metal.undeploy", { node: "m-q" });
-    expect((await get(workflow)).state).toBe("awaiting-approval");
-    await approveTwice(workflow);
+    const { state, quorum } = await get(workflow);
+    expect(state).toBe("awaiting-approval");
+    expect(await approve(workflow, first.publicKey, signDigest(first, quorum!.digest))).toMatchObject({ counted: true, approvals: 1 });
+    // docs/quorum.md's OpenSSL block (the one the console's approval page fills in), with the third approver's key file.
+    const signed = await bash(docsBlock(/^# not run here: needs approver\.pem and a workflow's digest/), dir, { DIGEST: quorum!.digest });
+    expect(signed.code, signed.stderr).toBe(0);
+    const [signature, publicKey] = signed.stdout.trim().split("\n");
+    expect(publicKey).toBe(third);
+    expect(await approve(workflow, publicKey!, signature!)).toMatchObject({ counted: true, approvals: 2, state: "running" });
     const ready = await sim.waitForState("m-q", ["ready", "failed"]);
     expect(ready.state, JSON.stringify(ready.lastError)).toBe("ready");
   }, 90_000);

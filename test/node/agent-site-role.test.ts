@@ -65,6 +65,8 @@ describe("site role: Redfish", () => {
       bmcFirmwareVersion: "BMC-9.9.9",
       bootTarget: "Pxe",
       bootEnabled: "Continuous",
+      processors: { count: 2, model: "Simulated CPU", threads: 64 },
+      memoryGiB: 64,
       media: { inserted: true, image: "http://10.0.0.1/a.iso" },
       storage: { drives: 2, volumes: [] },
       addresses: [],

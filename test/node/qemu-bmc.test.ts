@@ -193,6 +193,8 @@ describe.skipIf(biosMissing.length > 0)("a BIOS machine (SeaBIOS) behind the emu
       bmcFirmwareVersion: "SIM-BMC-2.0.0",
       bootTarget: "None",
       bootEnabled: "Disabled",
+      processors: { count: 1, model: expect.stringMatching(/^QEMU (TCG|KVM) CPU$/), threads: 1 },
+      memoryGiB: 0.25,
       media: { inserted: false, image: null },
       storage: { drives: 1, volumes: [] },
       addresses: [],

@@ -4,18 +4,25 @@
 // Workers and Durable Objects against one database; one Node process running all of a fleet's
 // simulation uses one core, so the bench splits the machines into lanes, one site each.
 //
+// In the fleet-stack section (bench/fleet-stack.ts) a lane runs no control plane: its site's
+// agents dial the running stack (wrangler dev) over real WebSockets, and its enroll, deploy and
+// undeploy requests go to the stack's HTTP API with the operator's key.
+//
 // Started by fleet.ts with BENCH_LANE = JSON of LaneConfig; answers each LaneRequest with a
 // LaneAnswer carrying the request's id.
 import v8 from "node:v8";
 import vm from "node:vm";
-import { createMetalSim, type MetalSim } from "../testing/metal-sim.ts";
+import { createMetalSim, type MetalSim, type SimStack } from "../testing/metal-sim.ts";
 import { mergeProfiles, selfProfiler, type CpuProfile } from "./profile.ts";
 import { QueryStats, type QueryKindStats } from "./query-stats.ts";
 import { mapLimit } from "./stack.ts";
 
 export interface LaneConfig {
-  databaseUrl: string;
-  schema: string;
+  /** The in-process control plane's database and schema (the fleet section)... */
+  databaseUrl?: string;
+  schema?: string;
+  /** ...or a running stack the lane's agents dial and its operator calls go to (the fleet-stack section). */
+  stack?: SimStack;
   siteId: string;
   /** The lane's machines' node ids. */
   ids: string[];
@@ -72,6 +79,7 @@ export async function startSite(options: {
   inFlight: number;
   databaseUrl?: string;
   databaseSchema?: string;
+  stack?: SimStack;
   siteId?: string;
   profile?: boolean;
 }): Promise<FleetSite> {
@@ -83,6 +91,7 @@ export async function startSite(options: {
     machines: options.ids.length,
     ...(options.databaseUrl ? { databaseUrl: options.databaseUrl, onRoundTrip: queries.record } : {}),
     ...(options.databaseSchema ? { databaseSchema: options.databaseSchema } : {}),
+    ...(options.stack ? { stack: options.stack } : {}),
     ...(options.siteId ? { siteId: options.siteId } : {}),
   });
   const each = (fn: (id: string, i: number) => Promise<unknown>) => mapLimit(options.ids, options.inFlight, fn).then(() => undefined);
@@ -121,7 +130,7 @@ export async function startSite(options: {
 }
 
 async function main(config: LaneConfig): Promise<void> {
-  const site = await startSite({ ...config, databaseSchema: config.schema });
+  const site = await startSite({ ...config, ...(config.schema ? { databaseSchema: config.schema } : {}) });
   const handle = async (request: LaneRequest): Promise<LaneStats | undefined> => {
     switch (request.op) {
       case "phase":

@@ -24,7 +24,7 @@ import { target } from "./stack.ts";
 
 const POLL_MS = 250;
 /** Enroll, deploy and undeploy requests in flight, over all lanes. */
-const IN_FLIGHT = 16;
+export const IN_FLIGHT = 16;
 
 export const fleetSection: BenchSection = {
   id: "fleet",
@@ -135,7 +135,7 @@ function targetLines(phaseSeconds: Map<number, number[]>): string[] {
 }
 
 /** The simulated machines, in this process or in lanes; the bench's own reads are not in its round trips. */
-interface Fleet {
+export interface Fleet {
   /** A store on the fleet's database, for Walkthrough 1's checks. */
   store: NodeStore;
   /** The bench's own reads (progress, counters): their round trips are subtracted from the fleet's. */
@@ -221,7 +221,9 @@ async function laneFleet(databaseUrl: string, ids: string[], lanes: number, prof
   };
 }
 
-interface Lane {
+export interface Lane {
+  /** The lane's process id (its CPU time is read from /proc). */
+  pid: number;
   ask(request: DistributiveOmit<LaneRequest, "id">): Promise<LaneStats | undefined>;
   stop(): Promise<void>;
 }
@@ -230,7 +232,7 @@ type DistributiveOmit<T, K extends keyof T> = T extends unknown ? Omit<T, K> : n
 const LANE_ENTRY = fileURLToPath(new URL("./fleet-lane.ts", import.meta.url));
 
 /** Forks a lane and waits until its sim is up; a lane that dies fails what was asked of it. */
-async function startLane(config: LaneConfig): Promise<Lane> {
+export async function startLane(config: LaneConfig): Promise<Lane> {
   const child: ChildProcess = fork(LANE_ENTRY, [], {
     execArgv: ["--import", "tsx"],
     env: { ...process.env, BENCH_LANE: JSON.stringify(config) },
@@ -263,6 +265,7 @@ async function startLane(config: LaneConfig): Promise<Lane> {
     return answered;
   };
   return {
+    pid: child.pid!,
     ask,
     async stop() {
       if (exited) return;
@@ -276,7 +279,7 @@ async function startLane(config: LaneConfig): Promise<Lane> {
 }
 
 /** Walkthrough 1's checks over every machine: one attested wipe before each ready, no destructive command twice. */
-async function checkInvariants(fleet: Fleet, size: number): Promise<void> {
+export async function checkInvariants(fleet: Fleet, size: number): Promise<void> {
   const intoReady = await transitionsIntoReady(fleet.store);
   const wrong = intoReady.filter((t) => t.attested_wipes !== 1);
   // Commissioning and one release per machine.
@@ -294,12 +297,12 @@ async function checkInvariants(fleet: Fleet, size: number): Promise<void> {
   }
 }
 
-function perMachine(stats: LaneStats, size: number): string[] {
+export function perMachine(stats: LaneStats, size: number): string[] {
   const { rssBytes: rss, heapBytes: heap } = stats;
   return [(rss / 2 ** 20).toFixed(0), (heap / 2 ** 20).toFixed(0), (rss / 1024 / size).toFixed(0), (heap / 1024 / size).toFixed(0)];
 }
 
-async function counters(fleet: Fleet) {
+export async function counters(fleet: Fleet) {
   const [row] = (await fleet.read(sql`
     SELECT (SELECT count(*)::int FROM metal_transitions) AS transitions, (SELECT count(*)::int FROM workflow_steps WHERE state = 'succeeded') AS steps`)) as {
     transitions: number;
@@ -310,7 +313,7 @@ async function counters(fleet: Fleet) {
 
 const PROGRESS_MS = 30_000;
 
-async function allIn(fleet: Fleet, size: number, state: string, ctx: BenchContext): Promise<void> {
+export async function allIn(fleet: Fleet, size: number, state: string, ctx: BenchContext): Promise<void> {
   const started = performance.now();
   let reported = started;
   for (;;) {

@@ -22,15 +22,15 @@ export interface ProcessInfo extends ProcessStat {
 /** USER_HZ: 100 on every Linux this runs on (glibc and musl alike). */
 const CLOCK_TICKS = 100;
 
-/** This process and all its descendants (children, their children, ...) as /proc/<pid>/stat shows them. */
-export function processStats(root = process.pid): ProcessStat[] {
+/** Every process on the machine as /proc/<pid>/stat shows it. */
+function allProcesses(): Map<number, Omit<ProcessStat, "pid">> {
+  const all = new Map<number, Omit<ProcessStat, "pid">>();
   let entries: string[];
   try {
     entries = fs.readdirSync("/proc").filter((e) => /^\d+$/.test(e));
   } catch {
-    return [];
+    return all;
   }
-  const all = new Map<number, Omit<ProcessStat, "pid">>();
   for (const pid of entries) {
     try {
       const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
@@ -46,6 +46,12 @@ export function processStats(root = process.pid): ProcessStat[] {
       // gone meanwhile
     }
   }
+  return all;
+}
+
+/** This process and all its descendants (children, their children, ...) as /proc/<pid>/stat shows them. */
+export function processStats(root = process.pid): ProcessStat[] {
+  const all = allProcesses();
   const include = new Set([root]);
   for (let grew = true; grew;) {
     grew = false;
@@ -57,6 +63,15 @@ export function processStats(root = process.pid): ProcessStat[] {
     }
   }
   return [...include].filter((pid) => all.has(pid)).map((pid) => ({ pid, ...all.get(pid)! }));
+}
+
+/**
+ * Every process on the machine with this name, ours or not (a Postgres server the bench did not
+ * start), with its proportional share of memory (Pss: shared pages divided among their users, so
+ * the sum over a Postgres server's processes counts its shared buffers once).
+ */
+export function processesNamed(name: string): (ProcessStat & { pssBytes: number })[] {
+  return [...allProcesses()].filter(([, p]) => p.name === name).map(([pid, p]) => ({ pid, ...p, pssBytes: pssOf(pid) }));
 }
 
 /** This process and all its descendants, with the memory each holds. */
@@ -120,6 +135,15 @@ export function descendantsFds(name: string): FdCount {
     }
   }
   return { open, busiest, limit, kinds, perProcess };
+}
+
+function pssOf(pid: number): number {
+  try {
+    const match = /^Pss:\s+(\d+)\s+kB/m.exec(fs.readFileSync(`/proc/${pid}/smaps_rollup`, "utf8"));
+    return match ? Number(match[1]) * 1024 : 0;
+  } catch {
+    return 0;
+  }
 }
 
 function rssOf(pid: number): number {

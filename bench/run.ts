@@ -1,7 +1,7 @@
 // npm run bench: runs the benchmark sections in order and prints their figures. Not a test:
 // nothing here asserts a timing; a section fails only when requests fail.
 //
-//   BENCH_ONLY          comma-separated section ids to run (api, commands, flood, agents, workflows, fleet, vps, vms, metal, cli; default all)
+//   BENCH_ONLY          comma-separated section ids to run (api, commands, flood, agents, workflows, fleet, fleet-stack, vps, vms, metal, cli; default all)
 //   BENCH_CONCURRENCY   API section: concurrent closed-loop clients (default 8)
 //   BENCH_SECONDS       API section: measured window per target, seconds (default 10)
 //   BENCH_WARMUP        API section: unrecorded warm-up per target, seconds (default 2)
@@ -16,6 +16,7 @@
 //   BENCH_FLEET         fleet section: machine counts, comma-separated (default 100,1000)
 //   BENCH_FLEET_TIMEOUT fleet section: seconds a phase may take before the run is failed (default 1800)
 //   BENCH_FLEET_LANES   fleet section on DATABASE_URL: processes the machines are split across, a site each (default: the CPUs)
+//   BENCH_FLEET_STACK_LANES  fleet-stack section: simulating processes, a site each, beside workerd (default 1)
 //   BENCH_VPS_INSTANCES vps section: instances, split across the three providers (default 30)
 //   BENCH_VPS_ACTION_MS vps section: how long each emulated action, boot and task takes, ms (default 1500)
 //   BENCH_VMS_GUESTS    vms section: real guests booted on a real bcd node, per phase (default 6)
@@ -34,6 +35,7 @@ import { commandsSection } from "./commands.ts";
 import { floodSection } from "./flood.ts";
 import { workflowsSection } from "./workflows.ts";
 import { fleetSection } from "./fleet.ts";
+import { fleetStackSection } from "./fleet-stack.ts";
 import { vpsSection } from "./vps.ts";
 import { vmsSection } from "./vms.ts";
 import { metalSection } from "./metal.ts";
@@ -51,7 +53,8 @@ export interface BenchContext {
     /** Sizes of the batches started at once (BENCH_WORKFLOW_BATCHES, comma-separated). */
     batches: number[];
   };
-  fleet: { sizes: number[]; timeoutSeconds: number; lanes: number };
+  /** BENCH_FLEET's sizes and timeout serve both fleet sections; lanes is the fleet section's, stackLanes the fleet-stack section's. */
+  fleet: { sizes: number[]; timeoutSeconds: number; lanes: number; stackLanes: number };
   vps: {
     /** Instances, split across Hetzner Cloud, Hetzner Robot and Proxmox. */
     instances: number;
@@ -94,6 +97,7 @@ const allSections: BenchSection[] = [
   agentsSection,
   workflowsSection,
   fleetSection,
+  fleetStackSection,
   vpsSection,
   vmsSection,
   metalSection,
@@ -121,6 +125,7 @@ const ctx: BenchContext = {
     sizes: intList("BENCH_FLEET", "100,1000"),
     timeoutSeconds: positiveNumber("BENCH_FLEET_TIMEOUT", 1800),
     lanes: positiveInt("BENCH_FLEET_LANES", os.availableParallelism()),
+    stackLanes: positiveInt("BENCH_FLEET_STACK_LANES", 1),
   },
   metal: { machines: positiveInt("BENCH_METAL_MACHINES", 4) },
   cli: { runs: positiveInt("BENCH_CLI_RUNS", 10) },
@@ -152,7 +157,7 @@ console.log(
   `  api: ${ctx.concurrency} concurrent clients (BENCH_CONCURRENCY), ${ctx.warmupSeconds} s warm-up (BENCH_WARMUP) + ${ctx.seconds} s measured (BENCH_SECONDS) per target`,
 );
 console.log(
-  `  fleet: ${ctx.fleet.sizes.join(", ")} simulated machines (BENCH_FLEET)${ctx.databaseUrl ? ` in ${ctx.fleet.lanes} lane(s) (BENCH_FLEET_LANES)` : ""}`,
+  `  fleet: ${ctx.fleet.sizes.join(", ")} simulated machines (BENCH_FLEET)${ctx.databaseUrl ? ` in ${ctx.fleet.lanes} lane(s) (BENCH_FLEET_LANES)` : ""}; fleet-stack: the same sizes through workerd, ${ctx.fleet.stackLanes} simulating process(es) (BENCH_FLEET_STACK_LANES)`,
 );
 console.log(
   `  vps: ${ctx.vps.instances} instances (BENCH_VPS_INSTANCES), emulated actions of ${ctx.vps.actionMs} ms (BENCH_VPS_ACTION_MS)`,
@@ -173,7 +178,7 @@ console.log(
 );
 
 /** Sections that run the Worker's stack on DATABASE_URL's public schema (the others make a schema of their own, or use none). */
-const onPublicSchema = new Set(["api", "commands", "flood", "agents", "workflows", "vms", "cli"]);
+const onPublicSchema = new Set(["api", "commands", "flood", "agents", "workflows", "fleet-stack", "vms", "cli"]);
 if (ctx.databaseUrl && sections.some((s) => onPublicSchema.has(s.id))) await claimDatabase(ctx.databaseUrl);
 
 let failures = 0;

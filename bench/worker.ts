@@ -5,12 +5,14 @@
 //   GET /bench/select1   a bare hono route that opens the store the same way the API does per
 //                        request, runs SELECT 1 and closes the pool after the response;
 //   GET /bench/echo      (Upgrade: websocket) the EchoDO: one Postgres INSERT and an echo per message;
+//   GET /__scheduled     the cron trigger, as wrangler dev --test-scheduled serves it;
 //   GET /bench/query-stats  every round trip of the Worker's and its Durable Objects' stores since the
 //                        last read, per query kind (count, total ms); ?reset=1 starts again.
 // Nothing here is part of the production Worker (workers/api/index.ts).
 import { sql } from "drizzle-orm";
 import { Hono } from "hono";
 import { betterCompute, postgres } from "better-compute";
+import { metalModule } from "better-compute/metal";
 import { provisionModule } from "better-compute/provision";
 import { deploymentEntry } from "../workers/api/entry.ts";
 import { QueryStats } from "./query-stats.ts";
@@ -19,9 +21,9 @@ import { benchSteps } from "./workflow-steps.ts";
 /** Round trips of every store the Worker and its Durable Objects open (wrangler dev runs them in one isolate). */
 const queryStats = new QueryStats();
 
-/** The default deployment's modules plus the workflow bench's ten-step profile. */
+/** The deployment's provisioning and metal modules plus the workflow bench's ten-step profile. */
 const compute = betterCompute({
-  modules: [provisionModule()],
+  modules: [provisionModule(), metalModule()],
   plugins: [benchSteps],
   database: postgres({ onRoundTrip: queryStats.record }),
 });
@@ -63,7 +65,17 @@ bare.get("/bench/echo", (c) => {
 
 export default {
   fetch(request, env, ctx) {
-    if (new URL(request.url).pathname.startsWith("/bench/")) return bare.fetch(request, env, ctx);
-    return compute.fetch(request, env, ctx);
+    const url = new URL(request.url);
+    if (url.pathname.startsWith("/bench/")) return bare.fetch(request, env, ctx);
+    // wrangler dev's --test-scheduled route, which it adds only to a Worker it bundles itself (the
+    // bench serves a frozen bundle): the local cron (local/cron.ts) asks for it every minute.
+    if (url.pathname === "/__scheduled") {
+      const controller = { cron: url.searchParams.get("cron") ?? "", scheduledTime: Date.now(), noRetry() {} };
+      entry.handler.scheduled(controller, env, ctx);
+      return new Response("Ran scheduled event");
+    }
+    return entry.handler.fetch!(request, env, ctx);
   },
+  // The cron trigger (bench/wrangler.toml), as deployed: the modules' sweeps.
+  scheduled: entry.handler.scheduled,
 } satisfies ExportedHandler<Env>;

@@ -20,7 +20,7 @@ import { gatewayRoutes, joinRoutes } from "./agents/join.ts";
 import { agentsModule } from "./agents/module.ts";
 import { databaseNodeSpecs } from "./agents/node-specs.ts";
 import { SINKS_OBJECT, wakeObjects } from "./agents/notify.ts";
-import type { Migration, Module } from "./contracts.ts";
+import type { Migration, Module, ReconcileCause } from "./contracts.ts";
 import { hex } from "./encoding.ts";
 import { ComputeError, invalidConfig } from "./errors.ts";
 import { serviceApp, type AppEnv } from "./http.ts";
@@ -85,7 +85,7 @@ export interface Compute {
   /** Applies the modules' migrations (core migrations are applied by `npm run migrate`). */
   applyModuleMigrations(store: Store): Promise<MigrationReport>;
   /** Runs every module's reconcilers once; returns how many things they changed (a failing one is logged and skipped). */
-  reconcile(env: Bindings, store: Store): Promise<number>;
+  reconcile(env: Bindings, store: Store, cause?: ReconcileCause): Promise<number>;
   /** Runs one module's reconcilers once, on a store of their own (the NodeDO, when a section the module owns was observed changed). */
   reconcileModule(moduleId: string, env: Bindings): Promise<void>;
   /** The cron handler's work: every module's sweeps, then every reconciler; returns how many things they changed. */
@@ -247,13 +247,13 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
   joinApp.route("/", join);
 
   /** Runs one kind of pass of every module once, in registration order; a failing pass is logged and skipped, the next run retries it. */
-  const runPasses = async (kind: "sweeps" | "reconcilers", env: Bindings, store: Store, only?: Module) => {
+  const runPasses = async (kind: "sweeps" | "reconcilers", env: Bindings, store: Store, only?: Module, cause?: ReconcileCause) => {
     let changed = 0;
     for (const mod of only ? [only] : reg.modules) {
       for (const pass of mod[kind] ?? []) {
         const ctx = contextFor(mod, env, store);
         try {
-          changed += await pass.run(ctx);
+          changed += await pass.run(ctx, cause);
         } catch (err) {
           const what = kind === "sweeps" ? "sweep" : "reconciler";
           ctx.log.warn(`a ${what} pass failed; the next pass retries`, {
@@ -281,7 +281,7 @@ export function betterCompute(options: ComputeOptions = {}): Compute {
     applyModuleMigrations: (store) => applyMigrations(store, reg.migrations),
     mintApiKey: (store, input) =>
       store.transaction((tx) => mintApiKey(tx, { ...input, createdBy: input.createdBy ?? "system:operator" }, iam!.roles())),
-    reconcile: (env, store) => runPasses("reconcilers", env, store),
+    reconcile: (env, store, cause) => runPasses("reconcilers", env, store, undefined, cause),
     async reconcileModule(moduleId, env) {
       const mod = reg.modules.find((m) => m.id === moduleId);
       if (mod) await reconcileModule(mod, env);

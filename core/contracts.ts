@@ -90,7 +90,18 @@ export interface CommandKind {
  */
 export interface Reconciler {
   id: string;
-  run(ctx: PlatformContext): Promise<number>;
+  /**
+   * `cause` says why this pass runs when it is not a full one: a workflow ended. A reconciler that
+   * can may then look only at what that workflow touched (metal settles its one machine); the
+   * cron's full pass (no cause) catches anything else. Ignoring it and doing a full pass is correct.
+   */
+  run(ctx: PlatformContext, cause?: ReconcileCause): Promise<number>;
+}
+
+/** Why a reconciler pass runs, when something in particular triggered it. */
+export interface ReconcileCause {
+  /** The id of the workflow whose end triggered the pass (the WorkflowDO runs the reconcilers then). */
+  workflowEnded: string;
 }
 
 export interface ModuleDefinition {

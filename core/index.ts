@@ -27,6 +27,7 @@ export {
   type PlacementFilter,
   type PlacementScorer,
   type Reconciler,
+  type ReconcileCause,
   type SchedulerPluginDefinition,
   type SinkContext,
   type SinkDefinition,

@@ -37,7 +37,8 @@ export function workflowObject(compute: Compute) {
         async (store) => {
           const result = await advance(compute.moduleContext("provision", this.env, store), workflowId);
           // The workflow ended: whoever started it (metal's lifecycle) moves on now, not at the next cron.
-          if (result.wakeInMs === null && result.state !== "missing") await compute.reconcile(this.env, store);
+          if (result.wakeInMs === null && result.state !== "missing")
+            await compute.reconcile(this.env, store, { workflowEnded: workflowId });
           return result.wakeInMs;
         },
         "advancing the workflow failed; retrying",

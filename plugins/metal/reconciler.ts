@@ -1,6 +1,9 @@
 // The lifecycle reconciler (metal.lifecycle): settles machines whose workflow ended, by the event
 // the lifecycle table names for their state, and starts commissioning for enrolled machines once
-// their site has an agent. It runs when a workflow ends and from the cron sweep.
+// their site has an agent. It runs from the cron sweep (a full pass) and when a workflow ends: then
+// it settles only that workflow's machine. Every WorkflowDO whose workflow ends runs a pass, many
+// at once in a busy fleet; full passes there settled each machine 34 times over (each a
+// transaction of four round trips, all but the first changing nothing): docs/decisions.md.
 import { sql } from "drizzle-orm";
 import type { Reconciler } from "better-compute";
 import { ComputeError, one, rows, type ModuleContext, type Tx } from "better-compute/core";
@@ -86,18 +89,20 @@ async function moveEach<N>(nodes: readonly N[], move: (node: N) => Promise<boole
 export function lifecycleReconciler(hardwareProfiles: HardwareProfiles): Reconciler {
   return {
     id: "metal.lifecycle",
-    async run(ctx) {
+    async run(ctx, cause) {
       let changed = 0;
-      // Machines whose workflow ended.
+      // Machines whose workflow ended (the one workflow's machine, when its end is the cause).
       const ended = await rows<EndedNode>(
         ctx.store.db,
         sql`
         SELECT ${NODE_COLUMNS}, w.state AS wf_state, w.error AS wf_error
         FROM metal_nodes n JOIN metal_pools p ON p.id = n.pool_id JOIN workflows w ON w.id = n.workflow_id
         WHERE n.state = ANY(${`{${TRANSITIONAL_STATES.join(",")}}`}::text[]) AND w.state NOT IN ('running', 'awaiting-approval')
+          ${cause ? sql`AND n.workflow_id = ${cause.workflowEnded}` : sql``}
         ORDER BY n.state_changed_at LIMIT 500`,
       );
       changed += await moveEach(ended, (node) => settle(ctx, node));
+      if (cause) return changed;
       // Enrolled machines (enrolled before their site had an agent where the pool needs one, or recommissioned): commission them.
       const enrolled = await rows<NodeRow>(
         ctx.store.db,

@@ -84,6 +84,9 @@ CREATE TABLE IF NOT EXISTS metal_console_sessions (
 const METRICS_SQL = `
 CREATE INDEX IF NOT EXISTS metal_nodes_in_service ON metal_nodes (pool_id, state) WHERE state <> 'retired';`;
 
+// A workflow's end settles its machine (reconciler.ts): found by its workflow id.
+const BY_WORKFLOW_SQL = `CREATE INDEX metal_nodes_by_workflow ON metal_nodes (workflow_id) WHERE workflow_id IS NOT NULL;`;
+
 export const metalMigrations: Migration[] = [
   { name: "metal/0001_metal", sql: SCHEMA_SQL },
   { name: "metal/0002_addresses", sql: ADDRESSES_SQL },
@@ -91,4 +94,5 @@ export const metalMigrations: Migration[] = [
   { name: "metal/0004_one_machine_per_bmc_and_uuid", sql: UNIQUE_MACHINE_SQL },
   { name: "metal/0005_console_sessions", sql: CONSOLE_SQL },
   { name: "metal/0006_metrics", sql: METRICS_SQL },
+  { name: "metal/0007_nodes_by_workflow", sql: BY_WORKFLOW_SQL },
 ];

@@ -176,6 +176,25 @@ it("a lifecycle transition costs at most 3 round trips beyond its steps", async 
   expect(settled.trips - idle.trips).toBeLessThanOrEqual(TRANSITION_BUDGET);
 });
 
+it("a workflow's end settles only its own machine (the WorkflowDO's pass); the cron's full pass settles the rest", async () => {
+  const ended = [await start("rt.one"), await start("rt.one")];
+  for (const [i, wf] of ended.entries()) {
+    await observer.db.execute(sql`UPDATE workflows SET state = 'succeeded', finished_at = compute_now() WHERE id = ${wf}`);
+    await observer.db.execute(sql`
+      INSERT INTO metal_nodes (id, pool_id, site_id, bmc, state, workflow_id)
+      VALUES (${`rt-end-${i}`}, 'rt-pool', 'rt-site', ${JSON.stringify({ address: `https://192.0.2.${10 + i}` })}::jsonb, 'deploying', ${wf})`);
+  }
+  const states = async () =>
+    (await observer.db.execute(sql`SELECT id, state FROM metal_nodes WHERE id LIKE 'rt-end-%' ORDER BY id`)).rows.map((r) => r.state);
+  sent = [];
+  expect(await compute.reconcile({}, counted, { workflowEnded: ended[0]! })).toBe(1);
+  expect(await states()).toEqual(["deployed", "deploying"]);
+  // One machine found by its workflow and settled: no more than a full pass settling one.
+  expect(sent.length).toBeLessThanOrEqual(1 + TRANSITION_BUDGET);
+  expect(await compute.reconcile({}, counted)).toBe(1);
+  expect(await states()).toEqual(["deployed", "deployed"]);
+});
+
 // ---- the command round trip: commands.create over the API, the NodeDO's delivery and its recording of results
 
 /** commands.create through the API envelope: the key lookup, BEGIN with the enqueue's statement, the audit row with the COMMIT. */

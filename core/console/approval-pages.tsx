@@ -4,7 +4,8 @@
 // session's principal). The console never signs: the approver's private key stays with them, and
 // the page shows the bytes to sign and the commands that sign them.
 import type { FC } from "hono/jsx";
-import { State, TableBox, Time, type WorkflowView } from "./pages.tsx";
+import { DataTable, Empty, MorePage, plural, PostForm, Section, State, Submit, Time } from "./components.tsx";
+import type { WorkflowView } from "./pages.tsx";
 
 /** Where a workflow's target can be opened (a metal machine's page), if anywhere. */
 export type TargetHref = (wf: WorkflowView) => string | undefined;
@@ -15,7 +16,7 @@ const Target: FC<{ wf: WorkflowView; href?: string }> = ({ wf, href }) =>
   href ? <a href={href}>{wf.target}</a> : <span class="mono">{wf.target}</span>;
 
 /** "1 of 2 approvals". */
-const count = (q: NonNullable<WorkflowView["quorum"]>) => `${q.approvals.length} of ${q.threshold} approval${q.threshold === 1 ? "" : "s"}`;
+const count = (q: NonNullable<WorkflowView["quorum"]>) => `${q.approvals.length} of ${plural(q.threshold, "approval")}`;
 
 /** The short note a machine's page shows above its workflow while that waits for approval. */
 export const AwaitingApproval: FC<{ workflow: WorkflowView; mayApprove: boolean }> = ({ workflow: wf, mayApprove }) =>
@@ -23,7 +24,7 @@ export const AwaitingApproval: FC<{ workflow: WorkflowView; mayApprove: boolean 
     <div class="panel" id="awaiting-approval">
       <p>
         <strong>Awaits approval</strong>: {count(wf.quorum)} (it sends {wf.quorum.kinds.join(", ")}, which cannot be taken back). It runs no
-        step until {wf.quorum.threshold} approver{wf.quorum.threshold === 1 ? "" : "s"} signed its batch.
+        step until {plural(wf.quorum.threshold, "approver")} signed its batch.
       </p>
       {mayApprove && (
         <p>
@@ -43,62 +44,39 @@ export const Approvals: FC<{ workflows: WorkflowView[]; next: string | null; con
 }) => {
   if (workflows.length === 0)
     return (
-      <div class="empty">
-        <p>
-          {configured
-            ? "No workflow waits for approval. A workflow that sends a destructive command (a power cycle, a disk wipe, an image written) waits here until enough approvers signed it."
-            : "No approvers are configured (pki.approvers), so no workflow waits for approval: destructive commands are sent as their workflows reach them."}
-        </p>
-      </div>
+      <Empty>
+        {configured
+          ? "No workflow waits for approval. A workflow that sends a destructive command (a power cycle, a disk wipe, an image written) waits here until enough approvers signed it."
+          : "No approvers are configured (pki.approvers), so no workflow waits for approval: destructive commands are sent as their workflows reach them."}
+      </Empty>
     );
   return (
     <>
-      <TableBox label="Workflows awaiting approval">
-        <table>
-          <caption>
-            {workflows.length} workflow{workflows.length === 1 ? "" : "s"} awaiting approval, newest first
-          </caption>
-          <thead>
-            <tr>
-              <th scope="col">Workflow</th>
-              <th scope="col">Profile</th>
-              <th scope="col">Target</th>
-              <th scope="col">Destructive commands</th>
-              <th scope="col">Approvals</th>
-              <th scope="col" class="wide">
-                Started
-              </th>
-            </tr>
-          </thead>
-          <tbody>
-            {workflows.map((wf) => (
-              <tr data-workflow={wf.id}>
-                <th scope="row">
-                  <a href={approvePath(wf.id)} class="mono">
-                    {wf.id}
-                  </a>
-                </th>
-                <td>{wf.profile}</td>
-                <td>
-                  <Target wf={wf} href={targetHref(wf)} />
-                </td>
-                <td class="mono">{wf.quorum?.kinds.join(", ") ?? "–"}</td>
-                <td data-approvals={wf.quorum?.approvals.length ?? 0}>{wf.quorum ? count(wf.quorum) : "–"}</td>
-                <td class="wide">
-                  <Time at={wf.createdAt} /> by <span class="mono">{wf.createdBy}</span>
-                </td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      </TableBox>
-      {next && (
-        <p>
-          <a id="next-page" href={`/console/approvals?after=${encodeURIComponent(next)}`}>
-            Older workflows
-          </a>
-        </p>
-      )}
+      <DataTable
+        label="Workflows awaiting approval"
+        caption={`${plural(workflows.length, "workflow")} awaiting approval, newest first`}
+        columns={["Workflow", "Profile", "Target", "Destructive commands", "Approvals", { label: "Started", wide: true }]}
+      >
+        {workflows.map((wf) => (
+          <tr data-workflow={wf.id}>
+            <th scope="row">
+              <a href={approvePath(wf.id)} class="mono">
+                {wf.id}
+              </a>
+            </th>
+            <td>{wf.profile}</td>
+            <td>
+              <Target wf={wf} href={targetHref(wf)} />
+            </td>
+            <td class="mono">{wf.quorum?.kinds.join(", ") ?? "–"}</td>
+            <td data-approvals={wf.quorum?.approvals.length ?? 0}>{wf.quorum ? count(wf.quorum) : "–"}</td>
+            <td class="wide">
+              <Time at={wf.createdAt} /> by <span class="mono">{wf.createdBy}</span>
+            </td>
+          </tr>
+        ))}
+      </DataTable>
+      {next && <MorePage href={`/console/approvals?after=${encodeURIComponent(next)}`}>Older workflows</MorePage>}
     </>
   );
 };
@@ -173,8 +151,7 @@ export const ApproveForm: FC<{ workflow: WorkflowView; csrf: string }> = ({ work
   const q = wf.quorum;
   if (!q || (wf.state !== "awaiting-approval" && wf.state !== "running")) return null;
   return (
-    <section aria-labelledby="sign">
-      <h2 id="sign">Approve it</h2>
+    <Section id="sign" title="Approve it">
       <p>
         An approval is an Ed25519 signature by a key listed in <code>pki.approvers.keys</code> over the bytes{" "}
         <code>bc-approve-v1\n{q.digest}</code>. Your private key stays with you: sign where it is, then paste the signature here. The CLI
@@ -188,18 +165,13 @@ export const ApproveForm: FC<{ workflow: WorkflowView; csrf: string }> = ({ work
           "openssl pkey -in approver.pem -pubout -outform DER | tail -c 32 | basenc --base64url | tr -d =   # your public key",
         ].join("\n")}
       </pre>
-      <form class="stack panel" method="post" action={approvePath(wf.id)}>
-        <input type="hidden" name="csrf" value={csrf} />
+      <PostForm action={approvePath(wf.id)} csrf={csrf}>
         <label for="approver-key">Your public key (base64url, as pki.approvers.keys lists it)</label>
         <input id="approver-key" name="key" required maxlength={64} autocomplete="off" spellcheck={false} class="mono" />
         <label for="signature">Signature (base64url)</label>
         <input id="signature" name="signature" required maxlength={128} autocomplete="off" spellcheck={false} class="mono" />
-        <div>
-          <button id="approve-submit" type="submit">
-            Approve
-          </button>
-        </div>
-      </form>
-    </section>
+        <Submit id="approve-submit">Approve</Submit>
+      </PostForm>
+    </Section>
   );
 };

@@ -4,8 +4,9 @@
 // their lag and dead letters. Rendered on the server from what the API's methods answered, in the
 // style of pages.tsx. A join token is shown once, on the page answering the POST that minted it
 // (TokenCreated): no other page has it, and the API does not return it again.
-import type { FC, PropsWithChildren } from "hono/jsx";
-import { Json, State, TableBox, Time } from "./pages.tsx";
+import type { FC } from "hono/jsx";
+import { DataTable, Empty, FilterForm, Json, MorePage, plural, PostButton, PostForm, Section, State, Submit, Time } from "./components.tsx";
+import { instancePath } from "./pages.tsx";
 
 // ------------------------------------------------------------------ what the methods answer
 
@@ -123,8 +124,6 @@ export interface DeadLetterView {
 
 // ------------------------------------------------------------------ small parts
 
-const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
-const Empty: FC<PropsWithChildren> = ({ children }) => <div class="empty">{children}</div>;
 /** A token as the lists show it: its id inside the token's shape, never the secret part. */
 export const tokenPrefix = (id: string) => `bcj_${id}_…`;
 const labelsText = (labels: Record<string, string>) =>
@@ -143,7 +142,6 @@ const ago = (seconds: number | null) =>
 /** "used / total" of a resource, or what is used when the host reported nothing yet. */
 const usedOf = (used: number, total: number | undefined, unit = "") =>
   total === undefined ? `${used}${unit} / ?` : `${used} / ${total}${unit}`;
-const CsrfField: FC<{ csrf: string }> = ({ csrf }) => <input type="hidden" name="csrf" value={csrf} />;
 
 export const sitesPath = "/console/sites";
 export const hostPath = (node: string) => `/console/hosts/${encodeURIComponent(node)}`;
@@ -163,106 +161,73 @@ export const Sites: FC<{
   revoke: boolean;
 }> = ({ sites, pools, tokens, next, state, revoke }) => (
   <>
-    <section aria-labelledby="sites">
-      <h2 id="sites">Sites</h2>
+    <Section id="sites" title="Sites">
       {!sites ? (
         <p>This deployment has no metal module: it has no sites or pools. Join tokens (below) still join hosts and other agents.</p>
       ) : sites.length === 0 ? (
         <Empty>
-          <p>
-            <strong>No sites yet.</strong> Create one with <code>metal.sites.create</code> (or{" "}
-            <code>better-compute metal sites create</code>
-            ), then mint its site token below and start its site agent with it; docs/metal.md walks through it.
-          </p>
+          <strong>No sites yet.</strong> Create one with <code>metal.sites.create</code> (or <code>better-compute metal sites create</code>
+          ), then mint its site token below and start its site agent with it; docs/metal.md walks through it.
         </Empty>
       ) : (
-        <TableBox label="Sites">
-          <table>
-            <caption>{plural(sites.length, "site")}, by id</caption>
-            <thead>
-              <tr>
-                <th scope="col">Site</th>
-                <th scope="col">Site agent</th>
-                <th scope="col">Pools</th>
-                <th scope="col">Machines</th>
-                <th scope="col" class="wide">
-                  Description
-                </th>
-                <th scope="col" class="wide">
-                  Created
-                </th>
-              </tr>
-            </thead>
-            <tbody>
-              {sites.map((s) => (
-                <tr data-site={s.id}>
-                  <th scope="row">{s.id}</th>
-                  <td class="mono">{s.agent ?? "none: mint a site token below"}</td>
-                  <td>{s.pools}</td>
-                  <td>
-                    <a href={fleetHref("site", s.id)} aria-label={`${plural(s.machines, "machine")} in site ${s.id}`}>
-                      {s.machines}
-                    </a>
-                  </td>
-                  <td class="wide">{s.description ?? "–"}</td>
-                  <td class="wide">
-                    <Time at={s.createdAt} />
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </TableBox>
+        <DataTable
+          label="Sites"
+          caption={`${plural(sites.length, "site")}, by id`}
+          columns={["Site", "Site agent", "Pools", "Machines", { label: "Description", wide: true }, { label: "Created", wide: true }]}
+        >
+          {sites.map((s) => (
+            <tr data-site={s.id}>
+              <th scope="row">{s.id}</th>
+              <td class="mono">{s.agent ?? "none: mint a site token below"}</td>
+              <td>{s.pools}</td>
+              <td>
+                <a href={fleetHref("site", s.id)} aria-label={`${plural(s.machines, "machine")} in site ${s.id}`}>
+                  {s.machines}
+                </a>
+              </td>
+              <td class="wide">{s.description ?? "–"}</td>
+              <td class="wide">
+                <Time at={s.createdAt} />
+              </td>
+            </tr>
+          ))}
+        </DataTable>
       )}
-    </section>
+    </Section>
 
     {pools && (
-      <section aria-labelledby="pools">
-        <h2 id="pools">Pools</h2>
+      <Section id="pools" title="Pools">
         {pools.length === 0 ? (
           <Empty>
-            <p>
-              <strong>No pools yet.</strong> A pool groups a site's machines under a hardware profile: create one with{" "}
-              <code>metal.pools.create</code> (docs/metal.md), then enroll machines into it.
-            </p>
+            <strong>No pools yet.</strong> A pool groups a site's machines under a hardware profile: create one with{" "}
+            <code>metal.pools.create</code> (docs/metal.md), then enroll machines into it.
           </Empty>
         ) : (
-          <TableBox label="Pools">
-            <table>
-              <caption>{plural(pools.length, "pool")}, by id</caption>
-              <thead>
-                <tr>
-                  <th scope="col">Pool</th>
-                  <th scope="col">Site</th>
-                  <th scope="col">Hardware profile</th>
-                  <th scope="col">Agent</th>
-                  <th scope="col">Machines</th>
-                </tr>
-              </thead>
-              <tbody>
-                {pools.map((p) => (
-                  <tr data-pool={p.id}>
-                    <th scope="row">{p.id}</th>
-                    <td>{p.site}</td>
-                    <td>{String(p.policy.hardwareProfile ?? "–")}</td>
-                    <td>{p.agent}</td>
-                    <td>
-                      <a href={fleetHref("pool", p.id)} aria-label={`${plural(p.machines, "machine")} in pool ${p.id}`}>
-                        {p.machines}
-                      </a>
-                    </td>
-                  </tr>
-                ))}
-              </tbody>
-            </table>
-          </TableBox>
+          <DataTable
+            label="Pools"
+            caption={`${plural(pools.length, "pool")}, by id`}
+            columns={["Pool", "Site", "Hardware profile", "Agent", "Machines"]}
+          >
+            {pools.map((p) => (
+              <tr data-pool={p.id}>
+                <th scope="row">{p.id}</th>
+                <td>{p.site}</td>
+                <td>{String(p.policy.hardwareProfile ?? "–")}</td>
+                <td>{p.agent}</td>
+                <td>
+                  <a href={fleetHref("pool", p.id)} aria-label={`${plural(p.machines, "machine")} in pool ${p.id}`}>
+                    {p.machines}
+                  </a>
+                </td>
+              </tr>
+            ))}
+          </DataTable>
         )}
-      </section>
+      </Section>
     )}
 
-    <section aria-labelledby="tokens">
-      <h2 id="tokens">Join tokens</h2>
-      <form class="filters panel" method="get" action={sitesPath} role="search" aria-label="Filter the join tokens">
+    <Section id="tokens" title="Join tokens">
+      <FilterForm action={sitesPath} label="Filter the join tokens">
         <div>
           <label for="token-state">State</label>
           <select id="token-state" name="state">
@@ -274,85 +239,66 @@ export const Sites: FC<{
             ))}
           </select>
         </div>
-        <div>
-          <button type="submit">Filter</button> <a href={sitesPath}>Clear</a>
-        </div>
-      </form>
+      </FilterForm>
       {tokens.length === 0 ? (
         <Empty>
-          <p>
-            {state
-              ? `No ${state} join token. `
-              : "No join tokens yet. An agent (a site agent, a host's bcd) joins with a single-use token: create one below. "}
-            A new token is shown once, on the page that answers its creation; this list shows only its id, state and expiry.
-          </p>
+          {state
+            ? `No ${state} join token. `
+            : "No join tokens yet. An agent (a site agent, a host's bcd) joins with a single-use token: create one below. "}
+          A new token is shown once, on the page that answers its creation; this list shows only its id, state and expiry.
         </Empty>
       ) : (
-        <TableBox label="Join tokens">
-          <table>
-            <caption>{plural(tokens.length, "join token")}, newest first (never the token itself)</caption>
-            <thead>
-              <tr>
-                <th scope="col">Token</th>
-                <th scope="col">Role</th>
-                <th scope="col">State</th>
-                <th scope="col">Expires</th>
-                <th scope="col" class="wide">
-                  Labels
-                </th>
-                <th scope="col" class="wide">
-                  Created by
-                </th>
-                <th scope="col">Used by</th>
-                {revoke && <th scope="col">Action</th>}
-              </tr>
-            </thead>
-            <tbody>
-              {tokens.map((t) => (
-                <tr data-token={t.id}>
-                  <th scope="row" class="mono">
-                    {tokenPrefix(t.id)}
-                  </th>
-                  <td>
-                    {t.role}
-                    {t.attestor !== "join-token" && <span class="mono"> ({t.attestor})</span>}
-                  </td>
-                  <td>
-                    <State state={t.state} />
-                  </td>
-                  <td>
-                    <Time at={t.expiresAt} />
-                  </td>
-                  <td class="mono wide">{labelsText(t.labels)}</td>
-                  <td class="wide">
-                    <span class="mono">{t.createdBy}</span>, <Time at={t.createdAt} />
-                  </td>
-                  <td class="mono">{t.usedBy ?? "–"}</td>
-                  {revoke && (
-                    <td>
-                      {t.state === "active" || t.state === "expired" ? (
-                        <a href={`${sitesPath}/tokens/${encodeURIComponent(t.id)}/revoke`} aria-label={`Revoke ${tokenPrefix(t.id)}`}>
-                          Revoke…
-                        </a>
-                      ) : (
-                        "–"
-                      )}
-                    </td>
+        <DataTable
+          label="Join tokens"
+          caption={`${plural(tokens.length, "join token")}, newest first (never the token itself)`}
+          columns={[
+            "Token",
+            "Role",
+            "State",
+            "Expires",
+            { label: "Labels", wide: true },
+            { label: "Created by", wide: true },
+            "Used by",
+            revoke && "Action",
+          ]}
+        >
+          {tokens.map((t) => (
+            <tr data-token={t.id}>
+              <th scope="row" class="mono">
+                {tokenPrefix(t.id)}
+              </th>
+              <td>
+                {t.role}
+                {t.attestor !== "join-token" && <span class="mono"> ({t.attestor})</span>}
+              </td>
+              <td>
+                <State state={t.state} />
+              </td>
+              <td>
+                <Time at={t.expiresAt} />
+              </td>
+              <td class="mono wide">{labelsText(t.labels)}</td>
+              <td class="wide">
+                <span class="mono">{t.createdBy}</span>, <Time at={t.createdAt} />
+              </td>
+              <td class="mono">{t.usedBy ?? "–"}</td>
+              {revoke && (
+                <td>
+                  {t.state === "active" || t.state === "expired" ? (
+                    <a href={`${sitesPath}/tokens/${encodeURIComponent(t.id)}/revoke`} aria-label={`Revoke ${tokenPrefix(t.id)}`}>
+                      Revoke…
+                    </a>
+                  ) : (
+                    "–"
                   )}
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </TableBox>
+                </td>
+              )}
+            </tr>
+          ))}
+        </DataTable>
       )}
-      {next && (
-        <p>
-          <a id="next-page" href={`${sitesPath}?${new URLSearchParams({ ...(state ? { state } : {}), after: next })}`}>
-            Older tokens
-          </a>
-        </p>
-      )}
-    </section>
+      {next && <MorePage href={`${sitesPath}?${new URLSearchParams({ ...(state ? { state } : {}), after: next })}`}>Older tokens</MorePage>}
+    </Section>
   </>
 );
 
@@ -364,14 +310,12 @@ export const CreateTokens: FC<{ sites?: SiteView[]; site: boolean; join: boolean
   csrf,
 }) =>
   site || join ? (
-    <section aria-labelledby="create-token">
-      <h2 id="create-token">Create a join token</h2>
+    <Section id="create-token" title="Create a join token">
       <p>A token is single use and expires (10 minutes unless you say otherwise, at most 7 days). It is shown once, on the next page.</p>
       <div class="actions">
         {site && sites && (
-          <form class="stack panel" method="post" action={`${sitesPath}/site-token`} aria-labelledby="site-token">
+          <PostForm action={`${sitesPath}/site-token`} csrf={csrf} aria-labelledby="site-token">
             <h3 id="site-token">For a site agent</h3>
-            <CsrfField csrf={csrf} />
             {sites.length === 0 ? (
               <p>No site to mint a token for: create a site first.</p>
             ) : (
@@ -384,19 +328,14 @@ export const CreateTokens: FC<{ sites?: SiteView[]; site: boolean; join: boolean
                 </select>
                 <label for="site-ttl">Expires after (seconds; empty: 600)</label>
                 <input id="site-ttl" name="ttlSeconds" type="number" min={1} max={604800} inputmode="numeric" />
-                <div>
-                  <button id="create-site-token" type="submit">
-                    Create site token
-                  </button>
-                </div>
+                <Submit id="create-site-token">Create site token</Submit>
               </>
             )}
-          </form>
+          </PostForm>
         )}
         {join && (
-          <form class="stack panel" method="post" action={`${sitesPath}/join-token`} aria-labelledby="join-token">
+          <PostForm action={`${sitesPath}/join-token`} csrf={csrf} aria-labelledby="join-token">
             <h3 id="join-token">For an agent of a role</h3>
-            <CsrfField csrf={csrf} />
             <label for="token-role">Role</label>
             <select id="token-role" name="role">
               {roles.map((r) => (
@@ -407,15 +346,11 @@ export const CreateTokens: FC<{ sites?: SiteView[]; site: boolean; join: boolean
             <textarea id="token-labels" name="labels" placeholder="bc.dev/pool=vms"></textarea>
             <label for="join-ttl">Expires after (seconds; empty: 600)</label>
             <input id="join-ttl" name="ttlSeconds" type="number" min={1} max={604800} inputmode="numeric" />
-            <div>
-              <button id="create-join-token" type="submit">
-                Create join token
-              </button>
-            </div>
-          </form>
+            <Submit id="create-join-token">Create join token</Submit>
+          </PostForm>
         )}
       </div>
-    </section>
+    </Section>
   ) : null;
 
 /** The one page that shows a token: the answer to the POST that minted it. */
@@ -472,58 +407,41 @@ const schedulability = (h: HostView) =>
 export const Hosts: FC<{ hosts: HostView[] }> = ({ hosts }) =>
   hosts.length === 0 ? (
     <Empty>
-      <p>
-        <strong>No hosts yet.</strong> A host is a machine whose agent (bcd) joined with role <code>node</code> and reported its resources:
-        create a node join token on <a href={sitesPath}>Sites and tokens</a>, install bcd with it (docs/install.md), and it shows up here.
-        VPS host pools place instances on hosts whose labels they select (docs/capacity.md, docs/vms-walkthrough.md).
-      </p>
+      <strong>No hosts yet.</strong> A host is a machine whose agent (bcd) joined with role <code>node</code> and reported its resources:
+      create a node join token on <a href={sitesPath}>Sites and tokens</a>, install bcd with it (docs/install.md), and it shows up here. VPS
+      host pools place instances on hosts whose labels they select (docs/capacity.md, docs/vms-walkthrough.md).
     </Empty>
   ) : (
-    <TableBox label="Hosts">
-      <table>
-        <caption>{plural(hosts.length, "host")}: used / total of what each reported (without overcommit)</caption>
-        <thead>
-          <tr>
-            <th scope="col">Host</th>
-            <th scope="col">State</th>
-            <th scope="col">Schedulable</th>
-            <th scope="col">vCPUs</th>
-            <th scope="col">Memory</th>
-            <th scope="col">Disk</th>
-            <th scope="col" class="wide">
-              Devices
-            </th>
-            <th scope="col">Placed</th>
-          </tr>
-        </thead>
-        <tbody>
-          {hosts.map((h) => (
-            <tr data-host={h.node}>
-              <th scope="row">
-                <a href={hostPath(h.node)}>{h.node}</a>
-                {h.hostname && <span class="mono"> ({h.hostname})</span>}
-              </th>
-              <td>
-                <State state={h.state} />
-              </td>
-              <td>{schedulability(h)}</td>
-              <td>{usedOf(h.used.vcpus, h.capacity?.vcpus)}</td>
-              <td>{usedOf(h.used.memoryMiB, h.capacity?.memoryMiB, " MiB")}</td>
-              <td>{usedOf(h.used.diskGiB, h.capacity?.diskGiB, " GiB")}</td>
-              <td class="wide">{h.devices.length ? `${h.devices.filter((d) => d.used).length} / ${h.devices.length}` : "–"}</td>
-              <td>{plural(h.reservations, "reservation")}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
-    </TableBox>
+    <DataTable
+      label="Hosts"
+      caption={`${plural(hosts.length, "host")}: used / total of what each reported (without overcommit)`}
+      columns={["Host", "State", "Schedulable", "vCPUs", "Memory", "Disk", { label: "Devices", wide: true }, "Placed"]}
+    >
+      {hosts.map((h) => (
+        <tr data-host={h.node}>
+          <th scope="row">
+            <a href={hostPath(h.node)}>{h.node}</a>
+            {h.hostname && <span class="mono"> ({h.hostname})</span>}
+          </th>
+          <td>
+            <State state={h.state} />
+          </td>
+          <td>{schedulability(h)}</td>
+          <td>{usedOf(h.used.vcpus, h.capacity?.vcpus)}</td>
+          <td>{usedOf(h.used.memoryMiB, h.capacity?.memoryMiB, " MiB")}</td>
+          <td>{usedOf(h.used.diskGiB, h.capacity?.diskGiB, " GiB")}</td>
+          <td class="wide">{h.devices.length ? `${h.devices.filter((d) => d.used).length} / ${h.devices.length}` : "–"}</td>
+          <td>{plural(h.reservations, "reservation")}</td>
+        </tr>
+      ))}
+    </DataTable>
   );
 
 /** A reservation's owner, linked when it is a VPS instance. */
 const Owner: FC<{ owner: string }> = ({ owner }) => {
   const instance = /^vps\/instances\/(.+)$/.exec(owner)?.[1];
   return instance ? (
-    <a class="mono" href={`/console/instances/${encodeURIComponent(instance)}`}>
+    <a class="mono" href={instancePath(instance)}>
       {owner}
     </a>
   ) : (
@@ -533,8 +451,7 @@ const Owner: FC<{ owner: string }> = ({ owner }) => {
 
 export const Host: FC<{ host: HostView & { reservationList: ReservationView[] } }> = ({ host: h }) => (
   <>
-    <section aria-labelledby="fields">
-      <h2 id="fields">Host</h2>
+    <Section id="fields" title="Host">
       <dl class="fields">
         <dt>State</dt>
         <dd id="host-state" data-state={h.state}>
@@ -547,117 +464,77 @@ export const Host: FC<{ host: HostView & { reservationList: ReservationView[] } 
         <dt>Labels</dt>
         <dd class="mono">{labelsText(h.labels)}</dd>
       </dl>
-    </section>
-    <section aria-labelledby="capacity">
-      <h2 id="capacity">Capacity</h2>
+    </Section>
+    <Section id="capacity" title="Capacity">
       {h.capacity ? (
-        <TableBox label="Capacity">
-          <table>
-            <caption>What its agent reported, what is placed on it and what is left (without a pool's overcommit)</caption>
-            <thead>
-              <tr>
-                <th scope="col">Resource</th>
-                <th scope="col">Total</th>
-                <th scope="col">Used</th>
-                <th scope="col">Free</th>
-              </tr>
-            </thead>
-            <tbody>
-              {(
-                [
-                  ["vCPUs", "vcpus", ""],
-                  ["Memory", "memoryMiB", " MiB"],
-                  ["Disk", "diskGiB", " GiB"],
-                ] as const
-              ).map(([label, key, unit]) => (
-                <tr>
-                  <th scope="row">{label}</th>
-                  <td>{`${h.capacity![key]}${unit}`}</td>
-                  <td>{`${h.used[key]}${unit}`}</td>
-                  <td>{h.free ? `${h.free[key]}${unit}` : "–"}</td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </TableBox>
+        <DataTable
+          label="Capacity"
+          caption="What its agent reported, what is placed on it and what is left (without a pool's overcommit)"
+          columns={["Resource", "Total", "Used", "Free"]}
+        >
+          {(
+            [
+              ["vCPUs", "vcpus", ""],
+              ["Memory", "memoryMiB", " MiB"],
+              ["Disk", "diskGiB", " GiB"],
+            ] as const
+          ).map(([label, key, unit]) => (
+            <tr>
+              <th scope="row">{label}</th>
+              <td>{`${h.capacity![key]}${unit}`}</td>
+              <td>{`${h.used[key]}${unit}`}</td>
+              <td>{h.free ? `${h.free[key]}${unit}` : "–"}</td>
+            </tr>
+          ))}
+        </DataTable>
       ) : (
         <p>Its agent has not reported its resources yet: nothing is placed on it until it does.</p>
       )}
       {h.devices.length > 0 && (
-        <TableBox label="Devices">
-          <table>
-            <caption>Its devices</caption>
-            <thead>
-              <tr>
-                <th scope="col">Device</th>
-                <th scope="col">Kind</th>
-                <th scope="col">Model</th>
-                <th scope="col">Used</th>
-              </tr>
-            </thead>
-            <tbody>
-              {h.devices.map((d) => (
-                <tr>
-                  <th scope="row" class="mono">
-                    {d.id}
-                  </th>
-                  <td>{d.kind}</td>
-                  <td>{d.model ?? "–"}</td>
-                  <td>{d.used ? "yes" : "no"}</td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </TableBox>
+        <DataTable label="Devices" caption="Its devices" columns={["Device", "Kind", "Model", "Used"]}>
+          {h.devices.map((d) => (
+            <tr>
+              <th scope="row" class="mono">
+                {d.id}
+              </th>
+              <td>{d.kind}</td>
+              <td>{d.model ?? "–"}</td>
+              <td>{d.used ? "yes" : "no"}</td>
+            </tr>
+          ))}
+        </DataTable>
       )}
-    </section>
-    <section aria-labelledby="placed">
-      <h2 id="placed">What is placed on it</h2>
+    </Section>
+    <Section id="placed" title="What is placed on it">
       {h.reservationList.length === 0 ? (
         <p class="empty">
           Nothing is placed on this host. A VPS host pool whose labels select it places instances here (docs/capacity.md); a hold
           (capacity.holds.create) books room ahead of one.
         </p>
       ) : (
-        <TableBox label="Reservations and holds">
-          <table>
-            <caption>{plural(h.reservationList.length, "reservation")} and holds, oldest first</caption>
-            <thead>
-              <tr>
-                <th scope="col">Owner</th>
-                <th scope="col">State</th>
-                <th scope="col">Pool</th>
-                <th scope="col">Size</th>
-                <th scope="col" class="wide">
-                  Devices
-                </th>
-                <th scope="col">Hold expires</th>
-                <th scope="col" class="wide">
-                  Id
-                </th>
-              </tr>
-            </thead>
-            <tbody>
-              {h.reservationList.map((r) => (
-                <tr data-reservation={r.id}>
-                  <th scope="row">
-                    <Owner owner={r.owner} />
-                  </th>
-                  <td>
-                    <State state={r.state} />
-                  </td>
-                  <td>{r.pool ?? "–"}</td>
-                  <td>{`${r.vcpus} vCPU, ${r.memoryMiB} MiB, ${r.diskGiB} GiB`}</td>
-                  <td class="mono wide">{r.devices.join(", ") || "–"}</td>
-                  <td>{r.state === "held" ? <Time at={r.expiresAt} /> : "–"}</td>
-                  <td class="mono wide">{r.id}</td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </TableBox>
+        <DataTable
+          label="Reservations and holds"
+          caption={`${plural(h.reservationList.length, "reservation")} and holds, oldest first`}
+          columns={["Owner", "State", "Pool", "Size", { label: "Devices", wide: true }, "Hold expires", { label: "Id", wide: true }]}
+        >
+          {h.reservationList.map((r) => (
+            <tr data-reservation={r.id}>
+              <th scope="row">
+                <Owner owner={r.owner} />
+              </th>
+              <td>
+                <State state={r.state} />
+              </td>
+              <td>{r.pool ?? "–"}</td>
+              <td>{`${r.vcpus} vCPU, ${r.memoryMiB} MiB, ${r.diskGiB} GiB`}</td>
+              <td class="mono wide">{r.devices.join(", ") || "–"}</td>
+              <td>{r.state === "held" ? <Time at={r.expiresAt} /> : "–"}</td>
+              <td class="mono wide">{r.id}</td>
+            </tr>
+          ))}
+        </DataTable>
       )}
-    </section>
+    </Section>
     <p>
       <a href="/console/hosts">Back to the hosts</a>
     </p>
@@ -667,70 +544,55 @@ export const Host: FC<{ host: HostView & { reservationList: ReservationView[] } 
 // ------------------------------------------------------------------ VPS tenants and quotas
 
 const usage = (used: number, quota: number, unit = "") => `${used} / ${quota}${unit}`;
+const instancesOf = (tenant: string) => `/console/instances?${new URLSearchParams({ tenant })}`;
 
 export const Tenants: FC<{ tenants: TenantView[]; quotas: QuotaView[] }> = ({ tenants, quotas }) =>
   tenants.length === 0 ? (
     <Empty>
-      <p>
-        <strong>No tenants yet.</strong> Create one with <code>vps.tenants.create</code>, offer it a pool with a quota (
-        <code>vps.quotas.set</code>, or on its page here) and add an API key of role <code>vps-tenant</code> as its member (
-        <code>vps.tenants.addMember</code>); docs/vps.md walks through it.
-      </p>
+      <strong>No tenants yet.</strong> Create one with <code>vps.tenants.create</code>, offer it a pool with a quota (
+      <code>vps.quotas.set</code>, or on its page here) and add an API key of role <code>vps-tenant</code> as its member (
+      <code>vps.tenants.addMember</code>); docs/vps.md walks through it.
     </Empty>
   ) : (
-    <TableBox label="Tenants">
-      <table>
-        <caption>{plural(tenants.length, "tenant")}, by id; quotas as used / allowed instances per pool</caption>
-        <thead>
-          <tr>
-            <th scope="col">Tenant</th>
-            <th scope="col">Name</th>
-            <th scope="col">Members</th>
-            <th scope="col">Instances</th>
-            <th scope="col">Quotas</th>
+    <DataTable
+      label="Tenants"
+      caption={`${plural(tenants.length, "tenant")}, by id; quotas as used / allowed instances per pool`}
+      columns={["Tenant", "Name", "Members", "Instances", "Quotas"]}
+    >
+      {tenants.map((t) => {
+        const own = quotas.filter((q) => q.tenant === t.id);
+        return (
+          <tr data-tenant={t.id}>
+            <th scope="row">
+              <a href={tenantPath(t.id)}>{t.id}</a>
+            </th>
+            <td>{t.name}</td>
+            <td>{t.members.length}</td>
+            <td>
+              <a href={instancesOf(t.id)} aria-label={`${plural(t.instances, "instance")} of tenant ${t.id}`}>
+                {t.instances}
+              </a>
+            </td>
+            <td>
+              {own.length === 0
+                ? "none: no pool offered"
+                : own.map((q) => `${q.pool}: ${usage(q.usage.instances, q.quota.instances)}`).join(", ")}
+            </td>
           </tr>
-        </thead>
-        <tbody>
-          {tenants.map((t) => {
-            const own = quotas.filter((q) => q.tenant === t.id);
-            return (
-              <tr data-tenant={t.id}>
-                <th scope="row">
-                  <a href={tenantPath(t.id)}>{t.id}</a>
-                </th>
-                <td>{t.name}</td>
-                <td>{t.members.length}</td>
-                <td>
-                  <a
-                    href={`/console/instances?${new URLSearchParams({ tenant: t.id })}`}
-                    aria-label={`${plural(t.instances, "instance")} of tenant ${t.id}`}
-                  >
-                    {t.instances}
-                  </a>
-                </td>
-                <td>
-                  {own.length === 0
-                    ? "none: no pool offered"
-                    : own.map((q) => `${q.pool}: ${usage(q.usage.instances, q.quota.instances)}`).join(", ")}
-                </td>
-              </tr>
-            );
-          })}
-        </tbody>
-      </table>
-    </TableBox>
+        );
+      })}
+    </DataTable>
   );
 
 export const Tenant: FC<{ tenant: TenantView; quotas: QuotaView[] }> = ({ tenant: t, quotas }) => (
   <>
-    <section aria-labelledby="fields">
-      <h2 id="fields">Tenant</h2>
+    <Section id="fields" title="Tenant">
       <dl class="fields">
         <dt>Name</dt>
         <dd>{t.name}</dd>
         <dt>Instances</dt>
         <dd>
-          <a id="tenant-instances" href={`/console/instances?${new URLSearchParams({ tenant: t.id })}`}>
+          <a id="tenant-instances" href={instancesOf(t.id)}>
             {plural(t.instances, "instance")} (not deleted)
           </a>
         </dd>
@@ -739,9 +601,8 @@ export const Tenant: FC<{ tenant: TenantView; quotas: QuotaView[] }> = ({ tenant
           <Time at={t.createdAt} />
         </dd>
       </dl>
-    </section>
-    <section aria-labelledby="members">
-      <h2 id="members">Members</h2>
+    </Section>
+    <Section id="members" title="Members">
       {t.members.length === 0 ? (
         <p class="empty">
           No members: nobody acts for this tenant yet. Mint an API key of role <code>vps-tenant</code> (<code>iam.apiKeys.create</code>) and
@@ -754,39 +615,28 @@ export const Tenant: FC<{ tenant: TenantView; quotas: QuotaView[] }> = ({ tenant
           ))}
         </ul>
       )}
-    </section>
-    <section aria-labelledby="quotas">
-      <h2 id="quotas">Quotas</h2>
+    </Section>
+    <Section id="quotas" title="Quotas">
       {quotas.length === 0 ? (
         <p class="empty">No pool is offered to this tenant: set a quota in a pool (below) and it may create instances there.</p>
       ) : (
-        <TableBox label="Quotas">
-          <table>
-            <caption>What it holds / what it may hold, per pool</caption>
-            <thead>
-              <tr>
-                <th scope="col">Pool</th>
-                <th scope="col">Instances</th>
-                <th scope="col">vCPUs</th>
-                <th scope="col">Memory</th>
-                <th scope="col">Disk</th>
-              </tr>
-            </thead>
-            <tbody>
-              {quotas.map((q) => (
-                <tr data-quota={q.pool}>
-                  <th scope="row">{q.pool}</th>
-                  <td>{usage(q.usage.instances, q.quota.instances)}</td>
-                  <td>{usage(q.usage.vcpus, q.quota.vcpus)}</td>
-                  <td>{usage(q.usage.memoryMiB, q.quota.memoryMiB, " MiB")}</td>
-                  <td>{usage(q.usage.diskGiB, q.quota.diskGiB, " GiB")}</td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </TableBox>
+        <DataTable
+          label="Quotas"
+          caption="What it holds / what it may hold, per pool"
+          columns={["Pool", "Instances", "vCPUs", "Memory", "Disk"]}
+        >
+          {quotas.map((q) => (
+            <tr data-quota={q.pool}>
+              <th scope="row">{q.pool}</th>
+              <td>{usage(q.usage.instances, q.quota.instances)}</td>
+              <td>{usage(q.usage.vcpus, q.quota.vcpus)}</td>
+              <td>{usage(q.usage.memoryMiB, q.quota.memoryMiB, " MiB")}</td>
+              <td>{usage(q.usage.diskGiB, q.quota.diskGiB, " GiB")}</td>
+            </tr>
+          ))}
+        </DataTable>
       )}
-    </section>
+    </Section>
   </>
 );
 
@@ -799,10 +649,8 @@ export const SetQuota: FC<{ tenant: string; pools?: string[]; csrf: string }> = 
     </>
   );
   return (
-    <section aria-labelledby="set-quota">
-      <h2 id="set-quota">Set a quota</h2>
-      <form class="stack panel" method="post" action={`${tenantPath(tenant)}/quotas`}>
-        <CsrfField csrf={csrf} />
+    <Section id="set-quota" title="Set a quota">
+      <PostForm action={`${tenantPath(tenant)}/quotas`} csrf={csrf}>
         <p>Setting a quota offers the pool to the tenant; one below what it holds stops new instances only.</p>
         <label for="quota-pool">Pool</label>
         {pools ? (
@@ -822,13 +670,9 @@ export const SetQuota: FC<{ tenant: string; pools?: string[]; csrf: string }> = 
         {number("quota-vcpus", "vcpus", "vCPUs")}
         {number("quota-memory", "memoryMiB", "Memory (MiB)")}
         {number("quota-disk", "diskGiB", "Disk (GiB)")}
-        <div>
-          <button id="set-quota-button" type="submit">
-            Set quota
-          </button>
-        </div>
-      </form>
-    </section>
+        <Submit id="set-quota-button">Set quota</Submit>
+      </PostForm>
+    </Section>
   );
 };
 
@@ -842,142 +686,114 @@ export const Sinks: FC<{ sinks: SinkView[]; deadLetters: DeadLetterView[]; next:
   csrf,
 }) => (
   <>
-    <section aria-labelledby="sinks">
-      <h2 id="sinks">Sinks</h2>
+    <Section id="sinks" title="Sinks">
       {sinks.length === 0 ? (
         <Empty>
-          <p>
-            <strong>No sinks.</strong> A sink is code the deployment registers to receive its events or audit rows in order (a webhook, a
-            SIEM, a table): add one under <code>sinks</code> in <code>better-compute.config.ts</code> and deploy; see docs/sinks.md and
-            docs/sinks-webhook.md.
-          </p>
+          <strong>No sinks.</strong> A sink is code the deployment registers to receive its events or audit rows in order (a webhook, a
+          SIEM, a table): add one under <code>sinks</code> in <code>better-compute.config.ts</code> and deploy; see docs/sinks.md and
+          docs/sinks-webhook.md.
         </Empty>
       ) : (
-        <TableBox label="Sinks">
-          <table>
-            <caption>{plural(sinks.length, "sink")}: how far behind each is, and what it refused</caption>
-            <thead>
-              <tr>
-                <th scope="col">Sink</th>
-                <th scope="col">Source</th>
-                <th scope="col">Behind</th>
-                <th scope="col">Oldest waiting</th>
-                <th scope="col" class="wide">
-                  Cursor
-                </th>
-                <th scope="col">Retrying</th>
-                <th scope="col">Last delivered</th>
-                <th scope="col">Dead letters</th>
-              </tr>
-            </thead>
-            <tbody>
-              {sinks.map((s) => (
-                <tr data-sink={s.id}>
-                  <th scope="row">
-                    {s.id} <span class="mono">{s.version}</span>
-                  </th>
-                  <td>{s.source}</td>
-                  <td>{plural(s.lag.behind, "row")}</td>
-                  <td>{ago(s.lag.oldestAgeSeconds)}</td>
-                  <td class="mono wide">{s.cursor}</td>
-                  <td>
-                    {s.attempts === 0 ? (
-                      "no"
-                    ) : (
+        <DataTable
+          label="Sinks"
+          caption={`${plural(sinks.length, "sink")}: how far behind each is, and what it refused`}
+          columns={[
+            "Sink",
+            "Source",
+            "Behind",
+            "Oldest waiting",
+            { label: "Cursor", wide: true },
+            "Retrying",
+            "Last delivered",
+            "Dead letters",
+          ]}
+        >
+          {sinks.map((s) => (
+            <tr data-sink={s.id}>
+              <th scope="row">
+                {s.id} <span class="mono">{s.version}</span>
+              </th>
+              <td>{s.source}</td>
+              <td>{plural(s.lag.behind, "row")}</td>
+              <td>{ago(s.lag.oldestAgeSeconds)}</td>
+              <td class="mono wide">{s.cursor}</td>
+              <td>
+                {s.attempts === 0 ? (
+                  "no"
+                ) : (
+                  <>
+                    {plural(s.attempts, "failed attempt")}, next <Time at={s.nextAttemptAt} />
+                    {s.lastError && (
                       <>
-                        {plural(s.attempts, "failed attempt")}, next <Time at={s.nextAttemptAt} />
-                        {s.lastError && (
-                          <>
-                            : <Json value={s.lastError} />
-                          </>
-                        )}
+                        : <Json value={s.lastError} />
                       </>
                     )}
-                  </td>
-                  <td>
-                    <Time at={s.lastDeliveredAt} />
-                  </td>
-                  <td>
-                    {s.deadLetters}
-                    {replay && s.deadLetters > 0 && (
-                      <>
-                        {" "}
-                        <a href={`${sinkPath(s.id)}/replay`} aria-label={`Replay the ${plural(s.deadLetters, "dead letter")} of ${s.id}`}>
-                          Replay all…
-                        </a>
-                      </>
-                    )}
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </TableBox>
+                  </>
+                )}
+              </td>
+              <td>
+                <Time at={s.lastDeliveredAt} />
+              </td>
+              <td>
+                {s.deadLetters}
+                {replay && s.deadLetters > 0 && (
+                  <>
+                    {" "}
+                    <a href={`${sinkPath(s.id)}/replay`} aria-label={`Replay the ${plural(s.deadLetters, "dead letter")} of ${s.id}`}>
+                      Replay all…
+                    </a>
+                  </>
+                )}
+              </td>
+            </tr>
+          ))}
+        </DataTable>
       )}
-    </section>
-    <section aria-labelledby="dead-letters">
-      <h2 id="dead-letters">Dead letters</h2>
+    </Section>
+    <Section id="dead-letters" title="Dead letters">
       {deadLetters.length === 0 ? (
         <p class="empty">
           No dead letters: every sink took everything it was sent (a sink that refuses a row its maxAttempts times leaves it here).
         </p>
       ) : (
-        <TableBox label="Dead letters">
-          <table>
-            <caption>Rows a sink refused for good, not replayed yet, oldest first</caption>
-            <thead>
-              <tr>
-                <th scope="col">Dead letter</th>
-                <th scope="col">Sink</th>
-                <th scope="col">Record</th>
-                <th scope="col">Attempts</th>
-                <th scope="col">Last error</th>
-                <th scope="col" class="wide">
-                  Since
-                </th>
-                {replay && <th scope="col">Action</th>}
-              </tr>
-            </thead>
-            <tbody>
-              {deadLetters.map((d) => (
-                <tr data-dead-letter={d.id}>
-                  <th scope="row" class="mono">
-                    {d.id}
-                  </th>
-                  <td>{d.sink}</td>
-                  <td class="mono">
-                    {d.source} {d.recordId} (position {d.position})
-                  </td>
-                  <td>{d.attempts}</td>
-                  <td>
-                    <Json value={d.lastError} />
-                  </td>
-                  <td class="wide">
-                    <Time at={d.createdAt} />
-                  </td>
-                  {replay && (
-                    <td>
-                      <form class="inline" method="post" action={`/console/sinks/dead-letters/${encodeURIComponent(d.id)}/replay`}>
-                        <CsrfField csrf={csrf} />
-                        <button type="submit" class="secondary" aria-label={`Replay dead letter ${d.id}`}>
-                          Replay
-                        </button>
-                      </form>
-                    </td>
-                  )}
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </TableBox>
+        <DataTable
+          label="Dead letters"
+          caption="Rows a sink refused for good, not replayed yet, oldest first"
+          columns={["Dead letter", "Sink", "Record", "Attempts", "Last error", { label: "Since", wide: true }, replay && "Action"]}
+        >
+          {deadLetters.map((d) => (
+            <tr data-dead-letter={d.id}>
+              <th scope="row" class="mono">
+                {d.id}
+              </th>
+              <td>{d.sink}</td>
+              <td class="mono">
+                {d.source} {d.recordId} (position {d.position})
+              </td>
+              <td>{d.attempts}</td>
+              <td>
+                <Json value={d.lastError} />
+              </td>
+              <td class="wide">
+                <Time at={d.createdAt} />
+              </td>
+              {replay && (
+                <td>
+                  <PostButton
+                    action={`/console/sinks/dead-letters/${encodeURIComponent(d.id)}/replay`}
+                    csrf={csrf}
+                    class="secondary"
+                    label={`Replay dead letter ${d.id}`}
+                  >
+                    Replay
+                  </PostButton>
+                </td>
+              )}
+            </tr>
+          ))}
+        </DataTable>
       )}
-      {next && (
-        <p>
-          <a id="next-page" href={`/console/sinks?${new URLSearchParams({ after: next })}`}>
-            More dead letters
-          </a>
-        </p>
-      )}
-    </section>
+      {next && <MorePage href={`/console/sinks?${new URLSearchParams({ after: next })}`}>More dead letters</MorePage>}
+    </Section>
   </>
 );

@@ -5,7 +5,7 @@
 // (same IAM, same audit row), every POST carries the CSRF token, and every error is the API's.
 import type { Context, Hono } from "hono";
 import type { Child } from "hono/jsx";
-import { ComputeError, invalidArgument, notFound } from "../errors.ts";
+import { ComputeError, notFound } from "../errors.ts";
 import type { AppEnv } from "../http.ts";
 import {
   CreateTokens,
@@ -32,7 +32,9 @@ import {
   type SiteView,
   type TenantView,
 } from "./operator-pages.tsx";
-import { ConfirmAction, type Frame } from "./pages.tsx";
+import { plural } from "./components.tsx";
+import type { Frame } from "./pages.tsx";
+import { field, labelsField, numberField, pageOf } from "./request.ts";
 import type { ConsoleSession } from "./sessions.ts";
 
 /** What consoleRoutes lends these routes: its method call, IAM check, page frame and session checks. */
@@ -53,15 +55,20 @@ export interface ConsoleHelpers {
     above?: Child,
     below?: Child,
   ): Promise<Response>;
+  /** "Are you sure?" before a destructive POST to `action` (its button), titled "<label>?" unless told. */
+  confirm(
+    c: Context<AppEnv>,
+    session: ConsoleSession,
+    page: { text: string; action: string; label: string; back: string; title?: string },
+  ): Promise<Response>;
 }
 
-const PAGE_SIZE = 25;
 /** How many dead letters one "replay all" POST re-sends at most (each in its own transaction, with its own audit row). */
 const REPLAY_AT_ONCE = 200;
 const AGENT_ROLES = ["node", "site", "ramdisk"] as const;
 
 export function operatorRoutes(app: Hono<AppEnv>, h: ConsoleHelpers): void {
-  const { call, may, signedIn, mutating, render } = h;
+  const { call, may, signedIn, mutating, render, confirm } = h;
 
   // ---------------------------------------------------------------- sites, pools and join tokens
 
@@ -71,11 +78,10 @@ export function operatorRoutes(app: Hono<AppEnv>, h: ConsoleHelpers): void {
     const sites = metal ? (await call<{ sites: SiteView[] }>(c, session, "metal.sites.list", {})).sites : undefined;
     const pools = metal ? (await call<{ pools: PoolView[] }>(c, session, "metal.pools.list", {})).pools : undefined;
     const state = c.req.query("state") || undefined;
-    const after = c.req.query("after") || undefined;
+    const page = pageOf(c);
     const { tokens, next } = await call<{ tokens: JoinTokenView[]; next: string | null }>(c, session, "joinTokens.list", {
       ...(state ? { state } : {}),
-      ...(after ? { after } : {}),
-      limit: PAGE_SIZE,
+      ...page,
     });
     const [revoke, site, join] = await Promise.all([
       may(session, "joinTokens.revoke", "*"),
@@ -84,7 +90,7 @@ export function operatorRoutes(app: Hono<AppEnv>, h: ConsoleHelpers): void {
     ]);
     return render(
       c,
-      { title: "Sites, pools and join tokens", session, subjects: after ? undefined : "metal/sites/ metal/pools/ joinTokens/ nodes/" },
+      { title: "Sites, pools and join tokens", session, subjects: page.after ? undefined : "metal/sites/ metal/pools/ joinTokens/ nodes/" },
       <Sites sites={sites} pools={pools} tokens={tokens} next={next} state={state} revoke={revoke} />,
       200,
       undefined,
@@ -129,17 +135,12 @@ export function operatorRoutes(app: Hono<AppEnv>, h: ConsoleHelpers): void {
     // No method reads one token: the confirmation asks IAM first, as the revoke itself will.
     if (!(await may(session, "joinTokens.revoke", resource)))
       throw new ComputeError("PERMISSION_DENIED", `${session.principal.id} may not joinTokens.revoke on ${resource}`);
-    return render(
-      c,
-      { title: `Revoke ${tokenPrefix(id)}?`, session },
-      <ConfirmAction
-        text={`Revoke join token ${tokenPrefix(id)}? It can no longer join; an agent that already joined with it is not affected (revoke that node instead). This cannot be undone.`}
-        action={`${sitesPath}/tokens/${encodeURIComponent(id)}/revoke`}
-        label={`Revoke ${tokenPrefix(id)}`}
-        back={sitesPath}
-        csrf={session.csrf}
-      />,
-    );
+    return confirm(c, session, {
+      text: `Revoke join token ${tokenPrefix(id)}? It can no longer join; an agent that already joined with it is not affected (revoke that node instead). This cannot be undone.`,
+      action: `${sitesPath}/tokens/${encodeURIComponent(id)}/revoke`,
+      label: `Revoke ${tokenPrefix(id)}`,
+      back: sitesPath,
+    });
   });
 
   app.post(`${sitesPath}/tokens/:id/revoke`, async (c) => {
@@ -214,18 +215,18 @@ export function operatorRoutes(app: Hono<AppEnv>, h: ConsoleHelpers): void {
   app.get("/console/sinks", async (c) => {
     const session = await signedIn(c);
     const { sinks } = await call<{ sinks: SinkView[] }>(c, session, "events.sinks.list", {});
-    const after = c.req.query("after") || undefined;
+    const page = pageOf(c);
     const { deadLetters, next } = await call<{ deadLetters: DeadLetterView[]; next: string | null }>(
       c,
       session,
       "events.deadLetters.list",
-      { ...(after ? { after } : {}), limit: PAGE_SIZE },
+      page,
     );
     const replay = await may(session, "events.deadLetters.replay", "*");
     // Any event moves a sink's lag: the first page follows them all (as the audit log's does).
     return render(
       c,
-      { title: "Sinks", session, subjects: after ? undefined : "*" },
+      { title: "Sinks", session, subjects: page.after ? undefined : "*" },
       <Sinks sinks={sinks} deadLetters={deadLetters} next={next} replay={replay} csrf={session.csrf} />,
     );
   });
@@ -251,24 +252,23 @@ export function operatorRoutes(app: Hono<AppEnv>, h: ConsoleHelpers): void {
     if (!(await may(session, "events.deadLetters.replay", "*")))
       throw new ComputeError("PERMISSION_DENIED", `${session.principal.id} may not events.deadLetters.replay on deadLetters/*`);
     const n = sink.deadLetters;
-    const some = n > REPLAY_AT_ONCE ? `the oldest ${REPLAY_AT_ONCE} of its ${n} dead letters` : `its ${n} dead letter${n === 1 ? "" : "s"}`;
-    return render(
-      c,
-      { title: `Replay the dead letters of ${sink.id}?`, session },
-      n === 0 ? (
+    const title = `Replay the dead letters of ${sink.id}?`;
+    if (n === 0)
+      return render(
+        c,
+        { title, session },
         <p class="empty">
           Sink {sink.id} has no dead letter to replay. <a href="/console/sinks">Back to the sinks</a>
-        </p>
-      ) : (
-        <ConfirmAction
-          text={`Replay ${some} to sink ${sink.id}? Each is delivered to the sink again, oldest first, outside its cursor: the receiver gets rows it refused before, after newer ones. Each replay is recorded in the audit log; a refusal stops the rest.`}
-          action={`${sinkPath(sink.id)}/replay`}
-          label={`Replay ${Math.min(n, REPLAY_AT_ONCE)} dead letter${n === 1 ? "" : "s"}`}
-          back="/console/sinks"
-          csrf={session.csrf}
-        />
-      ),
-    );
+        </p>,
+      );
+    const some = n > REPLAY_AT_ONCE ? `the oldest ${REPLAY_AT_ONCE} of its ${n} dead letters` : `its ${plural(n, "dead letter")}`;
+    return confirm(c, session, {
+      title,
+      text: `Replay ${some} to sink ${sink.id}? Each is delivered to the sink again, oldest first, outside its cursor: the receiver gets rows it refused before, after newer ones. Each replay is recorded in the audit log; a refusal stops the rest.`,
+      action: `${sinkPath(sink.id)}/replay`,
+      label: `Replay ${Math.min(n, REPLAY_AT_ONCE)} dead letter${n === 1 ? "" : "s"}`,
+      back: "/console/sinks",
+    });
   });
 
   app.post("/console/sinks/:sink/replay", async (c) => {
@@ -299,26 +299,4 @@ export function operatorBack(path: string): { href: string; label: string } | un
   if (/^\/console\/sites\/./.test(path)) return { href: sitesPath, label: "Back to sites and join tokens" };
   if (/^\/console\/sinks\/./.test(path)) return { href: "/console/sinks", label: "Back to the sinks" };
   return undefined;
-}
-
-const field = (form: Record<string, string | File>, name: string) => (typeof form[name] === "string" ? (form[name] as string) : undefined);
-
-/** A whole number typed into a field, undefined when empty; anything else goes to the API as typed, which says why it is refused. */
-function numberField(form: Record<string, string | File>, name: string): number | string | undefined {
-  const value = field(form, name)?.trim();
-  if (!value) return undefined;
-  return /^-?\d{1,15}$/.test(value) ? Number(value) : value;
-}
-
-/** Labels typed one key=value a line (blank lines skipped). */
-function labelsField(text: string): Record<string, string> {
-  const labels: Record<string, string> = {};
-  for (const line of text.split(/\r?\n/)) {
-    const trimmed = line.trim();
-    if (!trimmed) continue;
-    const at = trimmed.indexOf("=");
-    if (at <= 0) throw invalidArgument(`a label is key=value, one a line: ${JSON.stringify(trimmed.slice(0, 60))} is not`);
-    labels[trimmed.slice(0, at).trim()] = trimmed.slice(at + 1).trim();
-  }
-  return labels;
 }

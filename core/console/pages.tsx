@@ -5,6 +5,21 @@
 // into) stays put. No page carries a credential: only the session's CSRF token, in its forms.
 import type { Child, FC, PropsWithChildren } from "hono/jsx";
 import type { Principal } from "../iam.ts";
+import {
+  CsrfField,
+  DataTable,
+  Empty,
+  FilterForm,
+  Json,
+  MorePage,
+  plural,
+  PostButton,
+  PostForm,
+  Section,
+  State,
+  Submit,
+  Time,
+} from "./components.tsx";
 
 // ------------------------------------------------------------------ what the methods answer
 
@@ -147,10 +162,9 @@ export const Layout: FC<PropsWithChildren<Frame & { live: Child; below?: Child }
             <span>
               Signed in as <span class="mono">{session.principal.id}</span> ({session.principal.roles.join(", ") || "no roles"})
             </span>
-            <form class="inline" method="post" action="/console/sign-out">
-              <input type="hidden" name="csrf" value={session.csrf} />
-              <button type="submit">Sign out</button>
-            </form>
+            <PostButton action="/console/sign-out" csrf={session.csrf}>
+              Sign out
+            </PostButton>
           </div>
         )}
       </header>
@@ -173,21 +187,8 @@ export const Layout: FC<PropsWithChildren<Frame & { live: Child; below?: Child }
 
 // ------------------------------------------------------------------ small parts
 
-export const Time: FC<{ at: string | null }> = ({ at }) =>
-  at ? <time datetime={at}>{at.replace("T", " ").replace(/\.\d+Z$/, "Z")}</time> : <>–</>;
-
-/** A table that may scroll sideways on a phone: a labelled region keyboard users can focus and scroll. */
-export const TableBox: FC<PropsWithChildren<{ label: string }>> = ({ label, children }) => (
-  <div class="table" role="region" aria-label={label} tabindex={0}>
-    {children}
-  </div>
-);
-
-export const State: FC<{ state: string }> = ({ state }) => <span class={`state state-${state}`}>{state}</span>;
-
-/** A value the API answered as JSON (an error, event data), shown compactly. */
-export const Json: FC<{ value: unknown }> = ({ value }) =>
-  value === null || value === undefined ? <>–</> : <code>{typeof value === "string" ? value : JSON.stringify(value)}</code>;
+export const machinePath = (node: string) => `/console/machines/${encodeURIComponent(node)}`;
+export const instancePath = (id: string) => `/console/instances/${encodeURIComponent(id)}`;
 
 const seconds = (from: string | null, to: string | null) =>
   from && to ? `${((Date.parse(to) - Date.parse(from)) / 1000).toFixed(1)} s` : from ? "running" : "–";
@@ -216,9 +217,7 @@ export const SignIn: FC<{ problem?: ProblemView }> = ({ problem }) => (
     <form class="stack" method="post" action="/console/session">
       <label for="key">API key or SSO token</label>
       <input id="key" name="key" type="password" autocomplete="off" spellcheck={false} required />
-      <div>
-        <button type="submit">Sign in</button>
-      </div>
+      <Submit>Sign in</Submit>
     </form>
     <p>
       No key yet? <code>npm run dev</code> prints an admin key; <code>npx better-compute iam keys create</code> mints one.
@@ -277,21 +276,17 @@ export const Fleet: FC<{ machines: MachineView[]; filtered: boolean; page: numbe
 }) => {
   if (machines.length === 0 && filtered)
     return (
-      <div class="empty">
-        <p>
-          No machine matches these filters. <a href="/console/fleet">Clear them</a> to see the whole fleet.
-        </p>
-      </div>
+      <Empty>
+        No machine matches these filters. <a href="/console/fleet">Clear them</a> to see the whole fleet.
+      </Empty>
     );
   if (machines.length === 0)
     return (
-      <div class="empty">
-        <p>
-          <strong>No machines yet.</strong> Create a site and a pool, then enroll a machine by its BMC (<code>metal.sites.create</code>,{" "}
-          <code>metal.pools.create</code>, <code>metal.enroll</code>; docs/metal.md walks through it). It commissions by itself and shows up
-          here, live. To see a simulated site instead, run <code>npm run dev</code>.
-        </p>
-      </div>
+      <Empty>
+        <strong>No machines yet.</strong> Create a site and a pool, then enroll a machine by its BMC (<code>metal.sites.create</code>,{" "}
+        <code>metal.pools.create</code>, <code>metal.enroll</code>; docs/metal.md walks through it). It commissions by itself and shows up
+        here, live. To see a simulated site instead, run <code>npm run dev</code>.
+      </Empty>
     );
   const pages = Math.ceil(machines.length / FLEET_PAGE);
   const sorted = [...machines]
@@ -303,50 +298,34 @@ export const Fleet: FC<{ machines: MachineView[]; filtered: boolean; page: numbe
       <Counts label="By pool" counts={tally(machines, (m) => m.pool)} />
       <Counts label="By site" counts={tally(machines, (m) => m.site)} />
       <h2>Machines</h2>
-      <TableBox label="Machines">
-        <table>
-          <caption>
-            {machines.length} machine{machines.length === 1 ? "" : "s"}
-            {pages > 1 && `, page ${page + 1} of ${pages}`}: failed and in maintenance first
-          </caption>
-          <thead>
-            <tr>
-              <th scope="col">Machine</th>
-              <th scope="col">State</th>
-              <th scope="col">Pool</th>
-              <th scope="col">Site</th>
-              <th scope="col">Role</th>
-              <th scope="col" class="wide">
-                Workflow
-              </th>
-            </tr>
-          </thead>
-          <tbody>
-            {sorted.map((m) => (
-              <tr data-machine={m.id}>
-                <th scope="row">
-                  <a href={`/console/machines/${encodeURIComponent(m.id)}`}>{m.id}</a>
-                </th>
-                <td>
-                  <State state={m.state} />
-                  {m.maintenance && (
-                    <>
-                      {" "}
-                      <span class="state maint" title={m.maintenanceReason ?? undefined}>
-                        maintenance
-                      </span>
-                    </>
-                  )}
-                </td>
-                <td>{m.pool}</td>
-                <td>{m.site}</td>
-                <td>{m.role ?? "–"}</td>
-                <td class="mono wide">{m.workflow ?? "–"}</td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      </TableBox>
+      <DataTable
+        label="Machines"
+        caption={`${plural(machines.length, "machine")}${pages > 1 ? `, page ${page + 1} of ${pages}` : ""}: failed and in maintenance first`}
+        columns={["Machine", "State", "Pool", "Site", "Role", { label: "Workflow", wide: true }]}
+      >
+        {sorted.map((m) => (
+          <tr data-machine={m.id}>
+            <th scope="row">
+              <a href={machinePath(m.id)}>{m.id}</a>
+            </th>
+            <td>
+              <State state={m.state} />
+              {m.maintenance && (
+                <>
+                  {" "}
+                  <span class="state maint" title={m.maintenanceReason ?? undefined}>
+                    maintenance
+                  </span>
+                </>
+              )}
+            </td>
+            <td>{m.pool}</td>
+            <td>{m.site}</td>
+            <td>{m.role ?? "–"}</td>
+            <td class="mono wide">{m.workflow ?? "–"}</td>
+          </tr>
+        ))}
+      </DataTable>
       {pages > 1 && (
         <nav aria-label="Fleet pages">
           <p class="actions">
@@ -385,13 +364,12 @@ export const Machine: FC<{
   /** Shown above its workflow's steps (that it awaits approval). */
   notice?: Child;
 }> = ({ machine: m, workflow, history, actions, profiles, csrf, notice }) => {
-  const path = `/console/machines/${encodeURIComponent(m.id)}`;
+  const path = machinePath(m.id);
   const canDeploy = actions.deploy && m.state === "ready" && !m.maintenance;
   const canUndeploy = actions.undeploy && m.state === "deployed";
   return (
     <>
-      <section aria-labelledby="fields">
-        <h2 id="fields">Machine</h2>
+      <Section id="fields" title="Machine">
         <dl class="fields">
           <dt>State</dt>
           <dd id="machine-state" data-state={m.state}>
@@ -417,15 +395,13 @@ export const Machine: FC<{
             <Json value={m.lastError} />
           </dd>
         </dl>
-      </section>
+      </Section>
 
       {Object.values(actions).some(Boolean) && (
-        <section aria-labelledby="actions">
-          <h2 id="actions">Actions</h2>
+        <Section id="actions" title="Actions">
           <div class="actions">
             {canDeploy && (
-              <form class="stack panel" method="post" action={`${path}/deploy`}>
-                <input type="hidden" name="csrf" value={csrf} />
+              <PostForm action={`${path}/deploy`} csrf={csrf}>
                 <label for="profile">Profile</label>
                 <select id="profile" name="profile">
                   {profiles.map((p) => (
@@ -436,12 +412,8 @@ export const Machine: FC<{
                 <textarea id="input" name="input">
                   {"{}"}
                 </textarea>
-                <div>
-                  <button id="deploy" type="submit">
-                    Deploy
-                  </button>
-                </div>
-              </form>
+                <Submit id="deploy">Deploy</Submit>
+              </PostForm>
             )}
             {canUndeploy && (
               <a id="undeploy" class="button danger" href={`${path}/undeploy`}>
@@ -449,26 +421,19 @@ export const Machine: FC<{
               </a>
             )}
             {actions.maintenance && !m.maintenance && m.state !== "failed" && !/ing$/.test(m.state) && m.state !== "retired" && (
-              <form class="stack panel" method="post" action={`${path}/maintenance`}>
-                <input type="hidden" name="csrf" value={csrf} />
+              <PostForm action={`${path}/maintenance`} csrf={csrf}>
                 <input type="hidden" name="on" value="true" />
                 <label for="reason">Reason for maintenance</label>
                 <input id="reason" name="reason" required maxlength={500} />
-                <div>
-                  <button id="maintenance-on" type="submit" class="secondary">
-                    Put in maintenance
-                  </button>
-                </div>
-              </form>
+                <Submit id="maintenance-on" class="secondary">
+                  Put in maintenance
+                </Submit>
+              </PostForm>
             )}
             {actions.maintenance && m.maintenance && m.state !== "failed" && (
-              <form class="inline" method="post" action={`${path}/maintenance`}>
-                <input type="hidden" name="csrf" value={csrf} />
-                <input type="hidden" name="on" value="false" />
-                <button id="maintenance-off" type="submit" class="secondary">
-                  Take out of maintenance
-                </button>
-              </form>
+              <PostButton action={`${path}/maintenance`} csrf={csrf} fields={{ on: "false" }} id="maintenance-off" class="secondary">
+                Take out of maintenance
+              </PostButton>
             )}
             {actions.rescue && m.state === "deployed" && (
               <a id="rescue" class="button secondary" href={`${path}/rescue`}>
@@ -476,20 +441,14 @@ export const Machine: FC<{
               </a>
             )}
             {actions.rescue && m.state === "rescue" && (
-              <form class="inline" method="post" action={`${path}/unrescue`}>
-                <input type="hidden" name="csrf" value={csrf} />
-                <button id="unrescue" type="submit" class="secondary">
-                  Boot from its disk (unrescue)
-                </button>
-              </form>
+              <PostButton action={`${path}/unrescue`} csrf={csrf} id="unrescue" class="secondary">
+                Boot from its disk (unrescue)
+              </PostButton>
             )}
             {actions.recommission && m.state === "failed" && (
-              <form class="inline" method="post" action={`${path}/recommission`}>
-                <input type="hidden" name="csrf" value={csrf} />
-                <button id="recommission" type="submit" class="secondary">
-                  Recommission
-                </button>
-              </form>
+              <PostButton action={`${path}/recommission`} csrf={csrf} id="recommission" class="secondary">
+                Recommission
+              </PostButton>
             )}
             {actions.retire && ["enrolled", "ready", "failed"].includes(m.state) && (
               <a id="retire" class="button danger" href={`${path}/retire`}>
@@ -503,51 +462,40 @@ export const Machine: FC<{
             )}
             {!canDeploy && !canUndeploy && !actions.maintenance && <p>No action fits the machine's state now.</p>}
           </div>
-        </section>
+        </Section>
       )}
 
       <Hardware inventory={m.inventory} />
 
-      <section aria-labelledby="workflow">
-        <h2 id="workflow">{workflow ? `Workflow ${workflow.profile}` : "Workflow"}</h2>
+      <Section id="workflow" title={workflow ? `Workflow ${workflow.profile}` : "Workflow"}>
         {notice}
         {workflow ? <Workflow workflow={workflow} /> : <p>No workflow has run on this machine yet.</p>}
-      </section>
+      </Section>
 
-      <section aria-labelledby="history">
-        <h2 id="history">Lifecycle history</h2>
+      <Section id="history" title="Lifecycle history">
         {history.length === 0 ? (
           <p>No events yet.</p>
         ) : (
-          <TableBox label="Lifecycle history">
-            <table>
-              <caption>Events of metal/nodes/{m.id}, newest first</caption>
-              <thead>
-                <tr>
-                  <th scope="col">When</th>
-                  <th scope="col">Event</th>
-                  <th scope="col">By</th>
-                  <th scope="col">Data</th>
-                </tr>
-              </thead>
-              <tbody>
-                {history.map((e) => (
-                  <tr>
-                    <td>
-                      <Time at={e.occurredAt} />
-                    </td>
-                    <td>{e.type}</td>
-                    <td class="mono">{e.actor ?? "–"}</td>
-                    <td>
-                      <Json value={e.data} />
-                    </td>
-                  </tr>
-                ))}
-              </tbody>
-            </table>
-          </TableBox>
+          <DataTable
+            label="Lifecycle history"
+            caption={`Events of metal/nodes/${m.id}, newest first`}
+            columns={["When", "Event", "By", "Data"]}
+          >
+            {history.map((e) => (
+              <tr>
+                <td>
+                  <Time at={e.occurredAt} />
+                </td>
+                <td>{e.type}</td>
+                <td class="mono">{e.actor ?? "–"}</td>
+                <td>
+                  <Json value={e.data} />
+                </td>
+              </tr>
+            ))}
+          </DataTable>
         )}
-      </section>
+      </Section>
     </>
   );
 };
@@ -567,12 +515,11 @@ const bytes = (n: number) => {
 const Hardware: FC<{ inventory: InventoryView | null | undefined }> = ({ inventory: inv }) => {
   if (!inv)
     return (
-      <section aria-labelledby="hardware">
-        <h2 id="hardware">Hardware</h2>
+      <Section id="hardware" title="Hardware">
         <p class="empty" id="hardware-empty">
           Not inspected yet: inspection runs during commissioning.
         </p>
-      </section>
+      </Section>
     );
   const { bmc, ramdisk } = inv;
   const cpus = ramdisk?.cpus
@@ -586,8 +533,7 @@ const Hardware: FC<{ inventory: InventoryView | null | undefined }> = ({ invento
     Boolean,
   );
   return (
-    <section aria-labelledby="hardware">
-      <h2 id="hardware">Hardware</h2>
+    <Section id="hardware" title="Hardware">
       <dl class="fields" id="hardware-fields">
         <dt>Maker and model</dt>
         <dd>
@@ -606,7 +552,7 @@ const Hardware: FC<{ inventory: InventoryView | null | undefined }> = ({ invento
           <>
             <dt>RAID controller</dt>
             <dd>
-              {bmc.storage.drives} drive{bmc.storage.drives === 1 ? "" : "s"}
+              {plural(bmc.storage.drives, "drive")}
               {bmc.storage.volumes.length > 0 &&
                 `; volumes ${bmc.storage.volumes.map((v) => (v.level ? `${v.id} (${v.level})` : v.id)).join(", ")}`}
             </dd>
@@ -614,35 +560,28 @@ const Hardware: FC<{ inventory: InventoryView | null | undefined }> = ({ invento
         )}
       </dl>
       {ramdisk ? (
-        <TableBox label="Disks">
-          <table>
-            <caption>
+        <DataTable
+          label="Disks"
+          caption={
+            <>
               Its disks, as the ramdisk listed them <Time at={ramdisk.at} />
-            </caption>
-            <thead>
-              <tr>
-                <th scope="col">Device</th>
-                <th scope="col">Size</th>
-                <th scope="col">Model</th>
-                <th scope="col">Serial</th>
-              </tr>
-            </thead>
-            <tbody>
-              {ramdisk.disks.map((d) => (
-                <tr data-disk={d.device}>
-                  <td class="mono">{d.device}</td>
-                  <td>{bytes(d.sizeBytes)}</td>
-                  <td>{d.model ?? "–"}</td>
-                  <td class="mono">{d.serial ?? "–"}</td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </TableBox>
+            </>
+          }
+          columns={["Device", "Size", "Model", "Serial"]}
+        >
+          {ramdisk.disks.map((d) => (
+            <tr data-disk={d.device}>
+              <td class="mono">{d.device}</td>
+              <td>{bytes(d.sizeBytes)}</td>
+              <td>{d.model ?? "–"}</td>
+              <td class="mono">{d.serial ?? "–"}</td>
+            </tr>
+          ))}
+        </DataTable>
       ) : (
         <p>No ramdisk has listed its disks: its pool's machines boot none (an agentless pool), or commissioning has not reached it yet.</p>
       )}
-    </section>
+    </Section>
   );
 };
 
@@ -662,56 +601,28 @@ const Workflow: FC<{ workflow: WorkflowView }> = ({ workflow: wf }) => (
         Error: <Json value={wf.error} />
       </p>
     )}
-    <TableBox label="Workflow steps">
-      <table>
-        <caption>Its steps, in order</caption>
-        <thead>
-          <tr>
-            <th scope="col">#</th>
-            <th scope="col">Step</th>
-            <th scope="col">State</th>
-            <th scope="col">Attempts</th>
-            <th scope="col">Took</th>
-            <th scope="col">Error</th>
+    <DataTable label="Workflow steps" caption="Its steps, in order" columns={["#", "Step", "State", "Attempts", "Took", "Error"]}>
+      {wf.steps.map((s) => {
+        const last = s.attempts[s.attempts.length - 1];
+        return (
+          <tr data-step={s.name}>
+            <td>{s.position + 1}</td>
+            <td>
+              {s.name}
+              {s.name !== s.step && <span class="mono"> ({s.step})</span>}
+            </td>
+            <td>{last ? <State state={last.state} /> : "pending"}</td>
+            <td>{s.attempts.length}</td>
+            <td>{last ? seconds(last.startedAt, last.finishedAt) : "–"}</td>
+            <td>
+              <Json value={last?.error} />
+            </td>
           </tr>
-        </thead>
-        <tbody>
-          {wf.steps.map((s) => {
-            const last = s.attempts[s.attempts.length - 1];
-            return (
-              <tr data-step={s.name}>
-                <td>{s.position + 1}</td>
-                <td>
-                  {s.name}
-                  {s.name !== s.step && <span class="mono"> ({s.step})</span>}
-                </td>
-                <td>{last ? <State state={last.state} /> : "pending"}</td>
-                <td>{s.attempts.length}</td>
-                <td>{last ? seconds(last.startedAt, last.finishedAt) : "–"}</td>
-                <td>
-                  <Json value={last?.error} />
-                </td>
-              </tr>
-            );
-          })}
-        </tbody>
-      </table>
-    </TableBox>
+        );
+      })}
+    </DataTable>
   </>
 );
-
-export const Confirm: FC<{ machine: MachineView; csrf: string }> = ({ machine, csrf }) => {
-  const path = `/console/machines/${encodeURIComponent(machine.id)}`;
-  return (
-    <ConfirmAction
-      text={`Undeploy ${machine.id}? Its disks are wiped (an attested wipe) before it is ready again, and the system installed on it is gone. This cannot be undone.`}
-      action={`${path}/undeploy`}
-      label={`Undeploy ${machine.id}`}
-      back={path}
-      csrf={csrf}
-    />
-  );
-};
 
 // ------------------------------------------------------------------ the audit log
 
@@ -722,7 +633,7 @@ export interface AuditFilters {
 }
 
 export const AuditFilterForm: FC<{ filters: AuditFilters }> = ({ filters }) => (
-  <form class="filters panel" method="get" action="/console/audit" role="search" aria-label="Filter the audit log">
+  <FilterForm action="/console/audit" label="Filter the audit log">
     <div>
       <label for="actor">Actor</label>
       <input id="actor" name="actor" value={filters.actor ?? ""} placeholder="apikey:0123…" />
@@ -735,10 +646,7 @@ export const AuditFilterForm: FC<{ filters: AuditFilters }> = ({ filters }) => (
       <label for="resource">Resource</label>
       <input id="resource" name="resource" value={filters.resource ?? ""} placeholder="metal/nodes/*" />
     </div>
-    <div>
-      <button type="submit">Filter</button> <a href="/console/audit">Clear</a>
-    </div>
-  </form>
+  </FilterForm>
 );
 
 export const Audit: FC<{ entries: AuditEntryView[]; next: string | null; filters: AuditFilters }> = ({ entries, next, filters }) => {
@@ -749,46 +657,30 @@ export const Audit: FC<{ entries: AuditEntryView[]; next: string | null; filters
   };
   if (entries.length === 0)
     return (
-      <div class="empty">
-        <p>No audit rows match. Every mutating call (from the API, the CLI or this console) writes one; clear the filters to see all.</p>
-      </div>
+      <Empty>
+        No audit rows match. Every mutating call (from the API, the CLI or this console) writes one; clear the filters to see all.
+      </Empty>
     );
   return (
     <>
-      <TableBox label="Audit entries">
-        <table>
-          <caption>Mutating calls, newest first</caption>
-          <thead>
-            <tr>
-              <th scope="col">When</th>
-              <th scope="col">Actor</th>
-              <th scope="col">Action</th>
-              <th scope="col">Resource</th>
-              <th scope="col">Request id</th>
-            </tr>
-          </thead>
-          <tbody>
-            {entries.map((e) => (
-              <tr data-action={e.action}>
-                <td>
-                  <Time at={e.at} />
-                </td>
-                <td class="mono">{e.actor}</td>
-                <td>{e.action}</td>
-                <td class="mono">{e.resource}</td>
-                <td class="mono">{e.requestId}</td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      </TableBox>
-      {next && (
-        <p>
-          <a id="next-page" href={query(next)}>
-            Older entries
-          </a>
-        </p>
-      )}
+      <DataTable
+        label="Audit entries"
+        caption="Mutating calls, newest first"
+        columns={["When", "Actor", "Action", "Resource", "Request id"]}
+      >
+        {entries.map((e) => (
+          <tr data-action={e.action}>
+            <td>
+              <Time at={e.at} />
+            </td>
+            <td class="mono">{e.actor}</td>
+            <td>{e.action}</td>
+            <td class="mono">{e.resource}</td>
+            <td class="mono">{e.requestId}</td>
+          </tr>
+        ))}
+      </DataTable>
+      {next && <MorePage href={query(next)}>Older entries</MorePage>}
     </>
   );
 };
@@ -824,7 +716,6 @@ export interface FlavorView {
 /** The console tail (vps.instances.console), or why there is none. */
 export type ConsoleTail = { text: string | null; at: string | null; stale: boolean } | { problem: string };
 
-const instancePath = (id: string) => `/console/instances/${encodeURIComponent(id)}`;
 const size = (i: { vcpus: number; memoryMiB: number; diskGiB: number }) => `${i.vcpus} vCPU, ${i.memoryMiB} MiB, ${i.diskGiB} GiB`;
 
 export const Instances: FC<{ instances: InstanceView[]; next: string | null; operator: boolean; tenant?: string }> = ({
@@ -834,77 +725,54 @@ export const Instances: FC<{ instances: InstanceView[]; next: string | null; ope
   tenant,
 }) =>
   instances.length === 0 && tenant && operator ? (
-    <div class="empty">
-      <p>
-        Tenant {tenant} has no instances. <a href="/console/instances">See every tenant's</a>.
-      </p>
-    </div>
+    <Empty>
+      Tenant {tenant} has no instances. <a href="/console/instances">See every tenant's</a>.
+    </Empty>
   ) : instances.length === 0 ? (
-    <div class="empty">
-      <p>
-        <strong>No instances yet.</strong>{" "}
-        {operator
-          ? "A tenant creates its own here (or with the API); an operator creates one for a tenant with vps.instances.create."
-          : "Create one below from a flavor of a pool offered to you; it shows up here."}
-      </p>
-    </div>
+    <Empty>
+      <strong>No instances yet.</strong>{" "}
+      {operator
+        ? "A tenant creates its own here (or with the API); an operator creates one for a tenant with vps.instances.create."
+        : "Create one below from a flavor of a pool offered to you; it shows up here."}
+    </Empty>
   ) : (
     <>
-      <TableBox label="Instances">
-        <table>
-          <caption>
-            {instances.length} instance{instances.length === 1 ? "" : "s"}, by id
-          </caption>
-          <thead>
-            <tr>
-              <th scope="col">Instance</th>
-              <th scope="col">Name</th>
-              <th scope="col">State</th>
-              {operator && <th scope="col">Tenant</th>}
-              <th scope="col">Flavor</th>
-              <th scope="col" class="wide">
-                Addresses
-              </th>
-            </tr>
-          </thead>
-          <tbody>
-            {instances.map((i) => (
-              <tr data-instance={i.id}>
-                <th scope="row">
-                  <a href={instancePath(i.id)}>{i.id}</a>
-                </th>
-                <td>{i.name}</td>
-                <td>
-                  <State state={i.state} />
-                </td>
-                {operator && <td>{i.tenant}</td>}
-                <td>
-                  {i.flavor} ({i.pool})
-                </td>
-                <td class="mono wide">{i.addresses.join(", ") || "–"}</td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      </TableBox>
+      <DataTable
+        label="Instances"
+        caption={`${plural(instances.length, "instance")}, by id`}
+        columns={["Instance", "Name", "State", operator && "Tenant", "Flavor", { label: "Addresses", wide: true }]}
+      >
+        {instances.map((i) => (
+          <tr data-instance={i.id}>
+            <th scope="row">
+              <a href={instancePath(i.id)}>{i.id}</a>
+            </th>
+            <td>{i.name}</td>
+            <td>
+              <State state={i.state} />
+            </td>
+            {operator && <td>{i.tenant}</td>}
+            <td>
+              {i.flavor} ({i.pool})
+            </td>
+            <td class="mono wide">{i.addresses.join(", ") || "–"}</td>
+          </tr>
+        ))}
+      </DataTable>
       {next && (
-        <p>
-          <a id="next-page" href={`/console/instances?${new URLSearchParams({ ...(tenant ? { tenant } : {}), after: next })}`}>
-            More instances
-          </a>
-        </p>
+        <MorePage href={`/console/instances?${new URLSearchParams({ ...(tenant ? { tenant } : {}), after: next })}`}>
+          More instances
+        </MorePage>
       )}
     </>
   );
 
 export const CreateInstance: FC<{ flavors: FlavorView[]; sshKeys: string[]; csrf: string }> = ({ flavors, sshKeys, csrf }) => (
-  <section aria-labelledby="create">
-    <h2 id="create">Create an instance</h2>
+  <Section id="create" title="Create an instance">
     {flavors.length === 0 ? (
       <p>No pool is offered to you yet: an operator offers one with a quota (vps.quotas.set).</p>
     ) : (
-      <form class="stack panel" method="post" action="/console/instances">
-        <input type="hidden" name="csrf" value={csrf} />
+      <PostForm action="/console/instances" csrf={csrf}>
         <label for="name">Host name</label>
         <input id="name" name="name" required maxlength={63} />
         <label for="flavor">Flavor</label>
@@ -921,31 +789,23 @@ export const CreateInstance: FC<{ flavors: FlavorView[]; sshKeys: string[]; csrf
         </select>
         <label for="user-data">User data (the bytes the guest gets; a host pool needs it, a provider's pool composes its own)</label>
         <textarea id="user-data" name="userData"></textarea>
-        <div>
-          <button id="create-instance" type="submit">
-            Create
-          </button>
-        </div>
-      </form>
+        <Submit id="create-instance">Create</Submit>
+      </PostForm>
     )}
-  </section>
+  </Section>
 );
 
 export const Instance: FC<{ instance: InstanceView; tail: ConsoleTail; csrf: string }> = ({ instance: i, tail, csrf }) => {
   const path = instancePath(i.id);
   const gone = i.desired === "deleted" || i.state === "deleted";
   const action = (name: string, label: string) => (
-    <form class="inline" method="post" action={`${path}/${name}`}>
-      <input type="hidden" name="csrf" value={csrf} />
-      <button id={name} type="submit" class="secondary">
-        {label}
-      </button>
-    </form>
+    <PostButton action={`${path}/${name}`} csrf={csrf} id={name} class="secondary">
+      {label}
+    </PostButton>
   );
   return (
     <>
-      <section aria-labelledby="fields">
-        <h2 id="fields">Instance</h2>
+      <Section id="fields" title="Instance">
         <dl class="fields">
           <dt>State</dt>
           <dd id="instance-state" data-state={i.state}>
@@ -970,10 +830,9 @@ export const Instance: FC<{ instance: InstanceView; tail: ConsoleTail; csrf: str
             <Json value={i.lastError} />
           </dd>
         </dl>
-      </section>
+      </Section>
       {!gone && (
-        <section aria-labelledby="actions">
-          <h2 id="actions">Actions</h2>
+        <Section id="actions" title="Actions">
           <div class="actions">
             {i.desired === "stopped" ? action("start", "Start") : action("stop", "Stop")}
             {i.desired === "running" && action("reboot", "Reboot")}
@@ -981,18 +840,16 @@ export const Instance: FC<{ instance: InstanceView; tail: ConsoleTail; csrf: str
               Delete…
             </a>
           </div>
-        </section>
+        </Section>
       )}
-      <section aria-labelledby="host-keys">
-        <h2 id="host-keys">SSH host keys</h2>
+      <Section id="host-keys" title="SSH host keys">
         {i.guest?.hostKeys?.length ? (
           <pre class="mono">{i.guest.hostKeys.join("\n")}</pre>
         ) : (
           <p>The guest has not reported its host keys yet (it does once it has booted).</p>
         )}
-      </section>
-      <section aria-labelledby="console">
-        <h2 id="console">Console</h2>
+      </Section>
+      <Section id="console" title="Console">
         {"problem" in tail ? (
           <p class="empty">{tail.problem}</p>
         ) : tail.text ? (
@@ -1008,32 +865,10 @@ export const Instance: FC<{ instance: InstanceView; tail: ConsoleTail; csrf: str
         ) : (
           <p class="empty">Nothing on its console yet.</p>
         )}
-      </section>
+      </Section>
     </>
   );
 };
-
-/** "Are you sure?" before a destructive action: only its button posts. */
-export const ConfirmAction: FC<{ text: Child; action: string; label: string; back: string; csrf: string }> = ({
-  text,
-  action,
-  label,
-  back,
-  csrf,
-}) => (
-  <div class="panel">
-    <p>{text}</p>
-    <form class="inline" method="post" action={action}>
-      <input type="hidden" name="csrf" value={csrf} />
-      <button id="confirm" type="submit" class="danger">
-        {label}
-      </button>
-    </form>{" "}
-    <a class="button secondary" href={back}>
-      Cancel
-    </a>
-  </div>
-);
 
 // ------------------------------------------------------------------ a machine's serial console
 
@@ -1041,12 +876,12 @@ export const ConfirmAction: FC<{ text: Child; action: string; label: string; bac
 export type SerialView = { text: string; ended: string | null; stale: boolean } | { problem: string };
 
 export const SerialConsole: FC<{ node: string; view?: SerialView; csrf: string }> = ({ node, view, csrf }) => {
-  const path = `/console/machines/${encodeURIComponent(node)}`;
+  const path = machinePath(node);
   return (
     <>
       {!view ? (
         <form class="panel" method="post" action={`${path}/console`}>
-          <input type="hidden" name="csrf" value={csrf} />
+          <CsrfField csrf={csrf} />
           <p>Opening the console is recorded in the audit log; reading it is not. The page reads on every few seconds.</p>
           <button id="open-console" type="submit">
             Open the serial console
@@ -1082,7 +917,7 @@ export interface FleetFilters {
 }
 
 export const FleetFilterForm: FC<{ filters: FleetFilters; states: readonly string[] }> = ({ filters, states }) => (
-  <form class="filters panel" method="get" action="/console/fleet" role="search" aria-label="Filter the fleet">
+  <FilterForm action="/console/fleet" label="Filter the fleet">
     <div>
       <label for="q">Machine id contains</label>
       <input id="q" name="q" type="search" value={filters.q ?? ""} />
@@ -1106,8 +941,5 @@ export const FleetFilterForm: FC<{ filters: FleetFilters; states: readonly strin
       <label for="site">Site</label>
       <input id="site" name="site" value={filters.site ?? ""} />
     </div>
-    <div>
-      <button type="submit">Filter</button> <a href="/console/fleet">Clear</a>
-    </div>
-  </form>
+  </FilterForm>
 );

@@ -18,20 +18,21 @@ import type { Store } from "../store/database.ts";
 import type { Approvers } from "../context.ts";
 import { ApprovalBatch, Approvals, ApproveForm, approvePath, AwaitingApproval } from "./approval-pages.tsx";
 import { CLIENT_JS, CSS, ICON_SVG } from "./assets.ts";
+import { Confirm } from "./components.tsx";
 import {
   Audit,
   AuditFilterForm,
-  Confirm,
-  ConfirmAction,
   CreateInstance,
   ErrorPage,
   Fleet,
   FleetFilterForm,
   Home,
   Instance,
+  instancePath,
   Instances,
   Layout,
   Machine,
+  machinePath,
   SerialConsole,
   SignIn,
   type ConsoleTail,
@@ -47,7 +48,8 @@ import {
   type ProblemView,
   type WorkflowView,
 } from "./pages.tsx";
-import { operatorBack, operatorRoutes } from "./operator-routes.tsx";
+import { operatorBack, operatorRoutes, type ConsoleHelpers } from "./operator-routes.tsx";
+import { field, jsonObject, pageOf, queryFilters } from "./request.ts";
 import { closeSession, csrfMatches, findSession, openSession, SESSION_COOKIE, SESSION_SECONDS, type ConsoleSession } from "./sessions.ts";
 
 export interface ConsoleDeps extends MethodDeps {
@@ -68,7 +70,6 @@ const SECURITY_HEADERS: Record<string, string> = {
   "cache-control": "no-store",
 };
 
-const PAGE_SIZE = 25;
 const log = createLogger({ component: "console" });
 /** The session a request was decided with, for the error page's header. */
 const sessions = new WeakMap<Request, ConsoleSession>();
@@ -87,6 +88,9 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     const entry = deps.registry.methods.get(name);
     return entry !== undefined && (await deps.iam.authorize(session.principal, entry.method.action, resource));
   };
+  /** "Are you sure?" before a destructive POST to `action`, titled with its button's label unless told. */
+  const confirm: ConsoleHelpers["confirm"] = (c, session, { title, ...page }) =>
+    render(c, { title: title ?? `${page.label}?`, session }, <Confirm {...page} csrf={session.csrf} />);
 
   app.get("/", (c) => c.redirect("/console/", 302));
 
@@ -180,11 +184,7 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
 
   app.get("/console/fleet", async (c) => {
     const session = await signedIn(c);
-    const filters: FleetFilters = {};
-    for (const name of ["q", "state", "pool", "site"] as const) {
-      const value = c.req.query(name)?.trim();
-      if (value) filters[name] = value;
-    }
+    const filters: FleetFilters = queryFilters(c, ["q", "state", "pool", "site"]);
     const { q, ...byMethod } = filters;
     // metal.nodes.list filters by state, pool and site (and answers at most 1000); the id search and the pages are the console's.
     const { nodes } = await call<{ nodes: MachineView[] }>(c, session, "metal.nodes.list", byMethod);
@@ -243,23 +243,10 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     );
   });
 
-  app.get("/console/machines/:node/undeploy", async (c) => {
-    const session = await signedIn(c);
-    const machine = await call<MachineView>(c, session, "metal.nodes.get", { node: c.req.param("node") });
-    return render(c, { title: `Undeploy ${machine.id}?`, session }, <Confirm machine={machine} csrf={session.csrf} />);
-  });
-
   app.post("/console/machines/:node/deploy", async (c) => {
     const { session, form } = await mutating(c);
     const node = c.req.param("node");
     await call(c, session, "metal.deploy", { node, profile: field(form, "profile"), input: jsonObject(field(form, "input") ?? "{}") });
-    return c.redirect(machinePath(node), 303);
-  });
-
-  app.post("/console/machines/:node/undeploy", async (c) => {
-    const { session } = await mutating(c);
-    const node = c.req.param("node");
-    await call(c, session, "metal.undeploy", { node });
     return c.redirect(machinePath(node), 303);
   });
 
@@ -271,41 +258,39 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     return c.redirect(machinePath(node), 303);
   });
 
-  // Rescue and retire ask first (rescue stops the installed system; retiring is for good); unrescue and recommission do not.
+  // Undeploy, rescue and retire ask first (undeploying wipes its disks, rescue stops the installed system, retiring is for good);
+  // unrescue and recommission do not.
   const confirmable: Record<string, { label: string; text: string }> = {
+    undeploy: {
+      label: "Undeploy",
+      text: "Its disks are wiped (an attested wipe) before it is ready again, and the system installed on it is gone. This cannot be undone.",
+    },
     rescue: {
       label: "Rescue",
-      text: "it reboots into the rescue ramdisk: the system installed on it stops until it is unrescued (its disk is untouched).",
+      text: "It reboots into the rescue ramdisk: the system installed on it stops until it is unrescued (its disk is untouched).",
     },
     retire: {
       label: "Retire",
-      text: "it leaves service for good: it can only come back by enrolling its BMC again as a new machine.",
+      text: "It leaves service for good: it can only come back by enrolling its BMC again as a new machine.",
     },
   };
-  app.get("/console/machines/:node/:action{rescue|retire}", async (c) => {
+  app.get("/console/machines/:node/:action{undeploy|rescue|retire}", async (c) => {
     const session = await signedIn(c);
-    const what = confirmable[c.req.param("action")]!;
+    const action = c.req.param("action");
+    const { label, text } = confirmable[action]!;
     const machine = await call<MachineView>(c, session, "metal.nodes.get", { node: c.req.param("node") });
     const path = machinePath(machine.id);
-    return render(
-      c,
-      { title: `${what.label} ${machine.id}?`, session },
-      <ConfirmAction
-        text={`${what.label} ${machine.id}? ${what.text[0]!.toUpperCase()}${what.text.slice(1)}`}
-        action={`${path}/${c.req.param("action")}`}
-        label={`${what.label} ${machine.id}`}
-        back={path}
-        csrf={session.csrf}
-      />,
-    );
+    const what = `${label} ${machine.id}`;
+    return confirm(c, session, { text: `${what}? ${text}`, action: `${path}/${action}`, label: what, back: path });
   });
   const lifecycle: Record<string, string> = {
+    undeploy: "metal.undeploy",
     rescue: "metal.rescue",
     unrescue: "metal.unrescue",
     retire: "metal.nodes.retire",
     recommission: "metal.nodes.recommission",
   };
-  app.post("/console/machines/:node/:action{rescue|unrescue|retire|recommission}", async (c) => {
+  app.post("/console/machines/:node/:action{undeploy|rescue|unrescue|retire|recommission}", async (c) => {
     const { session } = await mutating(c);
     const node = c.req.param("node");
     await call(c, session, lifecycle[c.req.param("action")]!, { node });
@@ -345,15 +330,15 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
   app.post("/console/machines/:node/console", async (c) => {
     const { session } = await mutating(c);
     const node = c.req.param("node");
+    const noConsole = (view: SerialView) =>
+      render(c, { title: `Serial console of ${node}`, session }, <SerialConsole node={node} view={view} csrf={session.csrf} />);
     const opened = await orReason(() => call<{ session: string }>(c, session, "metal.nodes.console", { node }));
-    if ("problem" in opened)
-      return render(c, { title: `Serial console of ${node}`, session }, <SerialConsole node={node} view={opened} csrf={session.csrf} />);
+    if ("problem" in opened) return noConsole(opened);
     // The first read fixes the connection; every later one reads it from its start.
     const first = await orReason(() =>
       call<{ connection: string | null }>(c, session, "metal.nodes.consoleRead", { node, session: opened.session }),
     );
-    if ("problem" in first)
-      return render(c, { title: `Serial console of ${node}`, session }, <SerialConsole node={node} view={first} csrf={session.csrf} />);
+    if ("problem" in first) return noConsole(first);
     const q = new URLSearchParams({ session: opened.session, ...(first.connection ? { connection: first.connection } : {}) });
     return c.redirect(`${machinePath(node)}/console?${q}`, 303);
   });
@@ -362,13 +347,11 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
 
   app.get("/console/instances", async (c) => {
     const session = await signedIn(c);
-    const after = c.req.query("after") || undefined;
     // ?tenant=: one tenant's (the tenants' pages link here); a tenant's own session sees its own either way.
-    const tenant = c.req.query("tenant")?.trim() || undefined;
+    const { tenant } = queryFilters(c, ["tenant"]);
     const { instances, next } = await call<{ instances: InstanceView[]; next: string | null }>(c, session, "vps.instances.list", {
       ...(tenant ? { tenant } : {}),
-      ...(after ? { after } : {}),
-      limit: PAGE_SIZE,
+      ...pageOf(c),
     });
     // An operator (who may list tenants) sees every tenant's, and creates for one through the API; a tenant its own.
     const operator = await may(session, "vps.tenants.list", "*");
@@ -425,17 +408,12 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
     const session = await signedIn(c);
     const instance = await call<InstanceView>(c, session, "vps.instances.get", { id: c.req.param("id") });
     const path = instancePath(instance.id);
-    return render(
-      c,
-      { title: `Delete ${instance.name}?`, session },
-      <ConfirmAction
-        text={`Delete instance ${instance.id} (${instance.name})? Its server and its disk are deleted; this cannot be undone.`}
-        action={`${path}/delete`}
-        label={`Delete ${instance.name}`}
-        back={path}
-        csrf={session.csrf}
-      />,
-    );
+    return confirm(c, session, {
+      text: `Delete instance ${instance.id} (${instance.name})? Its server and its disk are deleted; this cannot be undone.`,
+      action: `${path}/delete`,
+      label: `Delete ${instance.name}`,
+      back: path,
+    });
   });
 
   app.post("/console/instances/:id/:action{start|stop|reboot|delete}", async (c) => {
@@ -447,22 +425,17 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
 
   app.get("/console/audit", async (c) => {
     const session = await signedIn(c);
-    const filters: AuditFilters = {};
-    for (const name of ["actor", "action", "resource"] as const) {
-      const value = c.req.query(name)?.trim();
-      if (value) filters[name] = value;
-    }
-    const after = c.req.query("after") || undefined;
+    const filters: AuditFilters = queryFilters(c, ["actor", "action", "resource"]);
+    const page = pageOf(c);
     const { entries, next } = await call<{ entries: AuditEntryView[]; next: string | null }>(c, session, "audit.list", {
       ...filters,
-      ...(after ? { after } : {}),
+      ...page,
       order: "desc",
-      limit: PAGE_SIZE,
     });
     // Only the first page moves: a later one is a fixed slice of the past.
     return render(
       c,
-      { title: "Audit log", session, subjects: after ? undefined : "*" },
+      { title: "Audit log", session, subjects: page.after ? undefined : "*" },
       <Audit entries={entries} next={next} filters={filters} />,
       200,
       <AuditFilterForm filters={filters} />,
@@ -473,11 +446,9 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
 
   app.get("/console/approvals", async (c) => {
     const session = await signedIn(c);
-    const after = c.req.query("after") || undefined;
     const { workflows, next } = await call<{ workflows: { id: string }[]; next: string | null }>(c, session, "workflows.list", {
       state: "awaiting-approval",
-      ...(after ? { after } : {}),
-      limit: PAGE_SIZE,
+      ...pageOf(c),
     });
     // Each one's batch and its approvals so far: workflows.get (a page holds at most PAGE_SIZE).
     const detailed: WorkflowView[] = [];
@@ -532,7 +503,7 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
   });
 
   // Sites and join tokens, hosts, VPS tenants and quotas, sinks: core/console/operator-routes.tsx.
-  operatorRoutes(app, { call, may, render, signedIn, mutating, has: (name) => deps.registry.methods.has(name) });
+  operatorRoutes(app, { call, may, render, confirm, signedIn, mutating, has: (name) => deps.registry.methods.has(name) });
 
   app.all("/console/*", (c) => {
     throw new ComputeError("NOT_FOUND", `the console has no page ${new URL(c.req.url).pathname}`);
@@ -665,22 +636,6 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<AppEnv> {
   }
 
   return app;
-}
-
-const machinePath = (node: string) => `/console/machines/${encodeURIComponent(node)}`;
-const instancePath = (id: string) => `/console/instances/${encodeURIComponent(id)}`;
-
-const field = (form: Record<string, string | File>, name: string) => (typeof form[name] === "string" ? (form[name] as string) : undefined);
-
-function jsonObject(text: string): Record<string, unknown> {
-  let value: unknown;
-  try {
-    value = JSON.parse(text);
-  } catch {
-    throw invalidArgument("the input is not valid JSON");
-  }
-  if (value === null || typeof value !== "object" || Array.isArray(value)) throw invalidArgument("the input must be a JSON object");
-  return value as Record<string, unknown>;
 }
 
 function titleFor(error: ComputeError): string {

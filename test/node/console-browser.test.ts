@@ -16,23 +16,24 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { createRequire } from "node:module";
 import { spawnSync } from "node:child_process";
-import { chromium, type Browser, type Page } from "playwright-core";
+import type { Browser, Page } from "playwright-core";
 import { afterAll, beforeAll, expect, it, onTestFailed } from "vitest";
 import { freePort } from "../../local/stack.ts";
 import { repoRoot } from "../../local/node-store.ts";
 import { SIM_BMC_PASSWORD } from "../../testing/metal-sim.ts";
 import { NpmRunDev } from "../support/npm-run-dev.ts";
+import {
+  axeContext,
+  chromiumMissing as missing,
+  launchChromium,
+  seriousViolations,
+  signIn as signInByKeyboard,
+} from "../support/chromium.ts";
 
-const CHROMIUM = "/usr/bin/chromium";
-const missing = fs.existsSync(CHROMIUM)
-  ? undefined
-  : `${CHROMIUM} is missing (apt-get install --no-install-recommends chromium fonts-liberation)`;
 if (missing) console.warn(`console-browser: skipped: ${missing}`);
 
 const shots = process.env.BC_CONSOLE_SCREENSHOTS ?? path.join(repoRoot, "test-output", "console");
-const axeSource = fs.readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
 const baseDir = fs.mkdtempSync(path.join(os.tmpdir(), "bc-console-"));
 let dev: NpmRunDev | undefined;
 let browser: Browser | undefined;
@@ -69,31 +70,12 @@ async function look(page: Page, name: string): Promise<void> {
     await page.locator("#live-status", { hasText: /^(Live|Updates paused)/ }).waitFor({ timeout: 10_000 });
   await page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: true });
   served.push(await page.content());
-  const violations = await page.evaluate(async () => {
-    const win = globalThis as any; // the browser's window: this function runs there
-    const found = await win.axe.run(win.document, { resultTypes: ["violations"] });
-    return found.violations.map((v: any) => ({ id: v.id, impact: v.impact, nodes: v.nodes.map((n: any) => n.target.join(" ")) }));
-  });
-  expect(
-    violations.filter((v: { impact: string }) => v.impact === "serious" || v.impact === "critical"),
-    name,
-  ).toEqual([]);
+  expect(await seriousViolations(page), name).toEqual([]);
 }
-
-/** The id of the focused element (runs in the browser). */
-const focusedId = () => (globalThis as any).document.activeElement?.id as string | undefined;
 
 /** Signs in by keyboard alone: Tab to the key field, type, Enter. */
-async function signIn(page: Page, url: string, key: string, shot?: string): Promise<void> {
-  await page.goto(`${url}/console/sign-in`);
-  if (shot) await look(page, shot);
-  for (let i = 0; i < 6 && (await page.evaluate(focusedId)) !== "key"; i++) await page.keyboard.press("Tab");
-  expect(await page.evaluate(focusedId)).toBe("key");
-  await page.keyboard.type(key);
-  await page.keyboard.press("Enter");
-  await page.waitForURL((u) => !u.pathname.endsWith("/sign-in"));
-  expect(new URL(page.url()).pathname, await page.locator("main").innerText()).not.toBe("/console/session");
-}
+const signIn = (page: Page, url: string, key: string, shot?: string) =>
+  signInByKeyboard(page, url, key, shot ? () => look(page, shot) : undefined);
 
 it.skipIf(missing !== undefined)(
   "an operator watches the machines reach ready, deploys and undeploys one, finds it in the audit log; a tenant is refused; nothing secret leaks",
@@ -114,10 +96,7 @@ it.skipIf(missing !== undefined)(
     });
     const port = await freePort();
     dev = new NpmRunDev([], { PORT: String(port), BC_DATA_DIR: baseDir, DATABASE_URL: "" });
-    browser = await chromium.launch({
-      executablePath: CHROMIUM,
-      args: ["--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"],
-    });
+    browser = await launchChromium();
 
     // The stack answers (local.json is written) before the simulated site enrolls its machines.
     const localFile = path.join(baseDir, "dev", "local.json");
@@ -125,9 +104,7 @@ it.skipIf(missing !== undefined)(
     expect(dev.running, dev.output).toBe(true);
     const { url, adminKey } = JSON.parse(fs.readFileSync(localFile, "utf8")) as { url: string; adminKey: string };
 
-    const operator = await browser.newContext();
-    // axe-core in every page before its own scripts: the CSP (rightly) refuses an injected <script>.
-    await operator.addInitScript({ content: axeSource });
+    const operator = await axeContext(browser);
     const page = watch(await operator.newPage());
     await signIn(page, url, adminKey, "sign-in");
     expect(new URL(page.url()).pathname).toBe("/console/fleet");
@@ -277,8 +254,7 @@ it.skipIf(missing !== undefined)(
     });
 
     // The tenant signs in and lands on its (empty) instances; it creates one from the page.
-    const tenant = await browser.newContext();
-    await tenant.addInitScript({ content: axeSource });
+    const tenant = await axeContext(browser);
     const tenantPage = watch(await tenant.newPage());
     await signIn(tenantPage, url, tenantKey);
     expect(new URL(tenantPage.url()).pathname).toBe("/console/instances");
@@ -455,10 +431,7 @@ it.skipIf(missing !== undefined)(
       fs.rmSync(localFile, { force: true });
       dev = new NpmRunDev([], { PORT: String(await freePort()), BC_DATA_DIR: baseDir, DATABASE_URL: "" });
     }
-    browser ??= await chromium.launch({
-      executablePath: CHROMIUM,
-      args: ["--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"],
-    });
+    browser ??= await launchChromium();
     await dev.waitFor(/Press Ctrl-C to stop\./, 180_000, "its banner");
     const { url, adminKey } = JSON.parse(fs.readFileSync(localFile, "utf8")) as { url: string; adminKey: string };
     const api = async <T>(name: string, input: Record<string, unknown>): Promise<T> => {
@@ -472,8 +445,7 @@ it.skipIf(missing !== undefined)(
       return body;
     };
 
-    const context = await browser.newContext();
-    await context.addInitScript({ content: axeSource });
+    const context = await axeContext(browser);
     const page = watch(await context.newPage());
     mine.push(page);
     await signIn(page, url, adminKey);

@@ -20,7 +20,7 @@ import type { BenchContext, BenchSection } from "./run.ts";
 import type { LaneStats } from "./fleet-lane.ts";
 import { allIn, checkInvariants, counters, IN_FLIGHT, startLane, type Fleet, type Lane } from "./fleet.ts";
 import { mergeQueries, printQueryStats, readQueryStats } from "./query-stats.ts";
-import { processesNamed, processTree, type ProcessStat } from "./proc.ts";
+import { collectGarbage, processesNamed, processTree, type ProcessStat } from "./proc.ts";
 import { profileLines, profileWorker } from "./profile.ts";
 import { target, withStack, type BenchStack } from "./stack.ts";
 
@@ -236,6 +236,8 @@ function cpuSince(
 
 /** workerd's and the database's memory now, in bytes. */
 function memoryNow(stack: BenchStack): { workerd: number; database: number } {
+  // PGlite's memory is this process's: collected first, so garbage is not counted as the database's.
+  if (stack.embedded) collectGarbage();
   const tree = processTree();
   const sum = (name: string) => tree.filter((p) => p.name === name).reduce((n, p) => n + p.rssBytes, 0);
   const database = stack.embedded

@@ -4,7 +4,12 @@ const encoder = new TextEncoder();
 
 export const utf8 = (s: string) => encoder.encode(s);
 export const hex = (bytes: Uint8Array) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
-export const base64 = (bytes: Uint8Array) => btoa(String.fromCharCode(...bytes));
+/** Standard base64; chunked, since spreading a large array into one call overflows the stack. */
+export function base64(bytes: Uint8Array): string {
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 8192) binary += String.fromCharCode(...bytes.subarray(i, i + 8192));
+  return btoa(binary);
+}
 export const unbase64 = (s: string) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
 export const base64url = (bytes: Uint8Array) => base64(bytes).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
 export const unbase64url = (s: string) => unbase64(s.replace(/-/g, "+").replace(/_/g, "/"));

@@ -12,6 +12,7 @@
 // create cut short as `incomplete`, so the next create() on the same box finishes it (or delete()
 // frees it).
 import { z } from "zod";
+import { base64, utf8 } from "better-compute/core";
 import {
   defineProvider,
   ProviderHttp,
@@ -123,8 +124,7 @@ function keyBlob(publicKey: string): string | undefined {
 }
 
 function basicAuth(user: string, password: string): string {
-  const bytes = new TextEncoder().encode(`${user}:${password}`);
-  return `Basic ${btoa(String.fromCharCode(...bytes))}`;
+  return `Basic ${base64(utf8(`${user}:${password}`))}`;
 }
 
 /** The Robot webservice as one webservice user: Basic auth, Robot's errors classified, the password kept out of every error. */

@@ -14,6 +14,7 @@ import { z } from "zod";
 import type { CommandKind, NodeSpecSection, Reconciler } from "better-compute";
 import {
   askAgent,
+  base64,
   ComputeError,
   defineMethod,
   instanceEntry,
@@ -21,6 +22,7 @@ import {
   one,
   resourceId,
   rows,
+  utf8,
   type MethodContext,
   type MethodDefinition,
   type InstanceEntry,
@@ -114,14 +116,6 @@ export function guestOf(row: InstanceRow): z.infer<typeof guestView> | null {
 
 // ---------------------------------------------------------------- helpers
 
-/** base64 of a string's UTF-8 bytes. */
-export function base64Utf8(text: string): string {
-  const bytes = new TextEncoder().encode(text);
-  let binary = "";
-  for (let i = 0; i < bytes.length; i += 8192) binary += String.fromCharCode(...bytes.subarray(i, i + 8192));
-  return btoa(binary);
-}
-
 export const ownerOf = (instanceId: string) => `vps/instances/${instanceId}`;
 
 type HostPool = Pick<PoolRow, "id" | "host_labels" | "runtime" | "overcommit" | "strategy" | "image">;
@@ -160,7 +154,7 @@ export function entryOf(row: InstanceRow, pool: HostPool, desired: "running" | "
     memory: `${row.memory_mib}M`,
     disk: `${row.disk_gib}G`,
     image: pool.image!,
-    userData: base64Utf8(row.user_data!),
+    userData: base64(utf8(row.user_data!)),
     userDataSha256: row.user_data_sha256!,
     rebootCount: row.reboot_count,
   };

@@ -2,30 +2,11 @@
 // and metal.nodes.get are compared and each change becomes one line (a step starting,
 // waiting, succeeding or failing; each attempt and retry with its error). Plain lines, no
 // escape codes, so a terminal, a CI log and a test read the same thing.
+import type { AttemptView, WorkflowView } from "../core/views.ts";
 import type { Api } from "./api.ts";
 import { compact } from "./format.ts";
 
-export interface AttemptView {
-  attempt: number;
-  state: string;
-  error: unknown;
-  commandId: string | null;
-  polls: number;
-  startedAt: string | null;
-  finishedAt: string | null;
-}
-
-export interface WorkflowView {
-  id: string;
-  profile: string;
-  version: string;
-  target: string;
-  state: string;
-  error: unknown;
-  createdAt: string;
-  finishedAt: string | null;
-  steps: { position: number; name: string; step: string; attempts: AttemptView[] }[];
-}
+export type { WorkflowView };
 
 export const WORKFLOW_ENDED = new Set(["succeeded", "failed", "cancelled"]);
 

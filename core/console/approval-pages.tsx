@@ -5,7 +5,7 @@
 // the page shows the bytes to sign and the commands that sign them.
 import type { FC } from "hono/jsx";
 import { DataTable, Empty, MorePage, plural, PostForm, Section, State, Submit, Time } from "./components.tsx";
-import type { WorkflowView } from "./pages.tsx";
+import type { WorkflowView } from "../views.ts";
 
 /** Where a workflow's target can be opened (a metal machine's page), if anywhere. */
 export type TargetHref = (wf: WorkflowView) => string | undefined;

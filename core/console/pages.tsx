@@ -5,6 +5,7 @@
 // into) stays put. No page carries a credential: only the session's CSRF token, in its forms.
 import type { Child, FC, PropsWithChildren } from "hono/jsx";
 import type { Principal } from "../iam.ts";
+import type { WorkflowView } from "../views.ts";
 import {
   CsrfField,
   DataTable,
@@ -68,29 +69,6 @@ export interface EventView {
   actor: string | null;
   requestId: string | null;
   occurredAt: string;
-}
-export interface AttemptView {
-  attempt: number;
-  state: string;
-  error: unknown;
-  polls: number;
-  startedAt: string | null;
-  finishedAt: string | null;
-}
-export interface WorkflowView {
-  id: string;
-  profile: string;
-  version: string;
-  target: string;
-  state: string;
-  position: number;
-  error: unknown;
-  createdBy: string;
-  createdAt: string;
-  finishedAt: string | null;
-  steps: { position: number; name: string; step: string; attempts: AttemptView[] }[];
-  /** Its batch of destructive commands under pki.approvers (docs/quorum.md); null when it needs no approval. */
-  quorum?: { digest: string; kinds: string[]; threshold: number; approvals: string[]; approvedAt: string | null } | null;
 }
 export interface AuditEntryView {
   id: string;

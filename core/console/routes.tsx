@@ -46,8 +46,8 @@ import {
   type Frame,
   type MachineView,
   type ProblemView,
-  type WorkflowView,
 } from "./pages.tsx";
+import type { WorkflowView } from "../views.ts";
 import { operatorBack, operatorRoutes, type ConsoleHelpers } from "./operator-routes.tsx";
 import { field, jsonObject, pageOf, queryFilters } from "./request.ts";
 import { closeSession, csrfMatches, findSession, openSession, SESSION_COOKIE, SESSION_SECONDS, type ConsoleSession } from "./sessions.ts";

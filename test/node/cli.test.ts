@@ -141,7 +141,9 @@ describe("the workflow progress view", () => {
     profile: "acme.flaky",
     version: "1",
     target: "n-1",
+    position: 0,
     error: null,
+    createdBy: "apikey:test",
     createdAt: "2026-01-01T00:00:00.000Z",
     finishedAt: null,
   };

@@ -316,6 +316,31 @@ it.skipIf(missing !== undefined)(
   240_000,
 );
 
+/**
+ * The stack the first test started; a stack of its own when a later test runs alone (or the
+ * first one's stopped): its URL, admin key and an API call that expects a 200.
+ */
+async function devStack() {
+  const localFile = path.join(baseDir, "dev", "local.json");
+  if (!dev?.running) {
+    fs.rmSync(localFile, { force: true });
+    dev = new NpmRunDev([], { PORT: String(await freePort()), BC_DATA_DIR: baseDir, DATABASE_URL: "" });
+  }
+  await dev.waitFor(/Press Ctrl-C to stop\./, 180_000, "its banner");
+  const { url, adminKey } = JSON.parse(fs.readFileSync(localFile, "utf8")) as { url: string; adminKey: string };
+  const api = async <T>(name: string, input: Record<string, unknown>): Promise<T> => {
+    const res = await fetch(`${url}/v1/${name}`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
+      body: JSON.stringify(input),
+    });
+    const body = (await res.json()) as T;
+    expect(res.status, `${name}: ${JSON.stringify(body)}`).toBe(200);
+    return body;
+  };
+  return { url, adminKey, api };
+}
+
 /** Debian's python3-prometheus-client, the Prometheus project's own OpenMetrics parser (.ci/run installs it). */
 const PYTHON = "/usr/bin/python3";
 const metricsParser = spawnSync(PYTHON, ["-c", "import prometheus_client.openmetrics.parser"]).status === 0;
@@ -324,24 +349,7 @@ if (!metricsParser) console.warn("console-browser: the /metrics test is skipped:
 it.skipIf(missing !== undefined || !metricsParser)(
   "GET /metrics of the dev stack, read by Prometheus' parser, counts its machines by state as metal.nodes.list does; a key without metrics.read is refused",
   async () => {
-    // The stack the first test started; a stack of its own when this runs alone.
-    const localFile = path.join(baseDir, "dev", "local.json");
-    if (!dev?.running) {
-      fs.rmSync(localFile, { force: true });
-      dev = new NpmRunDev([], { PORT: String(await freePort()), BC_DATA_DIR: baseDir, DATABASE_URL: "" });
-    }
-    await dev.waitFor(/Press Ctrl-C to stop\./, 180_000, "its banner");
-    const { url, adminKey } = JSON.parse(fs.readFileSync(localFile, "utf8")) as { url: string; adminKey: string };
-    const api = async <T>(name: string, input: Record<string, unknown>): Promise<T> => {
-      const res = await fetch(`${url}/v1/${name}`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
-        body: JSON.stringify(input),
-      });
-      const body = (await res.json()) as T;
-      expect(res.status, `${name}: ${JSON.stringify(body)}`).toBe(200);
-      return body;
-    };
+    const { url, adminKey, api } = await devStack();
     type Node = { site: string; pool: string; state: string };
     const byState = async () => {
       const { nodes } = await api<{ nodes: Node[] }>("metal.nodes.list", {});
@@ -425,25 +433,8 @@ it.skipIf(missing !== undefined)(
         );
       }
     });
-    // The stack the first test started; a stack of its own when it runs alone (or the first one's stopped).
-    const localFile = path.join(baseDir, "dev", "local.json");
-    if (!dev?.running) {
-      fs.rmSync(localFile, { force: true });
-      dev = new NpmRunDev([], { PORT: String(await freePort()), BC_DATA_DIR: baseDir, DATABASE_URL: "" });
-    }
     browser ??= await launchChromium();
-    await dev.waitFor(/Press Ctrl-C to stop\./, 180_000, "its banner");
-    const { url, adminKey } = JSON.parse(fs.readFileSync(localFile, "utf8")) as { url: string; adminKey: string };
-    const api = async <T>(name: string, input: Record<string, unknown>): Promise<T> => {
-      const res = await fetch(`${url}/v1/${name}`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
-        body: JSON.stringify(input),
-      });
-      const body = (await res.json()) as T;
-      expect(res.status, `${name}: ${JSON.stringify(body)}`).toBe(200);
-      return body;
-    };
+    const { url, adminKey, api } = await devStack();
 
     const context = await axeContext(browser);
     const page = watch(await context.newPage());

@@ -29,7 +29,7 @@ import { bmcTls } from "./bmc-address.ts";
 import { lifecycleProfile, type HardwareProfiles } from "./hardware.ts";
 import { anyOf, assertCan, isTransitional, METAL_STATES, transition, TRANSITIONS, type MetalState } from "./lifecycle.ts";
 import {
-  canStartLifecycle,
+  commissionIfAble,
   loadNode,
   metalNode,
   metalNodeDetail,
@@ -131,8 +131,7 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
       });
       const node = await loadNode(tx, id);
       // Commissioning starts now if the site has an agent (or the pool needs none); otherwise the reconciler starts it once one joins.
-      if (await canStartLifecycle(ctx, tx, hardwareProfiles, node))
-        await runLifecycle(ctx, tx, hardwareProfiles, node, "commission", profileFor(node, "commission"));
+      await commissionIfAble(ctx, tx, hardwareProfiles, node, profileFor(node, "commission"));
       return toNode(await loadNode(tx, id));
     },
   });
@@ -271,8 +270,7 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
         lastError: null,
       });
       const node = await loadNode(tx, input.node);
-      if (await canStartLifecycle(ctx, tx, hardwareProfiles, node))
-        await runLifecycle(ctx, tx, hardwareProfiles, node, "commission", profileFor(node, "commission"));
+      await commissionIfAble(ctx, tx, hardwareProfiles, node, profileFor(node, "commission"));
       return toNode(await loadNode(tx, input.node));
     },
   });
@@ -352,18 +350,10 @@ export function nodeMethods(hardwareProfiles: HardwareProfiles): MethodDefinitio
         data: { state: node.state, ...(input.reason ? { reason: input.reason } : {}) },
       });
       // Out of maintenance, an enrolled machine commissions now (as at enroll), not at the next cron pass.
-      if (node.state === "enrolled" && !input.on && (await canStartLifecycle(ctx, tx, hardwareProfiles, node))) {
-        await runLifecycle(
-          ctx,
-          tx,
-          hardwareProfiles,
-          await loadNode(tx, node.id),
-          "commission",
-          profileFor(node, "commission"),
-          {},
-          { createdBy: ctx.principal.id },
-        );
-      }
+      if (node.state === "enrolled" && !input.on)
+        await commissionIfAble(ctx, tx, hardwareProfiles, await loadNode(tx, node.id), profileFor(node, "commission"), {
+          createdBy: ctx.principal.id,
+        });
       return toNode(await loadNode(tx, node.id));
     },
   });

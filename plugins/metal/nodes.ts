@@ -223,9 +223,23 @@ export async function revokeRamdisks(
   );
 }
 
-/** Whether the node's lifecycle can start now (at enroll, recommission, out of maintenance): its pool needs no site agent, or its site has one. */
-export async function canStartLifecycle(ctx: ModuleContext, tx: Tx, hardwareProfiles: HardwareProfiles, node: NodeRow): Promise<boolean> {
-  return !needsSiteAgent(ctx, hardwareProfiles, node) || (await siteAgent(tx, node.site_id)) !== undefined;
+/**
+ * Commissions the node now if it can (at enroll, recommission, out of maintenance): its pool needs
+ * no site agent, or its site has one (looked up once for both). Answers whether it started; if
+ * not, the reconciler starts it once the site's agent joins.
+ */
+export async function commissionIfAble(
+  ctx: ModuleContext,
+  tx: Tx,
+  hardwareProfiles: HardwareProfiles,
+  node: NodeRow,
+  profile: string,
+  extra: { createdBy?: string } = {},
+): Promise<boolean> {
+  const agent = await siteAgent(tx, node.site_id);
+  if (!agent && needsSiteAgent(ctx, hardwareProfiles, node)) return false;
+  await runLifecycle(ctx, tx, hardwareProfiles, node, "commission", profile, {}, { ...extra, siteAgent: agent ?? null });
+  return true;
 }
 
 /**
@@ -241,9 +255,10 @@ export async function runLifecycle(
   event: MetalEvent,
   profile: string,
   input: Record<string, unknown> = {},
-  extra: { role?: string | null; version?: string; createdBy?: string } = {},
+  extra: { role?: string | null; version?: string; createdBy?: string; siteAgent?: string | null } = {},
 ) {
-  const agent = await siteAgent(tx, node.site_id);
+  // The caller may have looked the site's agent up already (null: it has none).
+  const agent = extra.siteAgent !== undefined ? (extra.siteAgent ?? undefined) : await siteAgent(tx, node.site_id);
   if (!agent && needsSiteAgent(ctx, hardwareProfiles, node))
     throw new ComputeError("FAILED_PRECONDITION", `site ${node.site_id} has no agent: join one with a site token (siteTokens.create)`, {
       site: node.site_id,

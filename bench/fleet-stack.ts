@@ -52,6 +52,12 @@ export const fleetStackSection: BenchSection = {
     for (const size of ctx.fleet.sizes) {
       if (ctx.databaseUrl) await emptyPublicSchema(ctx.databaseUrl);
       await withStack(ctx, `fleet-stack-${size}`, async (stack) => {
+        // Hyperdrive pools a deployment's connections; without pgbouncer standing in for it, every
+        // Durable Object opens its own, and Postgres refused them ("too many clients") at 100 machines.
+        if (!stack.embedded && !stack.pooled)
+          ctx.log(
+            "warning: no pgbouncer between the Worker and DATABASE_URL (apt-get install pgbouncer): every Durable Object opens connections of its own, not as deployed behind Hyperdrive; Postgres may refuse them (too many clients)",
+          );
         const cache = createImageCache();
         const sha256 = cache.put(simulatedDiskImage(`simulated disk image for the fleet bench\n`.repeat(256)));
         const served = await cache.serve();

@@ -14,6 +14,7 @@ export {
   durationHistogram,
   inMetricsWindow,
   METRICS_WINDOW_SECONDS,
+  poolStateGauge,
   type GaugeFamily,
   type GaugeHistogramFamily,
   type MetricFamily,

@@ -80,6 +80,27 @@ export async function durationHistogram(
   };
 }
 
+/**
+ * A gauge of things counted by pool and state, with every state of every pool (0 included), so a
+ * panel or an alert on one state keeps its series when nothing is in it. `pools` give each pool's
+ * labels (its own first); `counted` is one GROUP BY pool, state.
+ */
+export function poolStateGauge(
+  family: Omit<GaugeFamily, "type" | "points">,
+  pools: readonly { pool: string; labels: MetricLabels }[],
+  states: readonly string[],
+  counted: readonly { pool: string; state: string; n: number }[],
+): GaugeFamily {
+  const count = new Map(counted.map((r) => [`${r.pool}\n${r.state}`, r.n]));
+  return {
+    ...family,
+    type: "gauge",
+    points: pools.flatMap(({ pool, labels }) =>
+      states.map((state) => ({ labels: { ...labels, state }, value: count.get(`${pool}\n${state}`) ?? 0 })),
+    ),
+  };
+}
+
 const METRIC_NAME = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
 const LABEL_NAME = /^[a-zA-Z_][a-zA-Z0-9_]*$/;
 

@@ -3,7 +3,7 @@
 // machines keeps its series. Retired machines are history and left out; the rest are read through
 // metal_nodes_in_service (migration metal/0006_metrics).
 import { sql } from "drizzle-orm";
-import { rows, type MetricFamily, type ModuleContext } from "better-compute/core";
+import { poolStateGauge, rows, type MetricFamily, type ModuleContext } from "better-compute/core";
 import { METAL_STATES } from "./lifecycle.ts";
 
 const IN_SERVICE = METAL_STATES.filter((s) => s !== "retired");
@@ -17,15 +17,12 @@ export async function machineMetrics(ctx: ModuleContext): Promise<MetricFamily[]
     ctx.store.db,
     sql`SELECT pool_id AS pool, state, count(*)::int AS n FROM metal_nodes WHERE state <> 'retired' GROUP BY pool_id, state`,
   );
-  const count = new Map(counted.map((r) => [`${r.pool}\n${r.state}`, r.n]));
   return [
-    {
-      type: "gauge",
-      name: "bc_metal_machines",
-      help: "Machines enrolled and not retired, by lifecycle state, pool and site",
-      points: pools.flatMap(({ pool, site }) =>
-        IN_SERVICE.map((state) => ({ labels: { site, pool, state }, value: count.get(`${pool}\n${state}`) ?? 0 })),
-      ),
-    },
+    poolStateGauge(
+      { name: "bc_metal_machines", help: "Machines enrolled and not retired, by lifecycle state, pool and site" },
+      pools.map(({ pool, site }) => ({ pool, labels: { site, pool } })),
+      IN_SERVICE,
+      counted,
+    ),
   ];
 }

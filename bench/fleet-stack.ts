@@ -13,25 +13,16 @@
 // per process, and memory per machine in workerd and in the database apart from the simulators.
 // Then where the round trips went, per query kind, and (BENCH_PROFILE=1) where workerd's CPU went,
 // per module. Walkthrough 1's invariants are checked over every machine, as in the fleet section.
-import pg from "pg";
 import { openNodeStore } from "../local/node-store.ts";
-import { createImageCache, simulatedDiskImage } from "../testing/image-server.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
-import type { LaneStats } from "./fleet-lane.ts";
-import { allIn, checkInvariants, counters, IN_FLIGHT, startLane, type Fleet, type Lane } from "./fleet.ts";
-import { mergeQueries, printQueryStats, readQueryStats } from "./query-stats.ts";
+import { allIn, checkInvariants, counters, FLEET_PHASES, IN_FLIGHT, laneProcesses, machineIds, serveFleetImage } from "./fleet.ts";
+import { printQueryStats, readQueryStats } from "./query-stats.ts";
 import { collectGarbage, processesNamed, processTree, type ProcessStat } from "./proc.ts";
 import { profileLines, profileWorker } from "./profile.ts";
-import { target, withStack, type BenchStack } from "./stack.ts";
+import { emptyPublicSchema, target, withStack, type BenchStack } from "./stack.ts";
 
 /** OpenStack Ironic's fake-hardware conductor on this machine: 1,000 machines enroll → available → active → available (issue 34). */
 const IRONIC_FAKE_HARDWARE_1000_S = 376;
-
-const PHASES = [
-  ["enroll → ready", "enroll", "ready"],
-  ["ready → deployed", "deploy", "deployed"],
-  ["deployed → ready", "undeploy", "ready"],
-] as const;
 
 export const fleetStackSection: BenchSection = {
   id: "fleet-stack",
@@ -58,15 +49,16 @@ export const fleetStackSection: BenchSection = {
           ctx.log(
             "warning: no pgbouncer between the Worker and DATABASE_URL (apt-get install pgbouncer): every Durable Object opens connections of its own, not as deployed behind Hyperdrive; Postgres may refuse them (too many clients)",
           );
-        const cache = createImageCache();
-        const sha256 = cache.put(simulatedDiskImage(`simulated disk image for the fleet bench\n`.repeat(256)));
-        const served = await cache.serve();
-        const image = { sha256, url: `${served.url}/images/${sha256}` };
-        const before = memoryNow(stack);
-        const fleet = await stackFleet(stack, size, lanes);
+        const served = await serveFleetImage();
+        const { image } = served;
+        const before = controlPlaneMemory(stack);
+        const store = await openNodeStore(stack.databaseUrl);
+        // The lanes' agents dial the stack and their operator calls go to its API; this process follows them in the database.
+        const stackForLanes = { url: stack.url, adminKey: stack.adminKey, databaseUrl: stack.databaseUrl };
+        const fleet = await laneProcesses(machineIds(size), lanes, { stack: stackForLanes, profile: false }, store, () => store.close());
         try {
           let total = 0;
-          for (const [name, phase, into] of PHASES) {
+          for (const [name, phase, into] of FLEET_PHASES) {
             const counted = await counters(fleet);
             await readQueryStats(stack.url, true);
             const cpu0 = cpuNow(fleet.pids);
@@ -105,7 +97,7 @@ export const fleetStackSection: BenchSection = {
               (trips / transitions).toFixed(0),
             ]);
             cpuRows.push([String(size), name, ...CPU_GROUPS.map((g) => (cpu[g] ?? 0).toFixed(1))]);
-            const now = memoryNow(stack);
+            const now = controlPlaneMemory(stack);
             const simulators = await fleet.stats(false);
             memoryRows.push([
               String(size),
@@ -157,54 +149,6 @@ export const fleetStackSection: BenchSection = {
   },
 };
 
-/** The simulating lanes on a running stack; the bench reads the stack's database directly to follow them. */
-async function stackFleet(stack: BenchStack, size: number, lanes: number): Promise<Fleet & { pids: number[] }> {
-  const store = await openNodeStore(stack.databaseUrl);
-  const width = Math.max(4, String(size - 1).length);
-  const ids = Array.from({ length: size }, (_, i) => `m-${String(i).padStart(width, "0")}`);
-  const children: Lane[] = [];
-  const stop = async () => {
-    await Promise.all(children.map((lane) => lane.stop()));
-    await store.close();
-  };
-  try {
-    const simStack = { url: stack.url, adminKey: stack.adminKey, databaseUrl: stack.databaseUrl };
-    for (let k = 0; k < lanes; k++)
-      children.push(
-        await startLane({
-          stack: simStack,
-          siteId: `sim-site-${k + 1}`,
-          ids: ids.filter((_, i) => i % lanes === k),
-          inFlight: Math.ceil(IN_FLIGHT / lanes),
-          profile: false,
-        }),
-      );
-  } catch (err) {
-    await stop();
-    throw err;
-  }
-  return {
-    pids: children.map((lane) => lane.pid),
-    store,
-    read: async (query) => (await store.db.execute(query)).rows,
-    start: (phase, image) => Promise.all(children.map((lane) => lane.ask({ op: "phase", phase, image }))).then(() => undefined),
-    async stats() {
-      const all = (await Promise.all(children.map((lane) => lane.ask({ op: "stats", reset: false })))) as LaneStats[];
-      const ran: Record<string, number> = {};
-      for (const s of all) for (const [kind, n] of Object.entries(s.ran)) ran[kind] = (ran[kind] ?? 0) + n;
-      return {
-        roundTrips: 0,
-        queries: mergeQueries(all.map((s) => s.queries)),
-        ran,
-        rssBytes: all.reduce((n, s) => n + s.rssBytes, 0),
-        heapBytes: all.reduce((n, s) => n + s.heapBytes, 0),
-      };
-    },
-    observerTrips: () => 0,
-    stop,
-  };
-}
-
 const CPU_GROUPS = ["workerd", "database", "simulators", "bench and wrangler"] as const;
 type CpuGroup = (typeof CPU_GROUPS)[number];
 const CPU_MEANING: Record<CpuGroup, string> = {
@@ -241,7 +185,7 @@ function cpuSince(
 }
 
 /** workerd's and the database's memory now, in bytes. */
-function memoryNow(stack: BenchStack): { workerd: number; database: number } {
+function controlPlaneMemory(stack: BenchStack): { workerd: number; database: number } {
   // PGlite's memory is this process's: collected first, so garbage is not counted as the database's.
   if (stack.embedded) collectGarbage();
   const tree = processTree();
@@ -254,14 +198,3 @@ function memoryNow(stack: BenchStack): { workerd: number; database: number } {
 
 const mib = (bytes: number) => (bytes / 2 ** 20).toFixed(0);
 const perMachineKiB = (bytes: number, size: number) => (bytes / 1024 / size).toFixed(0);
-
-/** A fresh stack per fleet size on DATABASE_URL: the public schema is the bench's (run.ts claimed it), emptied for the next stack's migrations. */
-async function emptyPublicSchema(url: string): Promise<void> {
-  const client = new pg.Client({ connectionString: url });
-  await client.connect();
-  try {
-    await client.query("DROP SCHEMA public CASCADE; CREATE SCHEMA public");
-  } finally {
-    await client.end();
-  }
-}

@@ -26,6 +26,27 @@ const POLL_MS = 250;
 /** Enroll, deploy and undeploy requests in flight, over all lanes. */
 export const IN_FLIGHT = 16;
 
+/** The three phases both fleet sections run: name, the request each machine gets, the state all must reach. */
+export const FLEET_PHASES: readonly (readonly [string, FleetPhase, string])[] = [
+  ["enroll → ready", "enroll", "ready"],
+  ["ready → deployed", "deploy", "deployed"],
+  ["deployed → ready", "undeploy", "ready"],
+];
+
+/** The fleet's node ids: m-0000, m-0001, ... */
+export function machineIds(size: number): string[] {
+  const width = Math.max(4, String(size - 1).length);
+  return Array.from({ length: size }, (_, i) => `m-${String(i).padStart(width, "0")}`);
+}
+
+/** The small disk image every deploy writes, served over HTTP. */
+export async function serveFleetImage(): Promise<{ image: { sha256: string; url: string }; stop(): Promise<void> }> {
+  const cache = createImageCache();
+  const sha256 = cache.put(simulatedDiskImage(`simulated disk image for the fleet bench\n`.repeat(256)));
+  const served = await cache.serve();
+  return { image: { sha256, url: `${served.url}/images/${sha256}` }, stop: () => served.stop() };
+}
+
 export const fleetSection: BenchSection = {
   id: "fleet",
   title: "Fleet: simulated machines from enroll to ready, one deploy (image-stream) and one release",
@@ -45,22 +66,14 @@ export const fleetSection: BenchSection = {
     const memory: string[][] = [];
     const phaseSeconds = new Map<number, number[]>();
     for (const size of ctx.fleet.sizes) {
-      const cache = createImageCache();
-      const image = { sha256: cache.put(simulatedDiskImage(`simulated disk image for the fleet bench\n`.repeat(256))), url: "" };
-      const served = await cache.serve();
-      image.url = `${served.url}/images/${image.sha256}`;
-      const width = Math.max(4, String(size - 1).length);
-      const ids = Array.from({ length: size }, (_, i) => `m-${String(i).padStart(width, "0")}`);
+      const served = await serveFleetImage();
+      const { image } = served;
+      const ids = machineIds(size);
       const fleet =
         lanes > 1 ? await laneFleet(ctx.databaseUrl!, ids, lanes, ctx.profile) : await inProcessFleet(ctx.databaseUrl, ids, ctx.profile);
       try {
-        const phases: [string, FleetPhase, string][] = [
-          ["enroll → ready", "enroll", "ready"],
-          ["ready → deployed", "deploy", "deployed"],
-          ["deployed → ready", "undeploy", "ready"],
-        ];
         phaseSeconds.set(size, []);
-        for (const [name, phase, into] of phases) {
+        for (const [name, phase, into] of FLEET_PHASES) {
           const before = await counters(fleet);
           await fleet.stats(true);
           const t0 = performance.now();
@@ -175,23 +188,37 @@ async function inProcessFleet(databaseUrl: string | undefined, ids: string[], pr
 async function laneFleet(databaseUrl: string, ids: string[], lanes: number, profile: boolean): Promise<Fleet> {
   const made = await createSimSchema(databaseUrl);
   const store = postgres({ hyperdrive: { connectionString: inSchema(databaseUrl, made.schema) }, maxConnections: 2 }).open({});
+  return laneProcesses(ids, lanes, { databaseUrl, schema: made.schema, profile }, store, async () => {
+    await store.close();
+    await made.drop();
+  });
+}
+
+/**
+ * The machines split over `lanes` child processes (bench/fleet-lane.ts), a site each, started one
+ * after another (the first may make the tables and the deployment's keys), and the fleet over them.
+ * `store` reads the fleet's database; `release` undoes what the caller set up, once the lanes stopped.
+ */
+export async function laneProcesses(
+  ids: string[],
+  lanes: number,
+  common: Omit<LaneConfig, "siteId" | "ids" | "inFlight">,
+  store: NodeStore,
+  release: () => Promise<void>,
+): Promise<Fleet & { pids: number[] }> {
   const children: Lane[] = [];
   const stop = async () => {
     await Promise.all(children.map((lane) => lane.stop()));
-    await store.close();
-    await made.drop();
+    await release();
   };
   try {
-    // One after another: the first makes the tables (migrations) and the deployment's keys.
     for (let k = 0; k < lanes; k++) {
       children.push(
         await startLane({
-          databaseUrl,
-          schema: made.schema,
+          ...common,
           siteId: `sim-site-${k + 1}`,
           ids: ids.filter((_, i) => i % lanes === k),
           inFlight: Math.ceil(IN_FLIGHT / lanes),
-          profile,
         }),
       );
     }
@@ -200,6 +227,7 @@ async function laneFleet(databaseUrl: string, ids: string[], lanes: number, prof
     throw err;
   }
   return {
+    pids: children.map((lane) => lane.pid),
     store,
     read: async (query) => (await store.db.execute(query)).rows,
     start: (phase, image) => Promise.all(children.map((lane) => lane.ask({ op: "phase", phase, image }))).then(() => undefined),
@@ -213,7 +241,7 @@ async function laneFleet(databaseUrl: string, ids: string[], lanes: number, prof
         ran,
         rssBytes: all.reduce((n, s) => n + s.rssBytes, 0),
         heapBytes: all.reduce((n, s) => n + s.heapBytes, 0),
-        ...(profile ? { profile: mergeProfiles(all.map((s) => s.profile!)) } : {}),
+        ...(common.profile ? { profile: mergeProfiles(all.map((s) => s.profile!)) } : {}),
       };
     },
     observerTrips: () => 0,
@@ -221,7 +249,7 @@ async function laneFleet(databaseUrl: string, ids: string[], lanes: number, prof
   };
 }
 
-export interface Lane {
+interface Lane {
   /** The lane's process id (its CPU time is read from /proc). */
   pid: number;
   ask(request: DistributiveOmit<LaneRequest, "id">): Promise<LaneStats | undefined>;
@@ -232,7 +260,7 @@ type DistributiveOmit<T, K extends keyof T> = T extends unknown ? Omit<T, K> : n
 const LANE_ENTRY = fileURLToPath(new URL("./fleet-lane.ts", import.meta.url));
 
 /** Forks a lane and waits until its sim is up; a lane that dies fails what was asked of it. */
-export async function startLane(config: LaneConfig): Promise<Lane> {
+async function startLane(config: LaneConfig): Promise<Lane> {
   const child: ChildProcess = fork(LANE_ENTRY, [], {
     execArgv: ["--import", "tsx"],
     env: { ...process.env, BENCH_LANE: JSON.stringify(config) },

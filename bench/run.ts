@@ -40,6 +40,7 @@ import { vpsSection } from "./vps.ts";
 import { vmsSection } from "./vms.ts";
 import { metalSection } from "./metal.ts";
 import { cliSection } from "./cli.ts";
+import { emptyPublicSchema } from "./stack.ts";
 
 export interface BenchContext {
   concurrency: number;
@@ -216,11 +217,11 @@ async function claimDatabase(url: string): Promise<void> {
       );
       process.exit(2);
     }
-    await client.query("DROP SCHEMA public CASCADE; CREATE SCHEMA public");
-    console.log("  BENCH_RESET_DATABASE=1: emptied DATABASE_URL's public schema (an earlier run's tables)");
   } finally {
     await client.end();
   }
+  await emptyPublicSchema(url);
+  console.log("  BENCH_RESET_DATABASE=1: emptied DATABASE_URL's public schema (an earlier run's tables)");
 }
 
 function databaseHost(url: string): string {

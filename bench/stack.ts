@@ -14,6 +14,7 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
+import pg from "pg";
 import { callApi as callAsAdmin } from "../testing/metal-sim-control-plane.ts";
 import { repoRoot } from "../local/node-store.ts";
 import { startStack, type Stack } from "../local/stack.ts";
@@ -145,3 +146,14 @@ export const ms = (value: number) => (Number.isFinite(value) ? value.toFixed(2) 
 /** Issue 14's verdict on a figure, printed beside it: "(target ≤ 2×: met)". */
 export const target = (goal: string, met: boolean) => `(target ${goal}: ${met ? "met" : "not met"})`;
 export const seconds = (fromMs: number) => ((performance.now() - fromMs) / 1000).toFixed(1);
+
+/** Drops and recreates DATABASE_URL's public schema: a run's own (run.ts claimed it), emptied for the next stack's migrations. */
+export async function emptyPublicSchema(url: string): Promise<void> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    await client.query("DROP SCHEMA public CASCADE; CREATE SCHEMA public");
+  } finally {
+    await client.end();
+  }
+}

@@ -10,26 +10,21 @@ import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 import { TRANSITIONAL_STATES } from "better-compute/metal";
-import { afterAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import type { Api, OpenApiDocument } from "../../cli/api.ts";
 import { loadCatalog } from "../../cli/catalog.ts";
 import { resolveConnection, UsageError } from "../../cli/connection.ts";
 import { formatTable } from "../../cli/format.ts";
 import { MACHINE_MOVING } from "../../cli/progress.ts";
 import { repoRoot } from "../../local/node-store.ts";
+import { tempDirs } from "../support/temp-dirs.ts";
 
 const bundler = (await import(pathToFileURL(path.join(repoRoot, "cli/bundle.mjs")).href)) as {
   bundleDir(env?: NodeJS.ProcessEnv): string;
   currentBundle(dir?: string): string | undefined;
 };
 
-const temps: string[] = [];
-const tempDir = (prefix: string) => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
-  temps.push(dir);
-  return dir;
-};
-afterAll(() => temps.forEach((dir) => fs.rmSync(dir, { recursive: true, force: true })));
+const tempDir = tempDirs();
 const noStackDir = tempDir("bc-cli-nostack-");
 
 /** `better-compute …` with no API to talk to; env adds to it. */

@@ -26,6 +26,7 @@ import { buildBody, flagTakesValue, splitArgs } from "../../cli/args.ts";
 import { workflowLines, type WorkflowView } from "../../cli/progress.ts";
 import { openNodeStore, repoRoot, type NodeStore } from "../../local/node-store.ts";
 import { sharedStack, type SharedStack } from "../support/shared-stack.ts";
+import { tempDirs } from "../support/temp-dirs.ts";
 
 interface Run {
   code: number;
@@ -50,13 +51,7 @@ function cli(args: string[], env: Record<string, string> = {}, stdin?: string): 
   });
 }
 
-const temps: string[] = [];
-const tempDir = (prefix: string) => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
-  temps.push(dir);
-  return dir;
-};
-afterAll(() => temps.forEach((dir) => fs.rmSync(dir, { recursive: true, force: true })));
+const tempDir = tempDirs();
 /** A data dir without a stack: the CLI must not find some other stack's local.json. */
 const noStackDir = tempDir("bc-cli-nostack-");
 /** Where the CLI caches each API's methods (cli/catalog.ts), instead of the user's ~/.cache. */

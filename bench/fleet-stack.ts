@@ -17,7 +17,7 @@ import { openNodeStore } from "../local/node-store.ts";
 import type { BenchContext, BenchSection } from "./run.ts";
 import { allIn, checkInvariants, counters, FLEET_PHASES, IN_FLIGHT, laneProcesses, machineIds, serveFleetImage } from "./fleet.ts";
 import { printQueryStats, readQueryStats } from "./query-stats.ts";
-import { collectGarbage, processesNamed, processTree, type ProcessStat } from "./proc.ts";
+import { collectGarbage, processesNamed, processStats, processTree, type ProcessStat } from "./proc.ts";
 import { profileLines, profileWorker } from "./profile.ts";
 import { emptyPublicSchema, target, withStack, type BenchStack } from "./stack.ts";
 
@@ -61,7 +61,7 @@ export const fleetStackSection: BenchSection = {
           for (const [name, phase, into] of FLEET_PHASES) {
             const counted = await counters(fleet);
             await readQueryStats(stack.url, true);
-            const cpu0 = cpuNow(fleet.pids);
+            const cpu0 = cpuNow(fleet.pids, stack.embedded);
             const t0 = performance.now();
             let answered = 0;
             const running = async () => {
@@ -76,7 +76,7 @@ export const fleetStackSection: BenchSection = {
             } else await running();
             const seconds = (performance.now() - t0) / 1000;
             total += seconds;
-            const cpu = cpuSince(cpu0, cpuNow(fleet.pids));
+            const cpu = cpuSince(cpu0, cpuNow(fleet.pids, stack.embedded));
             const queries = await readQueryStats(stack.url);
             printQueryStats(ctx, `${size} machines, ${name}: the Worker's round trips by query kind`, queries, {
               count: size,
@@ -159,18 +159,18 @@ const CPU_MEANING: Record<CpuGroup, string> = {
 };
 
 /** CPU seconds so far of every process that takes part, by group. */
-function cpuNow(simulators: number[]): Map<number, { group: CpuGroup; cpuSeconds: number }> {
+function cpuNow(simulators: number[], embeddedDatabase: boolean): Map<number, { group: CpuGroup; cpuSeconds: number }> {
   const now = new Map<number, { group: CpuGroup; cpuSeconds: number }>();
   const lanes = new Set(simulators);
   const add = (p: ProcessStat, group: CpuGroup) => now.set(p.pid, { group, cpuSeconds: p.cpuSeconds });
-  for (const p of processTree()) {
+  for (const p of processStats()) {
     if (lanes.has(p.pid)) add(p, "simulators");
     else if (p.name === "workerd") add(p, "workerd");
     else if (p.name === "pgbouncer") add(p, "database");
-    else if (p.pid === process.pid) add(p, process.env.DATABASE_URL ? "bench and wrangler" : "database");
+    else if (p.pid === process.pid) add(p, embeddedDatabase ? "database" : "bench and wrangler");
     else add(p, "bench and wrangler");
   }
-  if (process.env.DATABASE_URL) for (const p of processesNamed("postgres")) add(p, "database");
+  if (!embeddedDatabase) for (const p of processesNamed("postgres")) add(p, "database");
   return now;
 }
 
